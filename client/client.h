@@ -1,0 +1,151 @@
+// The gRPC client of a localsgd coordinator. No LibTorch: it works on a flat
+// span of fp32 parameters laid out as the job's Layout describes.
+//
+// Typical use, one per worker process (or per node leader):
+//
+//   ClientOptions options;
+//   options.target = "localhost:50051";
+//   options.job_id = "mnist";
+//   ASSIGN_OR_RETURN(auto client, Client::Create(options));
+//   RETURN_IF_ERROR(client->Join(MakeLayout(tensors)));
+//   RETURN_IF_ERROR(client->Initialize(flat_params));  // seed or fetch
+//   for (...) {
+//     ... K local steps on flat_params ...
+//     ASSIGN_OR_RETURN(SyncOutcome out, client->Sync(flat_params));
+//   }
+//   client->Leave();
+//
+// Thread-safety: one thread drives Join/Initialize/Sync/FetchState/Leave; the
+// client runs its own heartbeat thread, started by Join and joined by Leave or
+// the destructor. Calls from several threads at once are not supported.
+#ifndef LOCALSGD_CLIENT_CLIENT_H_
+#define LOCALSGD_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "src/layout.h"
+#include "src/types.h"
+
+namespace localsgd {
+
+struct ClientOptions {
+  // gRPC target of the coordinator, e.g. "localhost:50051" or
+  // "dns:///svc:50051".
+  std::string target;
+  // Job to join; created by its first member.
+  std::string job_id;
+  // Member name for logs and status; default "<hostname>/<pid>".
+  std::string member_name;
+  // Weight of this member's contribution (> 0); a node leader passes its
+  // node's number of workers.
+  double weight = 1.0;
+  // Settings this member asks for; zero fields take the job's / coordinator's.
+  JobSettings settings;
+  // Deadline of each unary RPC attempt.
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Deadline of one Sync attempt, including the wait for the round to close.
+  absl::Duration sync_timeout = absl::Minutes(30);
+  // Retries of UNAVAILABLE / DEADLINE_EXCEEDED / ABORTED: exponential backoff
+  // from initial_backoff, doubling up to max_backoff, with +-20% jitter, for
+  // at most max_retry_time in total per call.
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(5);
+  absl::Duration max_retry_time = absl::Minutes(2);
+
+  // INVALID_ARGUMENT on empty target/job_id or a weight that is not > 0.
+  absl::Status Validate() const;
+};
+
+// What a Sync did.
+struct SyncOutcome {
+  // The round whose average the parameters now hold.
+  RoundId round = 0;
+  // Whether this member's parameters were counted in it.
+  bool contributed = false;
+  // The member's round had closed already (or it joined while the round was
+  // open): it adopted the latest average instead.
+  bool late = false;
+  // Members counted in the round and their total weight.
+  uint32_t contributors = 0;
+  double contributor_weight = 0;
+  // Bytes of chunk payload sent and received.
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+};
+
+// What Join learnt.
+struct JoinInfo {
+  MemberId member_id;
+  JobSettings settings;      // the job's, after defaults
+  absl::Duration lease_ttl;  // heartbeats go every lease_ttl / 3
+  bool has_state = false;    // whether the job had global state at Join
+  RoundId state_round = 0;   // round of that state
+  uint32_t num_chunks = 0;
+  uint64_t num_elements = 0;
+};
+
+class Client {
+ public:
+  // Validates options and creates the channel (connects lazily).
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+  // Leaves the job (best effort) and joins the heartbeat thread.
+  ~Client();
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Joins the job with `layout` (which must carry its fingerprint; see
+  // MakeLayout) and starts heartbeats. Retries UNAVAILABLE. Errors:
+  // FAILED_PRECONDITION (layout/settings differ from the job's; the message
+  // names the first difference), INVALID_ARGUMENT, RESOURCE_EXHAUSTED.
+  absl::Status Join(const Layout& layout);
+
+  // Makes `params` (num_elements values) the job's global state: fetches it
+  // if the job has state, otherwise seeds the job with `params` (if another
+  // member seeded first, adopts that seed instead). On return every member
+  // holds identical parameters. Requires Join.
+  absl::Status Initialize(absl::Span<float> params);
+
+  // Overwrites `params` with the job's current global state. Requires Join.
+  // Returns the state's round.
+  absl::StatusOr<RoundId> FetchState(absl::Span<float> params);
+
+  // Contributes `params` to the next round and overwrites them in place with
+  // the round's average. Blocks until the round closes. Retries UNAVAILABLE
+  // and ABORTED (a repeated chunk counts once). Requires Initialize.
+  absl::StatusOr<SyncOutcome> Sync(absl::Span<float> params);
+
+  // Ends membership at once and stops heartbeats. Idempotent.
+  absl::Status Leave();
+
+  // Valid after Join.
+  const JoinInfo& info() const { return info_; }
+  // Round of the state the parameters hold (after Initialize / Sync).
+  RoundId state_round() const { return state_round_; }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  class Impl;
+  explicit Client(ClientOptions options, std::unique_ptr<Impl> impl);
+  // Sends `params` for `round` (0: seed) and stores the result in them.
+  absl::StatusOr<SyncOutcome> SyncRound(RoundId round,
+                                        absl::Span<float> params);
+
+  ClientOptions options_;
+  std::unique_ptr<Impl> impl_;
+  // Receives results before they replace the caller's parameters; reused.
+  std::vector<float> staging_;
+  JoinInfo info_;
+  RoundId state_round_ = 0;
+};
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_CLIENT_CLIENT_H_

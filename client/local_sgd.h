@@ -1,0 +1,182 @@
+// LocalSGD for LibTorch modules: Hugging Face accelerate's `LocalSGD`, with a
+// localsgd coordinator in place of a torch.distributed all-reduce.
+//
+// Every `local_sgd_steps`-th call of Step() replaces every parameter of the
+// module with its mean over all members of the job. Only parameters are
+// averaged (module.parameters(), as accelerate does): buffers such as
+// BatchNorm running statistics and optimizer state (momentum) stay local.
+//
+// Typical use, one per worker process:
+//
+//   ClientOptions client_options;
+//   client_options.target = "localhost:50051";
+//   client_options.job_id = "mnist";
+//   client_options.settings.local_sgd_steps = 16;
+//   ASSIGN_OR_RETURN(auto client, Client::Create(client_options));
+//   LocalSGDOptions options;
+//   options.local_sgd_steps = 16;
+//   ASSIGN_OR_RETURN(auto local_sgd, LocalSGD::Create(*model, client.get(),
+//                                                     options));
+//   for (...) {
+//     ... forward, backward, optimizer.step() ...
+//     RETURN_IF_ERROR(local_sgd->Step());
+//   }
+//   RETURN_IF_ERROR(local_sgd->Close());  // final sync (accelerate's __exit__)
+//   client->Leave();
+//
+// This header includes no LibTorch header; only local_sgd.cc does.
+//
+// Thread-safety: none. One thread drives a LocalSGD (the thread that trains
+// the module); the module must not be trained concurrently with Step(),
+// SyncNow() or Close().
+//
+// Lifetime: `module` and `client` must outlive the LocalSGD. The set of
+// parameters of the module must not change after Create (moving the module
+// to another device or dtype with module.to() is fine: parameters keep their
+// identity).
+//
+// Errors: no call throws. Exceptions LibTorch throws (c10::Error) are caught
+// and returned as INTERNAL (or INVALID_ARGUMENT where the input is at fault);
+// errors of the client are returned as they are.
+#ifndef LOCALSGD_CLIENT_LOCAL_SGD_H_
+#define LOCALSGD_CLIENT_LOCAL_SGD_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "src/layout.h"
+
+namespace torch {
+namespace nn {
+class Module;
+}  // namespace nn
+}  // namespace torch
+
+namespace localsgd {
+
+struct LocalSGDOptions {
+  // K: optimizer steps between two syncs (>= 1). Should equal the job's
+  // local_sgd_steps (ClientOptions::settings.local_sgd_steps).
+  int local_sgd_steps = 8;
+  // When false, LocalSGD is a pass-through, as accelerate's
+  // LocalSGD(enabled=False): Create neither joins nor initializes, Step()
+  // only counts, Close() does nothing, and `client` may be null.
+  bool enabled = true;
+
+  // INVALID_ARGUMENT if local_sgd_steps < 1.
+  absl::Status Validate() const;
+};
+
+class LocalSGD {
+ public:
+  // Makes the module's parameters the job's global state and returns the
+  // LocalSGD that keeps them averaged. In order:
+  //  1. collects module.named_parameters() (recursive, registration order)
+  //     into a Layout: name, shape and dtype of each parameter;
+  //  2. client->Join(layout) (Create must be given a client that has not
+  //     joined yet);
+  //  3. flattens the parameters to fp32 and calls client->Initialize: the
+  //     first member seeds the job with its parameters, later members fetch
+  //     the job's state;
+  //  4. writes the resulting values back into the parameters in place.
+  // On return every member's module holds the same parameters.
+  //
+  // Errors: INVALID_ARGUMENT (options invalid; null client while enabled; no
+  // parameters; a parameter that is not floating point;
+  // client->options().settings.local_sgd_steps set and different from
+  // options.local_sgd_steps), FAILED_PRECONDITION (the job's local_sgd_steps
+  // differs from options.local_sgd_steps; in that case the client has
+  // joined and the caller should Leave), INTERNAL (LibTorch failed), and any
+  // error of Client::Join / Client::Initialize. Blocks on those RPCs.
+  static absl::StatusOr<std::unique_ptr<LocalSGD>> Create(
+      torch::nn::Module& module, Client* client, LocalSGDOptions options);
+
+  // Calls Close() if it was not called, and logs its error if it fails. Like
+  // Close(), this may block on a final sync.
+  ~LocalSGD();
+
+  LocalSGD(const LocalSGD&) = delete;
+  LocalSGD& operator=(const LocalSGD&) = delete;
+
+  // Call once after every optimizer step. Counts the step; every
+  // local_sgd_steps-th call syncs (SyncNow) if enabled. Returns the sync's
+  // error, or FAILED_PRECONDITION after Close().
+  absl::Status Step();
+
+  // Averages the parameters with the job now, whatever the step count:
+  // flattens them to fp32 into the staging buffer (copying from any device
+  // and floating-point dtype), contributes them with client->Sync (which
+  // blocks until the round closes), and copies the average back into the
+  // parameters in place, each in its own dtype and on its own device.
+  // Errors: FAILED_PRECONDITION when disabled or after Close(), INTERNAL
+  // (LibTorch failed), and any error of Client::Sync, in which case the
+  // parameters are left as they were.
+  absl::Status SyncNow();
+
+  // Ends LocalSGD as accelerate's __exit__ does: a final sync if enabled
+  // (whether or not the last Step() synced). Does not Leave the job: the
+  // caller owns the client. Idempotent: only the first call syncs; later
+  // calls return OK.
+  absl::Status Close();
+
+  // Closes without the final sync, for error paths where the other members
+  // may be gone and a sync could wait for its round until the client's
+  // sync_timeout. Later Close() calls return OK; the destructor does nothing.
+  void Abandon() { closed_ = true; }
+
+  // Optimizer steps counted by Step().
+  int64_t steps() const { return steps_; }
+  // Successful syncs (including the one of Close()).
+  int64_t num_syncs() const { return num_syncs_; }
+  // Wall time spent in successful and failed SyncNow() calls, flattening and
+  // writing back included.
+  double sync_seconds_total() const { return sync_seconds_total_; }
+  // The outcome of the last successful sync; default-constructed before the
+  // first.
+  const SyncOutcome& last_outcome() const { return last_outcome_; }
+  // Seconds the last successful sync took.
+  double last_sync_seconds() const { return last_sync_seconds_; }
+  // The layout this LocalSGD joined with (also when disabled).
+  const Layout& layout() const { return layout_; }
+  // Total number of parameter elements (the flat buffer's size).
+  uint64_t num_elements() const { return flat_.size(); }
+  bool enabled() const { return options_.enabled; }
+  bool closed() const { return closed_; }
+
+ private:
+  // The module's parameters (LibTorch tensors); defined in local_sgd.cc so
+  // that this header needs no LibTorch.
+  struct Params;
+
+  LocalSGD(Client* client, LocalSGDOptions options,
+           std::unique_ptr<Params> params, Layout layout);
+
+  // SyncNow() without its checks; Close() uses it too.
+  absl::Status DoSync();
+  // Copies the parameters into flat_ (fp32, CPU), in layout order.
+  absl::Status Flatten();
+  // Copies flat_ back into the parameters in place.
+  absl::Status Unflatten();
+
+  Client* const client_;  // not owned; null when disabled
+  const LocalSGDOptions options_;
+  const std::unique_ptr<Params> params_;
+  const Layout layout_;
+  // Staging buffer, allocated once in Create and reused by every sync.
+  std::vector<float> flat_;
+
+  int64_t steps_ = 0;
+  int64_t num_syncs_ = 0;
+  double sync_seconds_total_ = 0;
+  double last_sync_seconds_ = 0;
+  SyncOutcome last_outcome_;
+  bool closed_ = false;
+};
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_CLIENT_LOCAL_SGD_H_

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every Debian package localsgd needs to build, test and run its demo.
+# Idempotent: packages already present are skipped; apt-get update runs only when
+# something is missing. Run as root on Debian 12 (bookworm).
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgoogle-glog-dev libgflags-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libtorch-dev libgloo-dev
+  zlib1g-dev dataset-fashion-mnist
+  iproute2 procps python3
+)
+if [[ "${LOCALSGD_WITH_PEER:-0}" == 1 ]]; then PKGS+=(python3-torch); fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all packages present"
+fi

@@ -1,0 +1,413 @@
+#include "server/service.h"
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "glog/logging.h"
+#include "server/convert.h"
+#include "src/codec.h"
+
+namespace localsgd {
+namespace {
+
+// Looks up the job and member named by a request.
+absl::Status Resolve(Coordinator* coordinator, const std::string& job_id,
+                     const std::string& member_hex, std::shared_ptr<Job>* job,
+                     MemberId* member) {
+  absl::StatusOr<std::shared_ptr<Job>> j = coordinator->FindJob(job_id);
+  if (!j.ok()) return j.status();
+  absl::StatusOr<MemberId> m = ParseMemberId(member_hex);
+  if (!m.ok()) return m.status();
+  *job = *std::move(j);
+  *member = *std::move(m);
+  return absl::OkStatus();
+}
+
+// Fills `chunk` with chunk `index` of `state`, encoded in the wire dtype.
+// Reuses the message's string capacity.
+void EncodeStateChunk(const StateSnapshot& state, const ChunkGeometry& geometry,
+                      DType wire_dtype, uint32_t index, v1::Chunk* chunk) {
+  chunk->set_index(index);
+  const auto values =
+      absl::MakeConstSpan(state.values)
+          .subspan(geometry.Offset(index), geometry.Size(index));
+  std::string* data = chunk->mutable_data();
+  data->resize(WireBytes(wire_dtype, values.size()));
+  EncodeValuesTo(values, wire_dtype, data->data());
+}
+
+// One Sync stream. Reads the header and the chunks, feeding them to the
+// core's SyncSession; once every chunk is in and the round's result has come
+// (in either order), writes the result header and chunks, then finishes.
+//
+// Lifetime: gRPC deletes the reactor in OnDone, which may run on another
+// thread as soon as Finish is called. So Finish is decided under mu_ (once)
+// but called after mu_ is released, as the last use of `this`; and it is
+// called only when no core callback can still arrive (it has run, or
+// SyncSession::Cancel said it never will).
+class SyncReactor final
+    : public grpc::ServerBidiReactor<v1::SyncRequest, v1::SyncResponse> {
+ public:
+  explicit SyncReactor(Coordinator* coordinator) : coordinator_(coordinator) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    std::optional<grpc::Status> finish;
+    if (!ok) {
+      // The client half-closed or the call broke.
+      absl::MutexLock lock(&mu_);
+      if (session_ == nullptr) {
+        FailLocked(
+            absl::InvalidArgumentError("Sync stream ended before its header"));
+      } else if (!session_->complete()) {
+        FailLocked(absl::InvalidArgumentError(absl::StrCat(
+            "Sync stream for round ", session_->round(), " ended after ",
+            session_->received(), " of ", session_->num_chunks(), " chunks")));
+      }
+      finish = AdvanceLocked();
+    } else {
+      absl::Status status =
+          request_.has_header() ? OnHeader(request_.header())
+          : request_.has_chunk()
+              ? OnChunk(request_.chunk())
+              : absl::InvalidArgumentError(
+                    "Sync message has neither header nor chunk");
+      absl::MutexLock lock(&mu_);
+      if (!status.ok()) {
+        FailLocked(status);
+      } else if (session_->complete()) {
+        reads_done_ = true;
+      } else if (!finished_) {
+        StartRead(&request_);
+      }
+      finish = AdvanceLocked();
+    }
+    if (finish) Finish(*finish);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ok) {
+        finish = FinishLocked(
+            grpc::Status(grpc::StatusCode::CANCELLED,
+                         "client went away while receiving the result"));
+      } else {
+        finish = WriteNextLocked();
+      }
+    }
+    if (finish) Finish(*finish);
+  }
+
+  void OnCancel() override {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      FailLocked(absl::CancelledError("Sync cancelled by the client"));
+      finish = AdvanceLocked();
+    }
+    if (finish) Finish(*finish);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status OnHeader(const v1::SyncHeader& header) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (header_seen_) {
+        return absl::InvalidArgumentError(
+            "Sync stream has a second header; one stream carries one round");
+      }
+      header_seen_ = true;
+    }
+    MemberId member;
+    std::shared_ptr<Job> job;
+    if (absl::Status s = Resolve(coordinator_, header.job_id(),
+                                 header.member_id(), &job, &member);
+        !s.ok()) {
+      return s;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      callback_pending_ = true;
+      job_ = job;
+    }
+    // The callback may run before BeginSync returns (a late member's result
+    // is ready at once), so mu_ is not held across the call.
+    absl::StatusOr<std::unique_ptr<SyncSession>> session = job->BeginSync(
+        member, header.round(), [this](absl::StatusOr<SyncResult> result) {
+          std::optional<grpc::Status> finish;
+          {
+            absl::MutexLock lock(&mu_);
+            callback_pending_ = false;
+            result_ = std::move(result);
+            finish = AdvanceLocked();
+          }
+          if (finish) Finish(*finish);
+        });
+    absl::MutexLock lock(&mu_);
+    if (!session.ok()) {
+      callback_pending_ = false;
+      return session.status();
+    }
+    session_ = *std::move(session);
+    return absl::OkStatus();
+  }
+
+  absl::Status OnChunk(const v1::Chunk& chunk) {
+    SyncSession* session;
+    {
+      absl::MutexLock lock(&mu_);
+      session = session_.get();
+    }
+    if (session == nullptr) {
+      return absl::InvalidArgumentError(
+          "Sync stream sent a chunk before its header");
+    }
+    // Only this reactor's read path touches the session's chunk state, and
+    // reads are sequential.
+    return session->AddChunk(chunk.index(), chunk.data());
+  }
+
+  // Records the first error; the stream finishes with it once no core
+  // callback is pending.
+  void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (error_.ok()) error_ = std::move(status);
+    if (session_ != nullptr && callback_pending_ && session_->Cancel()) {
+      callback_pending_ = false;
+    }
+  }
+
+  // Decides the next step; returns the status to Finish with, if it is time.
+  std::optional<grpc::Status> AdvanceLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || writing_) return std::nullopt;
+    if (!error_.ok()) {
+      if (callback_pending_) return std::nullopt;
+      return FinishLocked(ToGrpcStatus(error_));
+    }
+    if (!reads_done_ || !result_.has_value()) return std::nullopt;
+    if (!result_->ok()) return FinishLocked(ToGrpcStatus(result_->status()));
+    writing_ = true;
+    const SyncResult& r = **result_;
+    v1::SyncResult* header = response_.mutable_result();
+    header->set_round(r.round);
+    header->set_contributed(r.contributed);
+    header->set_late(r.late);
+    header->set_contributors(r.contributors);
+    header->set_contributor_weight(r.contributor_weight);
+    next_chunk_ = 0;
+    StartWrite(&response_);
+    return std::nullopt;
+  }
+
+  std::optional<grpc::Status> WriteNextLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const ChunkGeometry& geometry = job_->geometry();
+    if (cancelled_) return FinishLocked(grpc::Status::CANCELLED);
+    if (next_chunk_ >= geometry.num_chunks()) {
+      return FinishLocked(grpc::Status::OK);
+    }
+    EncodeStateChunk(*(*result_)->state, geometry, job_->settings().wire_dtype,
+                     next_chunk_++, response_.mutable_chunk());
+    StartWrite(&response_);
+    return std::nullopt;
+  }
+
+  std::optional<grpc::Status> FinishLocked(grpc::Status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return std::nullopt;
+    finished_ = true;
+    return status;
+  }
+
+  Coordinator* const coordinator_;
+  v1::SyncRequest request_;  // read path only
+
+  absl::Mutex mu_;
+  std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<SyncSession> session_ ABSL_GUARDED_BY(mu_);
+  bool header_seen_ ABSL_GUARDED_BY(mu_) = false;
+  bool callback_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::StatusOr<SyncResult>> result_ ABSL_GUARDED_BY(mu_);
+  v1::SyncResponse response_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_chunk_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Streams a snapshot of the job's state: a header, then every chunk.
+class FetchStateReactor final
+    : public grpc::ServerWriteReactor<v1::FetchStateResponse> {
+ public:
+  FetchStateReactor(Coordinator* coordinator,
+                    const v1::FetchStateRequest& request) {
+    MemberId member;
+    absl::Status s = Resolve(coordinator, request.job_id(), request.member_id(),
+                             &job_, &member);
+    if (s.ok()) {
+      absl::StatusOr<std::shared_ptr<const StateSnapshot>> state =
+          job_->GetState(member);
+      if (state.ok()) {
+        state_ = *std::move(state);
+      } else {
+        s = state.status();
+      }
+    }
+    if (!s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    v1::StateHeader* header = response_.mutable_header();
+    header->set_round(state_->round);
+    header->set_num_chunks(job_->geometry().num_chunks());
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                          "client went away while fetching state"));
+      return;
+    }
+    const ChunkGeometry& geometry = job_->geometry();
+    if (next_chunk_ >= geometry.num_chunks()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    EncodeStateChunk(*state_, geometry, job_->settings().wire_dtype,
+                     next_chunk_++, response_.mutable_chunk());
+    StartWrite(&response_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<Job> job_;
+  std::shared_ptr<const StateSnapshot> state_;
+  v1::FetchStateResponse response_;
+  uint32_t next_chunk_ = 0;
+};
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                      const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* CoordinatorService::Join(
+    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+    v1::JoinResponse* response) {
+  absl::Status status = [&]() -> absl::Status {
+    JoinRequestParams params;
+    params.member_name = request->member_name();
+    params.weight = request->weight();
+    params.incarnation = request->incarnation();
+    absl::StatusOr<Layout> layout = LayoutFromProto(request->layout());
+    if (!layout.ok()) return layout.status();
+    params.layout = *std::move(layout);
+    absl::StatusOr<JobSettings> settings =
+        SettingsFromProto(request->settings());
+    if (!settings.ok()) return settings.status();
+    params.settings = *settings;
+    absl::StatusOr<JoinResult> result =
+        coordinator_->Join(request->job_id(), std::move(params));
+    if (!result.ok()) return result.status();
+    response->set_member_id(result->member_id.str());
+    SettingsToProto(result->settings, response->mutable_settings());
+    const CoordinatorOptions& options = coordinator_->options();
+    v1::CoordinatorPolicy* policy = response->mutable_policy();
+    policy->set_lease_ttl_ms(
+        absl::ToInt64Milliseconds(options.policy.lease_ttl));
+    policy->set_round_deadline_ms(
+        absl::ToInt64Milliseconds(options.policy.round_deadline));
+    policy->set_min_quorum(options.policy.min_quorum);
+    response->set_has_state(result->has_state);
+    response->set_state_round(result->state_round);
+    response->set_num_chunks(result->geometry.num_chunks());
+    response->set_num_elements(result->geometry.num_elements());
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    LOG(WARNING) << "Join of '" << request->member_name() << "' to job '"
+                 << request->job_id() << "' from " << context->peer()
+                 << " refused: " << status;
+  }
+  return FinishUnary(context, status);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Leave(
+    grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
+    v1::LeaveResponse* response) {
+  std::shared_ptr<Job> job;
+  MemberId member;
+  absl::Status status = Resolve(coordinator_, request->job_id(),
+                                request->member_id(), &job, &member);
+  if (status.ok()) status = job->Leave(member);
+  return FinishUnary(context, status);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
+    grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+    v1::HeartbeatResponse* response) {
+  std::shared_ptr<Job> job;
+  MemberId member;
+  absl::Status status = Resolve(coordinator_, request->job_id(),
+                                request->member_id(), &job, &member);
+  if (status.ok()) {
+    absl::StatusOr<RoundId> round = job->Heartbeat(member);
+    if (round.ok()) {
+      response->set_state_round(*round);
+    } else {
+      status = round.status();
+    }
+  }
+  return FinishUnary(context, status);
+}
+
+grpc::ServerBidiReactor<v1::SyncRequest, v1::SyncResponse>*
+CoordinatorService::Sync(grpc::CallbackServerContext* context) {
+  return new SyncReactor(coordinator_);
+}
+
+grpc::ServerWriteReactor<v1::FetchStateResponse>*
+CoordinatorService::FetchState(grpc::CallbackServerContext* context,
+                               const v1::FetchStateRequest* request) {
+  return new FetchStateReactor(coordinator_, *request);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(
+    grpc::CallbackServerContext* context,
+    const v1::GetJobStatusRequest* request,
+    v1::GetJobStatusResponse* response) {
+  const uint32_t max_rounds =
+      request->max_rounds() == 0 ? 10 : std::min(request->max_rounds(), 100u);
+  const absl::Time now = absl::Now();
+  if (!request->job_id().empty()) {
+    absl::StatusOr<std::shared_ptr<Job>> job =
+        coordinator_->FindJob(request->job_id());
+    if (!job.ok()) return FinishUnary(context, job.status());
+    JobStatusToProto((*job)->Status(max_rounds), now, response->add_jobs());
+  } else {
+    for (const auto& job : coordinator_->Jobs()) {
+      JobStatusToProto(job->Status(max_rounds), now, response->add_jobs());
+    }
+  }
+  return FinishUnary(context, absl::OkStatus());
+}
+
+}  // namespace localsgd

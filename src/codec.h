@@ -1,0 +1,70 @@
+// Pure math over spans: wire encoding of fp32 values and the reduction kernels.
+// No locks, no I/O, no protobuf. All functions are thread-compatible.
+#ifndef LOCALSGD_SRC_CODEC_H_
+#define LOCALSGD_SRC_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "src/types.h"
+
+namespace localsgd {
+
+// bfloat16 <-> float32. FloatToBFloat16 rounds to nearest even and keeps NaN a
+// NaN; BFloat16ToFloat is exact.
+inline uint16_t FloatToBFloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it quiet and a NaN
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  }
+  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+inline float BFloat16ToFloat(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// Bytes that `n` values take in wire dtype `dtype` (float32 or bfloat16).
+inline size_t WireBytes(DType dtype, size_t n) {
+  return n * static_cast<size_t>(DTypeSize(dtype));
+}
+
+// Encodes `values` in `dtype` into `out` (resized to WireBytes).
+void EncodeValues(absl::Span<const float> values, DType dtype,
+                  std::string* out);
+// Encodes into a caller-provided buffer of exactly WireBytes(dtype, n) bytes.
+void EncodeValuesTo(absl::Span<const float> values, DType dtype, char* out);
+
+// Decodes `data` (WireBytes(dtype, out.size()) bytes) into `out`. Returns
+// INVALID_ARGUMENT if the size is wrong.
+absl::Status DecodeValues(absl::string_view data, DType dtype,
+                          absl::Span<float> out);
+
+// Returns the index of the first non-finite value in `data` (wire dtype
+// `dtype`), or -1 if all are finite. `data` must hold whole elements.
+int64_t FirstNonFinite(absl::string_view data, DType dtype);
+
+// acc[i] += weight * value(data, i) for every i. `data` holds acc.size()
+// elements of wire dtype `dtype`.
+void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
+                        absl::Span<float> acc);
+
+// acc[i] /= total_weight for every i (total_weight > 0).
+void DivideInPlace(absl::Span<float> acc, double total_weight);
+
+// Replaces every value by the nearest value representable in `dtype`
+// (bfloat16: round to nearest even; float32: no-op).
+void RoundTripInPlace(absl::Span<float> values, DType dtype);
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SRC_CODEC_H_

@@ -1,0 +1,219 @@
+#include "src/coordinator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace localsgd {
+
+Clock* Clock::Real() {
+  class RealClock : public Clock {
+   public:
+    absl::Time Now() override { return absl::Now(); }
+  };
+  static RealClock* clock = new RealClock();
+  return clock;
+}
+
+absl::Status ValidateJobId(absl::string_view job_id) {
+  if (job_id.empty() || job_id.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_id must have 1 to 128 characters; got ", job_id.size()));
+  }
+  for (char c : job_id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          "job_id may contain only letters, digits, '.', '_' and '-'");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorOptions::Validate() const {
+  if (policy.lease_ttl <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("lease_ttl must be positive");
+  }
+  if (policy.round_deadline < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("round_deadline must be >= 0");
+  }
+  if (policy.min_quorum < 1) {
+    return absl::InvalidArgumentError("min_quorum must be >= 1");
+  }
+  if (policy.max_members < 1 || max_jobs < 1) {
+    return absl::InvalidArgumentError("max_members and max_jobs must be >= 1");
+  }
+  if (policy.max_recent_rounds < 1) {
+    return absl::InvalidArgumentError("max_recent_rounds must be >= 1");
+  }
+  if (max_chunk_elements < 1 || max_model_elements < 1) {
+    return absl::InvalidArgumentError(
+        "max_chunk_elements and max_model_elements must be >= 1");
+  }
+  if (default_settings.chunk_elements < 1 ||
+      default_settings.chunk_elements > max_chunk_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "default chunk_elements must be in [1, ", max_chunk_elements, "]"));
+  }
+  if (!IsWireDType(default_settings.wire_dtype)) {
+    return absl::InvalidArgumentError(
+        "default wire dtype must be float32 or bfloat16");
+  }
+  if (default_settings.mode != AveragingMode::kMean) {
+    return absl::InvalidArgumentError("default averaging mode must be MEAN");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
+    CoordinatorOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  return std::unique_ptr<Coordinator>(new Coordinator(std::move(options)));
+}
+
+Coordinator::Coordinator(CoordinatorOptions options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {}
+
+Coordinator::~Coordinator() { Stop(); }
+
+absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
+                                             JoinRequestParams params) {
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return s;
+  if (params.weight == 0) params.weight = 1;
+  if (!std::isfinite(params.weight) || params.weight <= 0 ||
+      params.weight > 1e6) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight must be finite and in (0, 1e6]; got ", params.weight));
+  }
+  if (params.incarnation == 0) {
+    return absl::InvalidArgumentError(
+        "incarnation must be a non-zero random number per process start");
+  }
+  if (params.member_name.size() > 256) {
+    return absl::InvalidArgumentError("member_name is longer than 256 bytes");
+  }
+  absl::StatusOr<uint64_t> num_elements =
+      ValidateLayout(params.layout, options_.max_model_elements);
+  if (!num_elements.ok()) return num_elements.status();
+  const JobSettings& want = params.settings;
+  {
+    // The chunk count must fit the protocol's uint32 index and keep the
+    // per-chunk bookkeeping (8 bytes each) small next to the model.
+    const uint64_t chunk = want.chunk_elements != 0
+                               ? want.chunk_elements
+                               : options_.default_settings.chunk_elements;
+    const uint64_t chunks = (*num_elements + chunk - 1) / chunk;
+    if (chunks > kMaxChunks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a layout of ", *num_elements, " elements in chunks of ",
+                       chunk, " makes ", chunks, " chunks, more than ",
+                       kMaxChunks, "; ask for larger chunk_elements"));
+    }
+  }
+  if (want.chunk_elements > options_.max_chunk_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk_elements ", want.chunk_elements,
+        " exceeds the coordinator's limit of ", options_.max_chunk_elements));
+  }
+  if (want.wire_dtype != DType::kUnspecified && !IsWireDType(want.wire_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wire dtype ", DTypeName(want.wire_dtype),
+                     " is not supported; use float32 or bfloat16"));
+  }
+  if (want.rendezvous_members > options_.policy.max_members) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous_members ", want.rendezvous_members,
+                     " exceeds the members a job may have (",
+                     options_.policy.max_members, ")"));
+  }
+  if (want.mode != AveragingMode::kUnspecified &&
+      want.mode != AveragingMode::kMean) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "averaging mode ", static_cast<int>(want.mode), " is not supported"));
+  }
+
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) {
+      return absl::UnavailableError(
+          "coordinator is shutting down; retry later or against another "
+          "replica");
+    }
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) {
+      job = it->second;
+    } else {
+      if (jobs_.size() >= options_.max_jobs) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("coordinator holds ", jobs_.size(),
+                         " jobs, the limit (--max_jobs)"));
+      }
+      JobSettings settings = options_.default_settings;
+      if (want.local_sgd_steps != 0)
+        settings.local_sgd_steps = want.local_sgd_steps;
+      if (want.chunk_elements != 0)
+        settings.chunk_elements = want.chunk_elements;
+      if (want.wire_dtype != DType::kUnspecified)
+        settings.wire_dtype = want.wire_dtype;
+      if (want.mode != AveragingMode::kUnspecified) settings.mode = want.mode;
+      if (want.rendezvous_members != 0) {
+        settings.rendezvous_members = want.rendezvous_members;
+      }
+      job = std::make_shared<Job>(job_id, params.layout, *num_elements,
+                                  settings, options_.policy, clock_);
+      jobs_.emplace(job_id, job);
+      LOG(INFO) << "job " << job_id
+                << " created: " << params.layout.tensors.size() << " tensors, "
+                << *num_elements << " elements, "
+                << job->geometry().num_chunks() << " chunks of "
+                << settings.chunk_elements << ", wire "
+                << DTypeName(settings.wire_dtype)
+                << ", K=" << settings.local_sgd_steps;
+    }
+  }
+  return job->Join(params);
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Coordinator::FindJob(
+    absl::string_view job_id) {
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job '", job_id, "' does not exist; Join creates it"));
+  }
+  return it->second;
+}
+
+std::vector<std::shared_ptr<Job>> Coordinator::Jobs() {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  std::sort(jobs.begin(), jobs.end(),
+            [](const auto& a, const auto& b) { return a->id() < b->id(); });
+  return jobs;
+}
+
+void Coordinator::Tick() {
+  for (const auto& job : Jobs()) job->Tick();
+}
+
+void Coordinator::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  for (const auto& job : Jobs()) job->Stop();
+}
+
+}  // namespace localsgd

@@ -1,0 +1,96 @@
+// The coordinator core: a set of named jobs, the limits that bound them, and
+// the timer work (leases, deadlines). No gRPC: server/ translates RPCs into
+// calls on this class.
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef LOCALSGD_SRC_COORDINATOR_H_
+#define LOCALSGD_SRC_COORDINATOR_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "src/clock.h"
+#include "src/job.h"
+#include "src/types.h"
+
+namespace localsgd {
+
+// Most chunks one layout may be cut into.
+inline constexpr uint64_t kMaxChunks = uint64_t{1} << 24;
+
+struct CoordinatorOptions {
+  // Not owned; must outlive the coordinator. Null: the real clock.
+  Clock* clock = nullptr;
+  JobPolicy policy;
+  // Settings a job gets where its first member asks for none.
+  JobSettings default_settings{/*local_sgd_steps=*/0,
+                               /*chunk_elements=*/256 * 1024,
+                               /*wire_dtype=*/DType::kFloat32,
+                               /*mode=*/AveragingMode::kMean};
+  uint32_t max_jobs = 64;
+  // Largest model per job, in elements (8 GiB of fp32 by default).
+  uint64_t max_model_elements = uint64_t{2} << 30;
+  // Largest chunk, in elements; chunks must also fit in a gRPC message.
+  uint32_t max_chunk_elements = 4u << 20;
+
+  // INVALID_ARGUMENT naming the bad field.
+  absl::Status Validate() const;
+};
+
+struct JoinRequestCore {
+  std::string job_id;
+  JoinRequestParams params;
+};
+
+class Coordinator {
+ public:
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(
+      CoordinatorOptions options);
+  ~Coordinator();
+
+  // Joins `job_id`, creating it with the member's layout and settings (zero
+  // fields: defaults) if it does not exist. INVALID_ARGUMENT: bad job id,
+  // weight, incarnation, layout or settings. FAILED_PRECONDITION: differs
+  // from the job. RESOURCE_EXHAUSTED: max_jobs, max members, model size.
+  // UNAVAILABLE: stopping.
+  absl::StatusOr<JoinResult> Join(const std::string& job_id,
+                                  JoinRequestParams params);
+
+  // NOT_FOUND if the job does not exist; INVALID_ARGUMENT if job_id is
+  // malformed.
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job_id);
+
+  // All jobs, sorted by id.
+  std::vector<std::shared_ptr<Job>> Jobs();
+
+  // Expires leases and closes rounds past their deadline in every job.
+  void Tick();
+
+  // Fails pending Syncs with UNAVAILABLE and refuses new calls. Idempotent.
+  void Stop();
+
+  const CoordinatorOptions& options() const { return options_; }
+
+ private:
+  explicit Coordinator(CoordinatorOptions options);
+
+  const CoordinatorOptions options_;
+  Clock* const clock_;
+  absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// Whether `job_id` is a valid job id: [A-Za-z0-9._-]{1,128}.
+absl::Status ValidateJobId(absl::string_view job_id);
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SRC_COORDINATOR_H_

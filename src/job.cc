@@ -1,0 +1,730 @@
+#include "src/job.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "glog/logging.h"
+#include "src/codec.h"
+
+namespace localsgd {
+namespace {
+
+std::string RandomMemberHex(absl::BitGen& gen) {
+  const uint64_t hi = absl::Uniform<uint64_t>(gen);
+  const uint64_t lo = absl::Uniform<uint64_t>(gen);
+  return absl::StrFormat("%016x%016x", hi, lo);
+}
+
+std::vector<std::string> Sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+absl::Status Stopping() {
+  return absl::UnavailableError(
+      "coordinator is shutting down; retry later or against another replica");
+}
+
+}  // namespace
+
+absl::string_view CloseReasonName(CloseReason reason) {
+  switch (reason) {
+    case CloseReason::kComplete:
+      return "complete";
+    case CloseReason::kDeadline:
+      return "deadline";
+    case CloseReason::kMembersGone:
+      return "members_gone";
+    case CloseReason::kSeed:
+      return "seed";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------
+// SyncSession
+
+SyncSession::SyncSession(std::shared_ptr<Job> job, MemberId member,
+                         RoundId round, Role role, uint64_t waiter_id,
+                         uint32_t num_chunks)
+    : job_(std::move(job)),
+      member_(std::move(member)),
+      round_(round),
+      role_(role),
+      waiter_id_(waiter_id),
+      got_(num_chunks, false) {}
+
+SyncSession::~SyncSession() {
+  if (!cancelled_) Cancel();
+}
+
+absl::Status SyncSession::AddChunk(uint32_t index, absl::string_view data) {
+  return job_->AddChunk(*this, index, data);
+}
+
+bool SyncSession::Cancel() {
+  cancelled_ = true;
+  return job_->CancelWaiter(*this);
+}
+
+// ---------------------------------------------------------------------------
+// Job
+
+Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
+         JobSettings settings, JobPolicy policy, Clock* clock)
+    : id_(std::move(job_id)),
+      layout_(std::move(layout)),
+      settings_(settings),
+      policy_(policy),
+      geometry_(num_elements, settings.chunk_elements),
+      clock_(clock),
+      rendezvous_done_(settings.rendezvous_members <= 1) {}
+
+Job::~Job() = default;
+
+void Job::RunDeferred(Deferred& deferred) {
+  for (auto& fn : deferred) fn();
+  deferred.clear();
+}
+
+absl::Status Job::MemberNotFound(const MemberId& member) const {
+  return absl::NotFoundError(absl::StrCat(
+      "member ", member.str(), " is not in job '", id_,
+      "' (it never joined, left, or made no call for the lease of ",
+      absl::FormatDuration(policy_.lease_ttl), "); join again"));
+}
+
+MemberInfo* Job::FindMemberLocked(const MemberId& member, absl::Time now) {
+  auto it = members_.find(member);
+  if (it == members_.end()) return nullptr;
+  // An expired lease is gone even before Tick() removes it.
+  if (now - it->second.last_seen > policy_.lease_ttl) return nullptr;
+  it->second.last_seen = now;
+  return &it->second;
+}
+
+absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
+  const absl::Time now = clock_->Now();
+  Deferred deferred;
+  JoinResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return Stopping();
+    const std::string diff = FirstDifference(layout_, params.layout);
+    if (!diff.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layout differs from job '", id_, "': ", diff,
+                       "; every member of a job must average the same model"));
+    }
+    const JobSettings& want = params.settings;
+    if (want.local_sgd_steps != 0 &&
+        want.local_sgd_steps != settings_.local_sgd_steps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", id_, "' syncs every ", settings_.local_sgd_steps,
+          " steps; member asks for ", want.local_sgd_steps));
+    }
+    if (want.chunk_elements != 0 &&
+        want.chunk_elements != settings_.chunk_elements) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", id_, "' uses chunks of ", settings_.chunk_elements,
+          " elements; member asks for ", want.chunk_elements));
+    }
+    if (want.wire_dtype != DType::kUnspecified &&
+        want.wire_dtype != settings_.wire_dtype) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", id_, "' uses wire dtype ", DTypeName(settings_.wire_dtype),
+          "; member asks for ", DTypeName(want.wire_dtype)));
+    }
+    if (want.rendezvous_members != 0 &&
+        want.rendezvous_members != settings_.rendezvous_members) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", id_, "' starts with ", settings_.rendezvous_members,
+          " members; member asks for ", want.rendezvous_members));
+    }
+    if (want.mode != AveragingMode::kUnspecified &&
+        want.mode != settings_.mode) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", id_, "' uses another averaging mode (",
+          static_cast<int>(settings_.mode), ") than the member asks for (",
+          static_cast<int>(want.mode), ")"));
+    }
+
+    // A process is its name plus incarnation: the same pair is a retried
+    // Join, a new incarnation under the same name is a restarted process.
+    MemberId id;
+    if (!params.member_name.empty()) {
+      for (auto& [mid, m] : members_) {
+        if (m.name != params.member_name) continue;
+        if (m.incarnation == params.incarnation) {
+          id = mid;
+          m.last_seen = now;
+        } else {
+          id = MemberId();
+          const MemberId old = mid;
+          RemoveMemberLocked(old, "replaced by a new incarnation", deferred);
+        }
+        break;
+      }
+    }
+    if (id.empty()) {
+      if (members_.size() >= policy_.max_members) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("job '", id_, "' has ", members_.size(),
+                         " members, the limit (--max_members_per_job)"));
+      }
+      do {
+        id = MemberId(RandomMemberHex(bitgen_));
+      } while (members_.contains(id));
+      MemberInfo info;
+      info.id = id;
+      info.name = params.member_name.empty() ? id.str() : params.member_name;
+      info.weight = params.weight;
+      info.incarnation = params.incarnation;
+      info.joined_at = now;
+      info.last_seen = now;
+      // Joining while a round is open: take part from the next one, unless
+      // the job is still gathering its rendezvous members; then the open
+      // round admits the joiner (it starts from the same state as the rest).
+      info.first_round = state_ == nullptr  ? 1
+                         : open_ != nullptr ? open_->id + 1
+                                            : state_->round + 1;
+      if (open_ != nullptr && !rendezvous_done_) {
+        info.first_round = open_->id;
+        Participant p;
+        p.name = info.name;
+        p.weight = static_cast<float>(info.weight);
+        p.got.assign(geometry_.num_chunks(), false);
+        open_->participants.emplace(id, std::move(p));
+      }
+      LOG(INFO) << "job " << id_ << ": member " << info.name << " (" << id.str()
+                << ", weight " << info.weight << ") joined; "
+                << members_.size() + 1 << " members; takes part from round "
+                << info.first_round;
+      members_.emplace(id, std::move(info));
+    }
+    result.member_id = id;
+    result.settings = settings_;
+    result.has_state = state_ != nullptr;
+    result.state_round = state_ != nullptr ? state_->round : 0;
+    result.geometry = geometry_;
+  }
+  RunDeferred(deferred);
+  return result;
+}
+
+absl::Status Job::Leave(const MemberId& member) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (members_.contains(member)) {
+      RemoveMemberLocked(member, "left", deferred);
+    }
+  }
+  RunDeferred(deferred);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RoundId> Job::Heartbeat(const MemberId& member) {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  if (FindMemberLocked(member, now) == nullptr) return MemberNotFound(member);
+  return state_ != nullptr ? state_->round : 0;
+}
+
+absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
+    const MemberId& member, RoundId round, SyncCallback done) {
+  const absl::Time now = clock_->Now();
+  Deferred deferred;
+  std::unique_ptr<SyncSession> session;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return Stopping();
+    MemberInfo* info = FindMemberLocked(member, now);
+    if (info == nullptr) return MemberNotFound(member);
+    auto self = shared_from_this();
+    const uint32_t n = geometry_.num_chunks();
+    auto resolve_now = [&](SyncResult result) {
+      deferred.push_back([done = std::move(done), result = std::move(result)] {
+        done(result);
+      });
+    };
+
+    if (round == 0) {
+      if (state_ != nullptr) {
+        resolve_now(LatestResultLocked(member, 0));
+        session.reset(
+            new SyncSession(self, member, 0, SyncSession::Role::kAdopt, 0, n));
+      } else {
+        if (seed_ == nullptr) {
+          seed_ = std::make_unique<Seed>();
+          seed_->owner = member;
+          seed_->values = TakeBufferLocked();
+          seed_->got.assign(n, false);
+          LOG(INFO) << "job " << id_ << ": " << info->name
+                    << " seeds the global state";
+        }
+        const bool owner = seed_->owner == member;
+        const uint64_t waiter_id = next_waiter_id_++;
+        seed_->waiters.emplace(waiter_id,
+                               Waiter{member, std::move(done), owner});
+        session.reset(new SyncSession(
+            self, member, 0,
+            owner ? SyncSession::Role::kSeed : SyncSession::Role::kAdopt,
+            waiter_id, n));
+      }
+    } else {
+      if (state_ == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job '", id_,
+                         "' has no global state yet; seed it with a Sync of "
+                         "round 0 (Client::Initialize) before round ",
+                         round));
+      }
+      const RoundId latest = state_->round;
+      if (round <= latest) {
+        // A straggler (or a retry after its round closed): adopt the latest.
+        SyncResult result = LatestResultLocked(member, round);
+        if (!result.contributed) {
+          for (RoundRecord& record : recent_) {
+            if (record.round != round) continue;
+            if (std::find(record.late.begin(), record.late.end(), info->name) ==
+                record.late.end()) {
+              record.late.push_back(info->name);
+              std::sort(record.late.begin(), record.late.end());
+            }
+            break;
+          }
+          LOG(INFO) << "job " << id_ << ": " << info->name
+                    << " is late for round " << round << "; adopts round "
+                    << latest;
+        }
+        resolve_now(std::move(result));
+        session.reset(new SyncSession(self, member, round,
+                                      SyncSession::Role::kAdopt, 0, n));
+      } else if (round == latest + 1) {
+        if (open_ == nullptr) {
+          open_ = std::make_unique<OpenRound>();
+          open_->id = round;
+          open_->opened = now;
+          open_->acc = TakeBufferLocked();
+          std::fill(open_->acc.begin(), open_->acc.end(), 0.0f);
+          open_->chunk_weight.assign(n, 0.0);
+          for (const auto& [mid, m] : members_) {
+            if (m.first_round > round) continue;
+            Participant p;
+            p.name = m.name;
+            p.weight = static_cast<float>(m.weight);
+            p.got.assign(n, false);
+            open_->participants.emplace(mid, std::move(p));
+          }
+          VLOG(1) << "job " << id_ << ": round " << round << " opened with "
+                  << open_->participants.size() << " participants";
+        }
+        const bool participant = open_->participants.contains(member);
+        const uint64_t waiter_id = next_waiter_id_++;
+        open_->waiters.emplace(waiter_id,
+                               Waiter{member, std::move(done), participant});
+        session.reset(new SyncSession(self, member, round,
+                                      participant
+                                          ? SyncSession::Role::kContribute
+                                          : SyncSession::Role::kAdopt,
+                                      waiter_id, n));
+      } else {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "member ", info->name, " syncs for round ", round, " but job '",
+            id_, "' is at round ", latest, " (next round ", latest + 1,
+            "); did the coordinator restart without its state? join again"));
+      }
+    }
+  }
+  RunDeferred(deferred);
+  return session;
+}
+
+absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
+                           absl::string_view data) {
+  // Validate before taking the lock or touching any accumulator.
+  const uint32_t n = geometry_.num_chunks();
+  if (index >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk index ", index, " for round ", session.round_,
+                     " of job '", id_, "' is out of range: the layout has ", n,
+                     " chunks (0..", n - 1, "); did the model change?"));
+  }
+  const uint32_t elements = geometry_.Size(index);
+  const size_t expected = WireBytes(settings_.wire_dtype, elements);
+  if (data.size() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", index, " for round ", session.round_, " of job '", id_,
+        "' has ", data.size(), " bytes; expected ", expected, " (", elements,
+        " ", DTypeName(settings_.wire_dtype), " values)"));
+  }
+  if (const int64_t bad = FirstNonFinite(data, settings_.wire_dtype);
+      bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", index, " for round ", session.round_, " of job '", id_,
+        "' has a non-finite value at element ", bad, " (flat index ",
+        geometry_.Offset(index) + bad, "); contribution refused"));
+  }
+  if (session.got_[index]) return absl::OkStatus();
+
+  const absl::Time now = clock_->Now();
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return Stopping();
+    if (FindMemberLocked(session.member_, now) == nullptr) {
+      return MemberNotFound(session.member_);
+    }
+    const uint64_t offset = geometry_.Offset(index);
+    switch (session.role_) {
+      case SyncSession::Role::kSeed:
+        if (seed_ != nullptr && seed_->owner == session.member_ &&
+            !seed_->got[index]) {
+          absl::Status s = DecodeValues(
+              data, settings_.wire_dtype,
+              absl::MakeSpan(seed_->values).subspan(offset, elements));
+          if (!s.ok()) return s;
+          seed_->got[index] = true;
+          if (++seed_->received == n) CompleteSeedLocked(now, deferred);
+        }
+        break;
+      case SyncSession::Role::kContribute:
+        if (open_ != nullptr && open_->id == session.round_) {
+          auto it = open_->participants.find(session.member_);
+          if (it != open_->participants.end() && !it->second.got[index]) {
+            Participant& p = it->second;
+            // The whole chunk goes in under the lock: simple and, at a few
+            // hundred KiB per chunk and ~17 GB/s, short.
+            AccumulateWeighted(
+                data, settings_.wire_dtype, p.weight,
+                absl::MakeSpan(open_->acc).subspan(offset, elements));
+            open_->chunk_weight[index] += p.weight;
+            p.got[index] = true;
+            if (++p.received == n) MaybeCloseRoundLocked(now, deferred);
+          }
+        }
+        break;
+      case SyncSession::Role::kAdopt:
+        break;
+    }
+  }
+  session.got_[index] = true;
+  ++session.received_;
+  RunDeferred(deferred);
+  return absl::OkStatus();
+}
+
+bool Job::CancelWaiter(const SyncSession& session) {
+  if (session.waiter_id_ == 0) return false;
+  Deferred deferred;
+  bool removed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (open_ != nullptr && open_->id == session.round_ &&
+        session.round_ != 0) {
+      removed = open_->waiters.erase(session.waiter_id_) > 0;
+    }
+    if (session.round_ == 0 && seed_ != nullptr) {
+      removed = seed_->waiters.erase(session.waiter_id_) > 0;
+      if (session.role_ == SyncSession::Role::kSeed &&
+          seed_->owner == session.member_ && !session.complete()) {
+        AbortSeedLocked("its stream ended before all chunks arrived", deferred);
+      }
+    }
+  }
+  RunDeferred(deferred);
+  return removed;
+}
+
+void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
+                             Deferred& deferred) {
+  auto it = members_.find(member);
+  if (it == members_.end()) return;
+  LOG(INFO) << "job " << id_ << ": member " << it->second.name << " ("
+            << member.str() << ") " << why << "; " << members_.size() - 1
+            << " members left";
+  members_.erase(it);
+  if (seed_ != nullptr && seed_->owner == member) {
+    AbortSeedLocked(why, deferred);
+  }
+  if (open_ != nullptr) {
+    auto p = open_->participants.find(member);
+    if (p != open_->participants.end() && !p->second.complete()) {
+      p->second.gone = true;
+      MaybeCloseRoundLocked(clock_->Now(), deferred);
+    }
+  }
+}
+
+void Job::MaybeCloseRoundLocked(absl::Time now, Deferred& deferred) {
+  if (open_ == nullptr) return;
+  const bool gathering = !rendezvous_done_ && open_->participants.size() <
+                                                  settings_.rendezvous_members;
+  bool all_accounted = !gathering;
+  bool any_gone = false;
+  uint32_t complete = 0;
+  for (const auto& [id, p] : open_->participants) {
+    if (p.complete()) {
+      ++complete;
+    } else if (p.gone) {
+      any_gone = true;
+    } else {
+      all_accounted = false;
+    }
+  }
+  if (all_accounted) {
+    CloseRoundLocked(
+        any_gone ? CloseReason::kMembersGone : CloseReason::kComplete, now,
+        deferred);
+  } else if (policy_.round_deadline > absl::ZeroDuration() &&
+             now >= open_->opened + policy_.round_deadline &&
+             complete >= policy_.min_quorum) {
+    CloseRoundLocked(CloseReason::kDeadline, now, deferred);
+  }
+}
+
+void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
+                           Deferred& deferred) {
+  std::unique_ptr<OpenRound> round = std::move(open_);
+  std::vector<float> values = std::move(round->acc);
+  const std::vector<float>& previous = state_->values;
+  for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
+    auto slice =
+        absl::MakeSpan(values).subspan(geometry_.Offset(c), geometry_.Size(c));
+    if (round->chunk_weight[c] > 0) {
+      DivideInPlace(slice, round->chunk_weight[c]);
+    } else {
+      std::copy_n(previous.begin() + geometry_.Offset(c), slice.size(),
+                  slice.begin());
+    }
+  }
+  // Store exactly what members receive, so that a late joiner's fetched state
+  // equals what the others hold.
+  RoundTripInPlace(absl::MakeSpan(values), settings_.wire_dtype);
+
+  RoundRecord record;
+  record.round = round->id;
+  record.reason = reason;
+  record.opened = round->opened;
+  record.closed = now;
+  for (const auto& [id, p] : round->participants) {
+    record.participants.push_back(p.name);
+    if (p.complete()) {
+      record.contributors.push_back(p.name);
+      record.contributor_ids.insert(id);
+      record.contributor_weight += p.weight;
+    } else {
+      record.dropped.push_back(p.name);
+    }
+  }
+  if (record.participants.size() >= settings_.rendezvous_members &&
+      !rendezvous_done_) {
+    rendezvous_done_ = true;
+    LOG(INFO) << "job " << id_ << ": rendezvous of "
+              << settings_.rendezvous_members << " members complete";
+  }
+  record.participants = Sorted(std::move(record.participants));
+  record.contributors = Sorted(std::move(record.contributors));
+  record.dropped = Sorted(std::move(record.dropped));
+
+  auto state = std::make_shared<StateSnapshot>();
+  state->round = round->id;
+  state->values = std::move(values);
+  std::shared_ptr<StateSnapshot> old = std::move(state_);
+  state_ = state;
+  // Recycle the old state's memory for the next accumulator unless a stream
+  // still reads it: fresh pages cost ~20x more than reused ones.
+  if (old.use_count() == 1 && spare_.empty()) spare_ = std::move(old->values);
+
+  LOG(INFO) << "job " << id_ << ": round " << record.round << " closed ("
+            << CloseReasonName(reason) << ") in "
+            << absl::FormatDuration(now - record.opened) << "; contributors ["
+            << absl::StrJoin(record.contributors, ", ") << "]"
+            << (record.dropped.empty()
+                    ? ""
+                    : absl::StrCat("; dropped [",
+                                   absl::StrJoin(record.dropped, ", "), "]"));
+
+  for (auto& [wid, w] : round->waiters) {
+    SyncResult result;
+    result.round = record.round;
+    result.contributed = record.contributor_ids.contains(w.member);
+    result.late = !result.contributed;
+    result.contributors = static_cast<uint32_t>(record.contributors.size());
+    result.contributor_weight = record.contributor_weight;
+    result.state = state;
+    deferred.push_back([done = std::move(w.done), result = std::move(result)] {
+      done(result);
+    });
+  }
+  recent_.push_front(std::move(record));
+  while (recent_.size() > policy_.max_recent_rounds) recent_.pop_back();
+}
+
+void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
+  std::unique_ptr<Seed> seed = std::move(seed_);
+  const absl::Status status = absl::AbortedError(absl::StrCat(
+      "the member seeding job '", id_,
+      "' stopped before the seed was complete (", why, "); retry"));
+  LOG(WARNING) << "job " << id_ << ": seed by " << seed->owner.str()
+               << " abandoned: " << why;
+  for (auto& [wid, w] : seed->waiters) {
+    deferred.push_back([done = std::move(w.done), status] { done(status); });
+  }
+  if (spare_.empty()) spare_ = std::move(seed->values);
+}
+
+void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
+  std::unique_ptr<Seed> seed = std::move(seed_);
+  auto state = std::make_shared<StateSnapshot>();
+  state->round = 0;
+  state->values = std::move(seed->values);
+  state_ = state;
+  RoundRecord record;
+  record.round = 0;
+  record.reason = CloseReason::kSeed;
+  record.opened = now;
+  record.closed = now;
+  double weight = 1;
+  std::string name = seed->owner.str();
+  if (auto it = members_.find(seed->owner); it != members_.end()) {
+    name = it->second.name;
+    weight = it->second.weight;
+  }
+  record.participants = {name};
+  record.contributors = {name};
+  record.contributor_ids.insert(seed->owner);
+  record.contributor_weight = weight;
+  LOG(INFO) << "job " << id_ << ": seeded by " << name;
+  for (auto& [wid, w] : seed->waiters) {
+    SyncResult result;
+    result.round = 0;
+    result.contributed = w.member == seed->owner;
+    result.contributors = 1;
+    result.contributor_weight = weight;
+    result.state = state;
+    deferred.push_back([done = std::move(w.done), result = std::move(result)] {
+      done(result);
+    });
+  }
+  recent_.push_front(std::move(record));
+  while (recent_.size() > policy_.max_recent_rounds) recent_.pop_back();
+}
+
+SyncResult Job::LatestResultLocked(const MemberId& member,
+                                   RoundId asked_round) {
+  SyncResult result;
+  result.round = state_->round;
+  result.state = state_;
+  for (const RoundRecord& record : recent_) {
+    if (record.round != state_->round) continue;
+    result.contributed = record.contributor_ids.contains(member);
+    result.contributors = static_cast<uint32_t>(record.contributors.size());
+    result.contributor_weight = record.contributor_weight;
+    break;
+  }
+  result.late = asked_round != 0 && !result.contributed;
+  return result;
+}
+
+std::vector<float> Job::TakeBufferLocked() {
+  std::vector<float> buffer = std::move(spare_);
+  spare_.clear();
+  buffer.resize(geometry_.num_elements());
+  return buffer;
+}
+
+absl::StatusOr<std::shared_ptr<const StateSnapshot>> Job::GetState(
+    const MemberId& member) {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  if (stopped_) return Stopping();
+  if (FindMemberLocked(member, now) == nullptr) return MemberNotFound(member);
+  if (state_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", id_, "' has no global state yet; the first member seeds it"));
+  }
+  return std::shared_ptr<const StateSnapshot>(state_);
+}
+
+void Job::Tick() {
+  const absl::Time now = clock_->Now();
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    std::vector<MemberId> expired;
+    for (const auto& [id, m] : members_) {
+      if (now - m.last_seen > policy_.lease_ttl) expired.push_back(id);
+    }
+    for (const MemberId& id : expired) {
+      RemoveMemberLocked(
+          id,
+          absl::StrCat("lost its lease (no call for ",
+                       absl::FormatDuration(policy_.lease_ttl), ")"),
+          deferred);
+    }
+    MaybeCloseRoundLocked(now, deferred);
+  }
+  RunDeferred(deferred);
+}
+
+void Job::Stop() {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    const absl::Status status = Stopping();
+    auto fail_all = [&](absl::flat_hash_map<uint64_t, Waiter>& waiters) {
+      for (auto& [wid, w] : waiters) {
+        deferred.push_back(
+            [done = std::move(w.done), status] { done(status); });
+      }
+      waiters.clear();
+    };
+    if (open_ != nullptr) fail_all(open_->waiters);
+    if (seed_ != nullptr) fail_all(seed_->waiters);
+  }
+  RunDeferred(deferred);
+}
+
+size_t Job::num_members() {
+  absl::MutexLock lock(&mu_);
+  return members_.size();
+}
+
+JobStatusSnapshot Job::Status(uint32_t max_rounds) {
+  JobStatusSnapshot s;
+  s.job_id = id_;
+  s.settings = settings_;
+  s.layout = layout_;
+  s.geometry = geometry_;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, m] : members_) s.members.push_back(m);
+  std::sort(
+      s.members.begin(), s.members.end(),
+      [](const MemberInfo& a, const MemberInfo& b) { return a.name < b.name; });
+  s.has_state = state_ != nullptr;
+  s.state_round = state_ != nullptr ? state_->round : 0;
+  if (open_ != nullptr) {
+    s.round_open = true;
+    for (const auto& [id, p] : open_->participants) {
+      s.open_round_participants.push_back(p.name);
+      if (p.complete()) s.open_round_contributed.push_back(p.name);
+    }
+    s.open_round_participants = Sorted(std::move(s.open_round_participants));
+    s.open_round_contributed = Sorted(std::move(s.open_round_contributed));
+  }
+  for (const RoundRecord& r : recent_) {
+    if (s.recent_rounds.size() >= max_rounds) break;
+    s.recent_rounds.push_back(r);
+  }
+  return s;
+}
+
+}  // namespace localsgd

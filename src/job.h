@@ -1,0 +1,323 @@
+// One training job: its layout, members and their leases, the global state,
+// and the round state machine that averages contributions into it.
+//
+// Rounds. The state after round r is the average of the contributions to r.
+// Round 0 is the seed: the first member to send it makes its parameters the
+// state. Round L+1 (L = round of the current state) opens at the first
+// contribution for it; its participants are the members active then whose
+// first round is <= L+1. It closes when
+//   (COMPLETE)      every participant has contributed every chunk, or
+//   (MEMBERS_GONE)  every participant has either contributed every chunk or
+//                   left / lost its lease, or
+//   (DEADLINE)      round_deadline has passed since it opened and at least
+//                   min_quorum participants have contributed every chunk.
+// Each chunk of the result is the weighted mean of the complete contributions
+// to that chunk, or the previous state's chunk if it has none. A member that
+// joins while a round is open takes part from the next one; a Sync for it (or
+// for a round that has closed) adopts the result without contributing.
+//
+// Rendezvous: with settings.rendezvous_members = N > 1, until some round has
+// had N participants, an open round admits members that join (the state has
+// not changed, so they start where the others did) and closes only once it has
+// N participants (or at its deadline, with quorum).
+//
+// Memory: one fp32 accumulator and one weight per chunk for the open round,
+// the state, and whatever older states Sync/FetchState streams still read;
+// independent of the number of members.
+//
+// Thread-safety: all methods are thread-safe. Callbacks run without the job's
+// lock held, possibly on the calling thread before the call returns.
+#ifndef LOCALSGD_SRC_JOB_H_
+#define LOCALSGD_SRC_JOB_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "src/clock.h"
+#include "src/layout.h"
+#include "src/types.h"
+
+namespace localsgd {
+
+// Coordinator-wide policies a job follows.
+struct JobPolicy {
+  absl::Duration lease_ttl = absl::Seconds(30);
+  // Zero: no deadline.
+  absl::Duration round_deadline = absl::ZeroDuration();
+  uint32_t min_quorum = 1;
+  uint32_t max_members = 1024;
+  // Closed rounds kept for status and late arrivals.
+  uint32_t max_recent_rounds = 100;
+};
+
+// The global state: parameters after round `round` (0: the seed).
+struct StateSnapshot {
+  RoundId round = 0;
+  std::vector<float> values;
+};
+
+// What a Sync resolves to.
+struct SyncResult {
+  RoundId round = 0;
+  bool contributed = false;
+  bool late = false;
+  uint32_t contributors = 0;
+  double contributor_weight = 0;
+  std::shared_ptr<const StateSnapshot> state;
+};
+using SyncCallback = std::function<void(absl::StatusOr<SyncResult>)>;
+
+enum class CloseReason { kComplete, kDeadline, kMembersGone, kSeed };
+absl::string_view CloseReasonName(CloseReason reason);
+
+struct MemberInfo {
+  MemberId id;
+  std::string name;
+  double weight = 1;
+  uint64_t incarnation = 0;
+  absl::Time joined_at;
+  absl::Time last_seen;
+  RoundId first_round = 1;
+};
+
+// A closed round, as status reports it. Names are sorted.
+struct RoundRecord {
+  RoundId round = 0;
+  std::vector<std::string> participants;
+  std::vector<std::string> contributors;
+  std::vector<std::string> dropped;
+  std::vector<std::string> late;
+  CloseReason reason = CloseReason::kComplete;
+  absl::Time opened;
+  absl::Time closed;
+  double contributor_weight = 0;
+  // Ids of the contributors, to answer a contributor whose result it is.
+  absl::flat_hash_set<MemberId> contributor_ids;
+};
+
+struct JobStatusSnapshot {
+  std::string job_id;
+  JobSettings settings;
+  Layout layout;
+  ChunkGeometry geometry;
+  std::vector<MemberInfo> members;  // sorted by name
+  bool has_state = false;
+  RoundId state_round = 0;
+  bool round_open = false;
+  std::vector<std::string> open_round_participants;
+  std::vector<std::string> open_round_contributed;
+  std::vector<RoundRecord> recent_rounds;  // most recent first
+};
+
+struct JoinRequestParams {
+  std::string member_name;
+  Layout layout;
+  double weight = 1;
+  uint64_t incarnation = 0;
+  JobSettings settings;  // zero fields: no preference
+};
+
+struct JoinResult {
+  MemberId member_id;
+  JobSettings settings;
+  bool has_state = false;
+  RoundId state_round = 0;
+  ChunkGeometry geometry;
+};
+
+class Job;
+
+// One Sync stream of one member: feeds its chunks to the job. Created by
+// Job::BeginSync. Not thread-safe: the stream's reads are sequential.
+class SyncSession {
+ public:
+  ~SyncSession();
+  SyncSession(const SyncSession&) = delete;
+  SyncSession& operator=(const SyncSession&) = delete;
+
+  // Validates and applies one chunk. INVALID_ARGUMENT: index out of range,
+  // wrong payload size, non-finite value (the message names the chunk and
+  // element); nothing is applied then. A chunk this member already gave for
+  // this round is ignored (OK). NOT_FOUND: the member is gone; UNAVAILABLE:
+  // the job is stopping.
+  absl::Status AddChunk(uint32_t index, absl::string_view data);
+
+  // Whether this stream has delivered every chunk.
+  bool complete() const { return received_ == got_.size(); }
+  uint32_t received() const { return received_; }
+  uint32_t num_chunks() const { return static_cast<uint32_t>(got_.size()); }
+  RoundId round() const { return round_; }
+
+  // Withdraws the callback. Returns true if it will never run; false if it
+  // has run or is running (the caller must let it finish). Chunks already
+  // given stay counted. A seeding session that is cancelled before it is
+  // complete aborts the seed.
+  bool Cancel();
+
+ private:
+  friend class Job;
+  enum class Role { kContribute, kSeed, kAdopt };
+  SyncSession(std::shared_ptr<Job> job, MemberId member, RoundId round,
+              Role role, uint64_t waiter_id, uint32_t num_chunks);
+
+  std::shared_ptr<Job> job_;
+  MemberId member_;
+  RoundId round_;
+  Role role_;
+  uint64_t waiter_id_;
+  std::vector<bool> got_;
+  uint32_t received_ = 0;
+  bool cancelled_ = false;
+};
+
+class Job : public std::enable_shared_from_this<Job> {
+ public:
+  // `settings` must be complete and valid; `layout` validated with
+  // `num_elements` elements. `clock` must outlive the job.
+  Job(std::string job_id, Layout layout, uint64_t num_elements,
+      JobSettings settings, JobPolicy policy, Clock* clock);
+  ~Job();
+
+  const std::string& id() const { return id_; }
+  const JobSettings& settings() const { return settings_; }
+  const ChunkGeometry& geometry() const { return geometry_; }
+
+  // Adds a member (or returns the same member for a repeated Join of the same
+  // name and incarnation; replaces a member of that name with another
+  // incarnation). FAILED_PRECONDITION: layout or settings differ (the message
+  // names the first difference). RESOURCE_EXHAUSTED: max_members reached.
+  absl::StatusOr<JoinResult> Join(const JoinRequestParams& params);
+
+  // Removes the member at once; an open round stops waiting for it. OK if it
+  // is not (or no longer) a member.
+  absl::Status Leave(const MemberId& member);
+
+  // Renews the lease. NOT_FOUND if the member is unknown or its lease ran out.
+  // Returns the round of the current state.
+  absl::StatusOr<RoundId> Heartbeat(const MemberId& member);
+
+  // Starts a Sync of `member` for `round`. `done` runs exactly once unless
+  // SyncSession::Cancel returns true: with the round's result when it closes
+  // (at once if the round has closed already), or with ABORTED (the seed was
+  // abandoned) or UNAVAILABLE (the job stops). Errors: NOT_FOUND (member),
+  // FAILED_PRECONDITION (no state yet for round >= 1; round ahead of the
+  // open round), UNAVAILABLE (stopping).
+  absl::StatusOr<std::unique_ptr<SyncSession>> BeginSync(const MemberId& member,
+                                                         RoundId round,
+                                                         SyncCallback done);
+
+  // The current state. NOT_FOUND (member), FAILED_PRECONDITION (no state).
+  absl::StatusOr<std::shared_ptr<const StateSnapshot>> GetState(
+      const MemberId& member);
+
+  // Expires leases and closes rounds whose deadline has passed, as of the
+  // clock's now. Call periodically.
+  void Tick();
+
+  // Fails every pending callback with UNAVAILABLE and refuses new Syncs.
+  // Idempotent.
+  void Stop();
+
+  JobStatusSnapshot Status(uint32_t max_rounds);
+  size_t num_members();
+
+ private:
+  friend class SyncSession;
+
+  struct Participant {
+    std::string name;
+    float weight = 1;
+    std::vector<bool> got;
+    uint32_t received = 0;
+    bool gone = false;
+    bool complete() const { return received == got.size(); }
+  };
+  struct Waiter {
+    MemberId member;
+    SyncCallback done;
+    bool participant = false;
+  };
+  struct OpenRound {
+    RoundId id = 0;
+    absl::Time opened;
+    absl::flat_hash_map<MemberId, Participant> participants;
+    std::vector<float> acc;            // num_elements, fp32 weighted sums
+    std::vector<double> chunk_weight;  // num_chunks
+    absl::flat_hash_map<uint64_t, Waiter> waiters;
+  };
+  struct Seed {
+    MemberId owner;
+    std::vector<float> values;
+    std::vector<bool> got;
+    uint32_t received = 0;
+    uint64_t owner_waiter = 0;
+    absl::flat_hash_map<uint64_t, Waiter> waiters;
+  };
+  using Deferred = std::vector<std::function<void()>>;
+
+  absl::Status AddChunk(SyncSession& session, uint32_t index,
+                        absl::string_view data);
+  bool CancelWaiter(const SyncSession& session);
+
+  // Marks `member` gone: removed from members_, dropped from the open round,
+  // seed aborted if it owned it. `why` goes to the log.
+  void RemoveMemberLocked(const MemberId& member, absl::string_view why,
+                          Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCloseRoundLocked(absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseRoundLocked(CloseReason reason, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortSeedLocked(absl::string_view why, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteSeedLocked(absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The result of the latest closed round, for `member`.
+  SyncResult LatestResultLocked(const MemberId& member, RoundId asked_round)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A buffer of num_elements floats, recycled from an old state if possible.
+  std::vector<float> TakeBufferLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  MemberInfo* FindMemberLocked(const MemberId& member, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MemberNotFound(const MemberId& member) const;
+  static void RunDeferred(Deferred& deferred);
+
+  const std::string id_;
+  const Layout layout_;
+  const JobSettings settings_;
+  const JobPolicy policy_;
+  const ChunkGeometry geometry_;
+  Clock* const clock_;
+
+  absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<MemberId, MemberInfo> members_ ABSL_GUARDED_BY(mu_);
+  // Null until seeded. Kept non-const here so that a buffer no stream reads
+  // any more can be recycled; handed out as shared_ptr<const>.
+  std::shared_ptr<StateSnapshot> state_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<OpenRound> open_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Seed> seed_ ABSL_GUARDED_BY(mu_);
+  std::deque<RoundRecord> recent_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> spare_ ABSL_GUARDED_BY(mu_);
+  // Whether a round has had settings_.rendezvous_members participants.
+  bool rendezvous_done_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SRC_JOB_H_

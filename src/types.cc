@@ -1,0 +1,48 @@
+#include "src/types.h"
+
+namespace localsgd {
+
+absl::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kUnspecified:
+      break;
+  }
+  return "unspecified";
+}
+
+int DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return 4;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
+    case DType::kFloat64:
+      return 8;
+    case DType::kUnspecified:
+      break;
+  }
+  return 0;
+}
+
+bool IsWireDType(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kBFloat16;
+}
+
+bool MemberId::IsWellFormed(absl::string_view hex) {
+  if (hex.size() != 32) return false;
+  for (char c : hex) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+}  // namespace localsgd

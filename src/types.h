@@ -1,0 +1,81 @@
+// Plain value types shared by the core, the server and the client.
+#ifndef LOCALSGD_SRC_TYPES_H_
+#define LOCALSGD_SRC_TYPES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/string_view.h"
+
+namespace localsgd {
+
+// Element types. Values match localsgd.v1.DType on the wire.
+enum class DType : int {
+  kUnspecified = 0,
+  kFloat32 = 1,
+  kBFloat16 = 2,
+  kFloat16 = 3,
+  kFloat64 = 4,
+};
+
+// "float32", "bfloat16", ... ; "unspecified" for kUnspecified.
+absl::string_view DTypeName(DType dtype);
+// Bytes per element; 0 for kUnspecified.
+int DTypeSize(DType dtype);
+// Whether chunks may travel in this dtype (float32, bfloat16).
+bool IsWireDType(DType dtype);
+
+enum class AveragingMode : int {
+  kUnspecified = 0,
+  kMean = 1,
+};
+
+// Per-job settings; see localsgd.v1.JobSettings. Zero/unspecified fields mean
+// "coordinator default" in a request.
+struct JobSettings {
+  uint32_t local_sgd_steps = 0;
+  uint32_t chunk_elements = 0;
+  DType wire_dtype = DType::kUnspecified;
+  AveragingMode mode = AveragingMode::kUnspecified;
+  // Averaging starts once this many members take part; see
+  // localsgd.v1.JobSettings.rendezvous_members. 0 or 1: no rendezvous.
+  uint32_t rendezvous_members = 0;
+};
+
+// Round number of a job. Round 0 is the seed; averaging rounds start at 1.
+using RoundId = uint64_t;
+
+// Server-assigned member identity: 128 random bits as 32 lower-case hex digits.
+class MemberId {
+ public:
+  MemberId() = default;
+  explicit MemberId(std::string hex) : hex_(std::move(hex)) {}
+  // Whether `hex` has the form of a member id.
+  static bool IsWellFormed(absl::string_view hex);
+
+  const std::string& str() const { return hex_; }
+  bool empty() const { return hex_.empty(); }
+
+  friend bool operator==(const MemberId& a, const MemberId& b) {
+    return a.hex_ == b.hex_;
+  }
+  friend bool operator!=(const MemberId& a, const MemberId& b) {
+    return !(a == b);
+  }
+  friend bool operator<(const MemberId& a, const MemberId& b) {
+    return a.hex_ < b.hex_;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const MemberId& id) {
+    return H::combine(std::move(h), id.hex_);
+  }
+
+ private:
+  std::string hex_;
+};
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SRC_TYPES_H_

@@ -1,0 +1,361 @@
+#include "src/codec.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace localsgd {
+namespace {
+
+using ::testing::HasSubstr;
+
+float FromBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint32_t ToBits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// --- bfloat16 conversion
+// ------------------------------------------------------
+
+TEST(BFloat16Test, BFloat16ToFloat_IsTheUpperHalfOfFloat32) {
+  EXPECT_EQ(BFloat16ToFloat(0x3f80), 1.0f);
+  EXPECT_EQ(BFloat16ToFloat(0xc000), -2.0f);
+  EXPECT_EQ(BFloat16ToFloat(0x0000), 0.0f);
+  EXPECT_EQ(ToBits(BFloat16ToFloat(0x8000)), 0x80000000u);  // -0
+  EXPECT_EQ(BFloat16ToFloat(0x7f80), kInf);
+  EXPECT_EQ(BFloat16ToFloat(0xff80), -kInf);
+  for (uint32_t h = 0; h <= 0xffff; h += 0x0101) {
+    EXPECT_EQ(ToBits(BFloat16ToFloat(static_cast<uint16_t>(h))), h << 16);
+  }
+}
+
+TEST(BFloat16Test, FloatToBFloat16_EveryNonNaNBFloat16_RoundTripsExactly) {
+  // Every finite or infinite bfloat16 is exactly representable in float32.
+  for (uint32_t h = 0; h <= 0xffff; ++h) {
+    if ((h & 0x7f80u) == 0x7f80u && (h & 0x007fu) != 0) continue;  // NaN
+    const float f = BFloat16ToFloat(static_cast<uint16_t>(h));
+    ASSERT_EQ(FloatToBFloat16(f), h) << "bits 0x" << std::hex << h;
+  }
+}
+
+TEST(BFloat16Test, FloatToBFloat16_CommonValues_AreExact) {
+  for (float f : {0.0f, 1.0f, -1.0f, 0.5f, 2.0f, -3.0f, 3.140625f, 1024.0f,
+                  -0.0078125f}) {
+    EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(f)), f) << f;
+  }
+}
+
+TEST(BFloat16Test, FloatToBFloat16_Ties_RoundToEven) {
+  // 1 + 2^-8 lies halfway between 0x3f80 (even) and 0x3f81: to 0x3f80.
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x3f808000u)), 0x3f80);
+  // Halfway between 0x3f81 and 0x3f82 (even): up to 0x3f82.
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x3f818000u)), 0x3f82);
+  // Negative ties behave symmetrically.
+  EXPECT_EQ(FloatToBFloat16(FromBits(0xbf808000u)), 0xbf80);
+  EXPECT_EQ(FloatToBFloat16(FromBits(0xbf818000u)), 0xbf82);
+  // Tie in the subnormal range.
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x00008000u)), 0x0000);
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x00018000u)), 0x0002);
+}
+
+TEST(BFloat16Test, FloatToBFloat16_NonTies_RoundToNearest) {
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x3f808001u)), 0x3f81);  // just above
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x3f807fffu)), 0x3f80);  // just below
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x3f80ffffu)), 0x3f81);
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x3f7fffffu)), 0x3f80);  // carries up
+  // 1/3 = 0x3eaaaaab: the dropped half 0xaaab is above 0x8000, so it rounds up.
+  EXPECT_EQ(FloatToBFloat16(1.0f / 3.0f), 0x3eab);
+}
+
+TEST(BFloat16Test, FloatToBFloat16_NaN_StaysNaN) {
+  for (uint32_t bits : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fbfffffu,
+                        0xff800001u, 0x7fffffffu, 0x7f80ffffu}) {
+    const uint16_t h = FloatToBFloat16(FromBits(bits));
+    EXPECT_TRUE(std::isnan(BFloat16ToFloat(h)))
+        << "float bits 0x" << std::hex << bits << " -> 0x" << h;
+    // The sign survives.
+    EXPECT_EQ(h & 0x8000u, (bits >> 16) & 0x8000u);
+  }
+}
+
+TEST(BFloat16Test, FloatToBFloat16_Infinity_StaysInfinity) {
+  EXPECT_EQ(FloatToBFloat16(kInf), 0x7f80);
+  EXPECT_EQ(FloatToBFloat16(-kInf), 0xff80);
+}
+
+TEST(BFloat16Test, FloatToBFloat16_AboveLargestBFloat16_RoundsToInfinity) {
+  // Round to nearest even: FLT_MAX is nearer to 2^128 than to 0x7f7f.
+  EXPECT_EQ(FloatToBFloat16(std::numeric_limits<float>::max()), 0x7f80);
+  // The largest bf16 itself stays finite.
+  EXPECT_EQ(FloatToBFloat16(BFloat16ToFloat(0x7f7f)), 0x7f7f);
+}
+
+// --- Encode / Decode
+// ----------------------------------------------------------
+
+TEST(CodecTest, WireBytes_IsElementsTimesDTypeSize) {
+  EXPECT_EQ(WireBytes(DType::kFloat32, 0), 0u);
+  EXPECT_EQ(WireBytes(DType::kFloat32, 7), 28u);
+  EXPECT_EQ(WireBytes(DType::kBFloat16, 7), 14u);
+}
+
+TEST(CodecTest, EncodeValues_Sizes) {
+  std::string out = "garbage that must go";
+  EncodeValues(std::vector<float>(5, 1.0f), DType::kFloat32, &out);
+  EXPECT_EQ(out.size(), 20u);
+  EncodeValues(std::vector<float>(5, 1.0f), DType::kBFloat16, &out);
+  EXPECT_EQ(out.size(), 10u);
+  EncodeValues({}, DType::kFloat32, &out);
+  EXPECT_EQ(out.size(), 0u);
+}
+
+TEST(CodecTest, EncodeDecode_Float32_BitExact) {
+  const std::vector<float> values = {0.0f,
+                                     -0.0f,
+                                     1.5f,
+                                     -3.25e-3f,
+                                     std::numeric_limits<float>::denorm_min(),
+                                     std::numeric_limits<float>::max(),
+                                     -std::numeric_limits<float>::min(),
+                                     123456.789f};
+  std::string wire;
+  EncodeValues(values, DType::kFloat32, &wire);
+  ASSERT_EQ(wire.size(), values.size() * 4);
+  // Little-endian fp32 in order.
+  EXPECT_EQ(std::memcmp(wire.data(), values.data(), wire.size()), 0);
+  std::vector<float> back(values.size(), 42.0f);
+  ASSERT_TRUE(DecodeValues(wire, DType::kFloat32, absl::MakeSpan(back)).ok());
+  for (size_t i = 0; i < values.size(); ++i) {
+    EXPECT_EQ(ToBits(back[i]), ToBits(values[i])) << i;
+  }
+}
+
+TEST(CodecTest, EncodeDecode_BFloat16_RoundsEachValue) {
+  std::vector<float> values;
+  for (int i = 0; i < 3000; ++i)
+    values.push_back(std::sin(0.37f * i) * (i + 1));
+  std::string wire;
+  EncodeValues(values, DType::kBFloat16, &wire);
+  ASSERT_EQ(wire.size(), values.size() * 2);
+  std::vector<float> back(values.size());
+  ASSERT_TRUE(DecodeValues(wire, DType::kBFloat16, absl::MakeSpan(back)).ok());
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(back[i], BFloat16ToFloat(FloatToBFloat16(values[i]))) << i;
+    // Relative error of one rounding to 8 significant bits.
+    ASSERT_LE(std::fabs(back[i] - values[i]),
+              std::ldexp(std::fabs(values[i]), -8))
+        << i;
+  }
+}
+
+TEST(CodecTest, EncodeValuesTo_MatchesEncodeValues) {
+  const std::vector<float> values = {1.0f, -2.5f, 3.1f, 1e-20f, 7e20f};
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    std::string expected;
+    EncodeValues(values, dtype, &expected);
+    std::string buffer(WireBytes(dtype, values.size()), '\xff');
+    EncodeValuesTo(values, dtype, buffer.data());
+    EXPECT_EQ(buffer, expected) << DTypeName(dtype);
+  }
+}
+
+TEST(CodecTest, DecodeValues_WrongSize_ReturnsInvalidArgument) {
+  std::vector<float> out(4);
+  const std::string fp32(16, '\0');
+  EXPECT_TRUE(DecodeValues(fp32, DType::kFloat32, absl::MakeSpan(out)).ok());
+  for (const auto& [bytes, dtype] :
+       std::vector<std::pair<size_t, DType>>{{15, DType::kFloat32},
+                                             {17, DType::kFloat32},
+                                             {0, DType::kFloat32},
+                                             {8 - 1, DType::kBFloat16},
+                                             {16, DType::kBFloat16}}) {
+    const absl::Status s =
+        DecodeValues(std::string(bytes, '\0'), dtype, absl::MakeSpan(out));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+        << bytes << " bytes of " << DTypeName(dtype);
+  }
+}
+
+TEST(CodecTest, DecodeValues_WrongSize_LeavesOutputUntouched) {
+  std::vector<float> out(3, 9.0f);
+  EXPECT_FALSE(
+      DecodeValues(std::string(5, '\0'), DType::kFloat32, absl::MakeSpan(out))
+          .ok());
+  EXPECT_EQ(out, std::vector<float>(3, 9.0f));
+}
+
+// --- FirstNonFinite
+// -----------------------------------------------------------
+
+std::string Encode(const std::vector<float>& v, DType dtype) {
+  std::string s;
+  EncodeValues(v, dtype, &s);
+  return s;
+}
+
+TEST(FirstNonFiniteTest, FirstNonFinite_AllFinite_ReturnsMinusOne) {
+  std::vector<float> v(5000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::cos(0.1f * i) * 1e30f;
+  v[17] = std::numeric_limits<float>::max();
+  v[18] = -std::numeric_limits<float>::max();
+  v[19] = std::numeric_limits<float>::denorm_min();
+  EXPECT_EQ(FirstNonFinite(Encode(v, DType::kFloat32), DType::kFloat32), -1);
+  // Stay below the largest bf16 so that rounding does not make an Inf.
+  for (float& x : v) x = std::fmin(std::fmax(x, -1e38f), 1e38f);
+  EXPECT_EQ(FirstNonFinite(Encode(v, DType::kBFloat16), DType::kBFloat16), -1);
+  EXPECT_EQ(FirstNonFinite("", DType::kFloat32), -1);
+  EXPECT_EQ(FirstNonFinite("", DType::kBFloat16), -1);
+}
+
+class FirstNonFiniteAtTest
+    : public ::testing::TestWithParam<std::tuple<DType, size_t, float>> {};
+
+TEST_P(FirstNonFiniteAtTest, FirstNonFinite_FindsTheIndex) {
+  const auto [dtype, index, bad] = GetParam();
+  std::vector<float> v(3001);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * static_cast<float>(i) - 7;
+  v[index] = bad;
+  EXPECT_EQ(FirstNonFinite(Encode(v, dtype), dtype),
+            static_cast<int64_t>(index));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Positions, FirstNonFiniteAtTest,
+    ::testing::Combine(::testing::Values(DType::kFloat32, DType::kBFloat16),
+                       // Past the first 1024-element block, at block edges.
+                       ::testing::Values(0u, 5u, 1023u, 1024u, 1025u, 1500u,
+                                         2047u, 2048u, 3000u),
+                       ::testing::Values(kNaN, kInf, -kInf, -kNaN)));
+
+TEST(FirstNonFiniteTest, FirstNonFinite_Several_ReturnsTheFirst) {
+  std::vector<float> v(4000, 1.0f);
+  v[3500] = kNaN;
+  v[1800] = kInf;
+  v[2900] = kNaN;
+  EXPECT_EQ(FirstNonFinite(Encode(v, DType::kFloat32), DType::kFloat32), 1800);
+  EXPECT_EQ(FirstNonFinite(Encode(v, DType::kBFloat16), DType::kBFloat16),
+            1800);
+}
+
+TEST(FirstNonFiniteTest, FirstNonFinite_SignalingNaNBits_AreFound) {
+  std::vector<float> v(1200, 2.0f);
+  v[1100] = FromBits(0x7f800001u);
+  EXPECT_EQ(FirstNonFinite(Encode(v, DType::kFloat32), DType::kFloat32), 1100);
+  std::string bf = Encode(std::vector<float>(1200, 2.0f), DType::kBFloat16);
+  const uint16_t snan = 0x7f81;
+  std::memcpy(bf.data() + 2 * 1199, &snan, 2);
+  EXPECT_EQ(FirstNonFinite(bf, DType::kBFloat16), 1199);
+}
+
+// --- AccumulateWeighted / DivideInPlace / RoundTripInPlace
+// ------------------------
+
+// Values that are multiples of 1/4 and small: every product and sum below is
+// exact in fp32, so results compare with ==.
+std::vector<float> QuarterValues(size_t n, int seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = 0.25f *
+           static_cast<float>(static_cast<int>((i * 7 + seed * 13) % 41) - 20);
+  }
+  return v;
+}
+
+class AccumulateTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(AccumulateTest, AccumulateWeighted_UnitWeight_AddsValues) {
+  const DType dtype = GetParam();
+  for (size_t n : {1u, 7u, 1023u, 1024u, 2051u}) {
+    const std::vector<float> x = QuarterValues(n, 1);
+    std::vector<float> acc = QuarterValues(n, 2);
+    const std::vector<float> before = acc;
+    AccumulateWeighted(Encode(x, dtype), dtype, 1.0f, absl::MakeSpan(acc));
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(acc[i], before[i] + x[i])
+          << DTypeName(dtype) << " n=" << n << " i=" << i;
+    }
+  }
+}
+
+TEST_P(AccumulateTest, AccumulateWeighted_NonUnitWeight_AddsWeightedValues) {
+  const DType dtype = GetParam();
+  for (float w : {2.5f, 0.5f, 3.0f, 0.125f}) {
+    const size_t n = 1500;
+    const std::vector<float> x = QuarterValues(n, 3);
+    std::vector<float> acc = QuarterValues(n, 4);
+    const std::vector<float> before = acc;
+    AccumulateWeighted(Encode(x, dtype), dtype, w, absl::MakeSpan(acc));
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(acc[i], before[i] + w * x[i])
+          << DTypeName(dtype) << " w=" << w << " i=" << i;
+    }
+  }
+}
+
+TEST_P(AccumulateTest, AccumulateWeighted_InexactValues_MatchFloatArithmetic) {
+  const DType dtype = GetParam();
+  const size_t n = 1200;
+  std::vector<float> x(n), acc(n);
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = std::sin(0.3f * i) * 3.7f;
+    acc[i] = std::cos(0.2f * i);
+  }
+  const std::vector<float> before = acc;
+  const float w = 1.37f;
+  AccumulateWeighted(Encode(x, dtype), dtype, w, absl::MakeSpan(acc));
+  for (size_t i = 0; i < n; ++i) {
+    const float xv = dtype == DType::kBFloat16
+                         ? BFloat16ToFloat(FloatToBFloat16(x[i]))
+                         : x[i];
+    const double expected = static_cast<double>(before[i]) +
+                            static_cast<double>(w) * static_cast<double>(xv);
+    // Two fp32 roundings at most (product, sum).
+    ASSERT_NEAR(acc[i], expected, 4e-7 * (std::fabs(before[i]) + 5.1)) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WireDTypes, AccumulateTest,
+                         ::testing::Values(DType::kFloat32, DType::kBFloat16),
+                         [](const auto& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+TEST(CodecTest, DivideInPlace_DividesByTotalWeight) {
+  std::vector<float> acc = {3.0f, -6.0f, 1.0f, 0.0f};
+  DivideInPlace(absl::MakeSpan(acc), 3.0);
+  EXPECT_EQ(acc[0], 1.0f);
+  EXPECT_EQ(acc[1], -2.0f);
+  EXPECT_EQ(acc[2], 1.0f / 3.0f);  // divide, as all_reduce-then-`/=` does
+  EXPECT_EQ(acc[3], 0.0f);
+}
+
+TEST(CodecTest, RoundTripInPlace_Float32IsNoOp_BFloat16Rounds) {
+  std::vector<float> v = {1.0f / 3.0f, 3.14159f, -2.7182818f, 1e-3f};
+  const std::vector<float> original = v;
+  RoundTripInPlace(absl::MakeSpan(v), DType::kFloat32);
+  EXPECT_EQ(v, original);
+  RoundTripInPlace(absl::MakeSpan(v), DType::kBFloat16);
+  for (size_t i = 0; i < v.size(); ++i) {
+    EXPECT_EQ(v[i], BFloat16ToFloat(FloatToBFloat16(original[i])));
+    EXPECT_EQ(ToBits(v[i]) & 0xffffu, 0u);  // representable in bf16
+  }
+}
+
+}  // namespace
+}  // namespace localsgd

@@ -1,0 +1,531 @@
+// Integration: an in-process coordinator on an ephemeral loopback port and N
+// clients in threads, checked against averages the test computes itself.
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "localsgd/v1/coordinator.grpc.pb.h"
+#include "server/server.h"
+#include "src/codec.h"
+#include "src/layout.h"
+
+namespace localsgd {
+namespace {
+
+// A layout of tensors with the given sizes (1-D), named t0, t1, ...
+Layout LayoutOfSizes(const std::vector<int64_t>& sizes) {
+  std::vector<TensorSpec> tensors;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    tensors.push_back({absl::StrCat("t", i), {sizes[i]}, DType::kFloat32});
+  }
+  return MakeLayout(std::move(tensors));
+}
+
+uint64_t Total(const std::vector<int64_t>& sizes) {
+  uint64_t n = 0;
+  for (int64_t s : sizes) n += s;
+  return n;
+}
+
+// The value member `member` holds at element `j` before round `round`.
+float Value(int member, uint64_t j, int round) {
+  return std::sin(0.001f * static_cast<float>(j) + 0.7f * member) *
+             (1.0f + member) +
+         0.25f * round;
+}
+
+std::unique_ptr<CoordinatorServer> StartServer(uint32_t chunk_elements,
+                                               DType wire = DType::kFloat32) {
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.coordinator.default_settings.chunk_elements = chunk_elements;
+  options.coordinator.default_settings.wire_dtype = wire;
+  options.tick_interval = absl::Milliseconds(20);
+  auto server = CoordinatorServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return *std::move(server);
+}
+
+std::unique_ptr<Client> MakeClient(int port, const std::string& job,
+                                   const std::string& name, double weight = 1) {
+  ClientOptions options;
+  options.target = absl::StrCat("127.0.0.1:", port);
+  options.job_id = job;
+  options.member_name = name;
+  options.weight = weight;
+  options.max_retry_time = absl::Seconds(10);
+  auto client = Client::Create(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return *std::move(client);
+}
+
+struct SyncCase {
+  std::vector<int64_t> sizes;
+  uint32_t chunk_elements;
+  int members;
+  std::vector<double> weights;  // empty: all 1
+};
+
+class ExactMeanTest : public ::testing::TestWithParam<SyncCase> {};
+
+TEST_P(ExactMeanTest, Sync_AllMembersHoldTheIndependentWeightedMean) {
+  const SyncCase& c = GetParam();
+  auto server = StartServer(c.chunk_elements);
+  const Layout layout = LayoutOfSizes(c.sizes);
+  const uint64_t n = Total(c.sizes);
+  const int members = c.members;
+  auto weight = [&](int i) { return c.weights.empty() ? 1.0 : c.weights[i]; };
+
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<float>> params(members, std::vector<float>(n));
+  for (int i = 0; i < members; ++i) {
+    clients.push_back(
+        MakeClient(server->port(), "exact", absl::StrCat("m", i), weight(i)));
+    ASSERT_TRUE(clients.back()->Join(layout).ok());
+  }
+  // Member 0 seeds; the others fetch: all start identical.
+  for (uint64_t j = 0; j < n; ++j) params[0][j] = Value(0, j, -1);
+  ASSERT_TRUE(clients[0]->Initialize(absl::MakeSpan(params[0])).ok());
+  for (int i = 1; i < members; ++i) {
+    // These joined before the seed existed: Initialize asks to seed (round 0)
+    // and adopts member 0's seed instead.
+    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
+    EXPECT_EQ(params[i], params[0])
+        << "member " << i << " did not get the seed";
+  }
+
+  constexpr int kRounds = 3;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < members; ++i) {
+      for (uint64_t j = 0; j < n; ++j) params[i][j] = Value(i, j, round);
+    }
+    std::vector<absl::StatusOr<SyncOutcome>> outcomes(members);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < members; ++i) {
+      threads.emplace_back([&, i] {
+        outcomes[i] = clients[i]->Sync(absl::MakeSpan(params[i]));
+      });
+    }
+    for (auto& t : threads) t.join();
+    double total_weight = 0;
+    for (int i = 0; i < members; ++i) total_weight += weight(i);
+    for (int i = 0; i < members; ++i) {
+      ASSERT_TRUE(outcomes[i].ok()) << outcomes[i].status();
+      EXPECT_EQ(outcomes[i]->round, static_cast<RoundId>(round + 1));
+      EXPECT_TRUE(outcomes[i]->contributed);
+      EXPECT_EQ(outcomes[i]->contributors, static_cast<uint32_t>(members));
+      EXPECT_DOUBLE_EQ(outcomes[i]->contributor_weight, total_weight);
+    }
+    for (uint64_t j = 0; j < n; ++j) {
+      double expected = 0;
+      for (int i = 0; i < members; ++i)
+        expected += weight(i) * Value(i, j, round);
+      expected /= total_weight;
+      // fp32 accumulation: summation-order tolerance.
+      ASSERT_NEAR(params[0][j], expected, 1e-5 * (1 + std::abs(expected)))
+          << "element " << j << " round " << round;
+      for (int i = 1; i < members; ++i) {
+        ASSERT_EQ(params[i][j], params[0][j])
+            << "member " << i << " element " << j;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ExactMeanTest,
+    ::testing::Values(
+        SyncCase{{1}, 4, 1, {}},            // one scalar
+        SyncCase{{10}, 3, 2, {}},           // chunks do not divide
+        SyncCase{{7, 1, 33, 2}, 8, 3, {}},  // odd tensors, odd chunks
+        SyncCase{{1000, 3, 517}, 256, 4, {1, 2, 3, 4}},  // weighted
+        SyncCase{{100000, 77}, 4096, 4, {}},             // many chunks
+        SyncCase{{5000}, 5000, 5, {2, 1, 1, 1, 1}}),     // one chunk, weights
+    [](const ::testing::TestParamInfo<SyncCase>& info) {
+      const SyncCase& c = info.param;
+      return absl::StrCat("members", c.members, "_tensors", c.sizes.size(),
+                          "_elements", Total(c.sizes), "_chunk",
+                          c.chunk_elements,
+                          c.weights.empty() ? "" : "_weighted");
+    });
+
+TEST(BFloat16WireTest, Sync_ResultWithinBFloat16ToleranceAndIdenticalOnAll) {
+  auto server = StartServer(1000, DType::kBFloat16);
+  const std::vector<int64_t> sizes = {2500, 13};
+  const Layout layout = LayoutOfSizes(sizes);
+  const uint64_t n = Total(sizes);
+  constexpr int kMembers = 3;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<float>> params(kMembers, std::vector<float>(n, 0.5f));
+  for (int i = 0; i < kMembers; ++i) {
+    clients.push_back(MakeClient(server->port(), "bf16", absl::StrCat("m", i)));
+    ASSERT_TRUE(clients[i]->Join(layout).ok());
+    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
+  }
+  for (int i = 0; i < kMembers; ++i) {
+    for (uint64_t j = 0; j < n; ++j) params[i][j] = Value(i, j, 0);
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::StatusOr<SyncOutcome>> outcomes(kMembers);
+  for (int i = 0; i < kMembers; ++i) {
+    threads.emplace_back(
+        [&, i] { outcomes[i] = clients[i]->Sync(absl::MakeSpan(params[i])); });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kMembers; ++i) {
+    ASSERT_TRUE(outcomes[i].ok()) << outcomes[i].status();
+    EXPECT_EQ(outcomes[i]->bytes_sent, n * 2);
+  }
+  for (uint64_t j = 0; j < n; ++j) {
+    double expected = 0, mean_abs = 0;
+    for (int i = 0; i < kMembers; ++i) {
+      expected += Value(i, j, 0);
+      mean_abs += std::abs(Value(i, j, 0));
+    }
+    expected /= kMembers;
+    mean_abs /= kMembers;
+    // Each input is rounded to bf16 (unit roundoff 2^-8), and so is the
+    // result: |error| <= 2^-8 * (mean |x_i| + |mean|), plus slack.
+    ASSERT_NEAR(params[0][j], expected,
+                std::ldexp(1.0, -8) * (mean_abs + std::abs(expected)) + 1e-7)
+        << "element " << j;
+    EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(params[0][j])), params[0][j]);
+    for (int i = 1; i < kMembers; ++i) ASSERT_EQ(params[i][j], params[0][j]);
+  }
+}
+
+TEST(LateJoinerTest, FetchState_EqualsWhatTheOthersHold) {
+  auto server = StartServer(64);
+  const std::vector<int64_t> sizes = {300};
+  const Layout layout = LayoutOfSizes(sizes);
+  std::vector<std::vector<float>> params(2, std::vector<float>(300));
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.push_back(MakeClient(server->port(), "late", absl::StrCat("m", i)));
+    ASSERT_TRUE(clients[i]->Join(layout).ok());
+    for (int j = 0; j < 300; ++j) params[i][j] = Value(i, j, 0);
+    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
+  }
+  for (int round = 1; round <= 4; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 300; ++j) params[i][j] += Value(i, j, round);
+    }
+    std::thread t(
+        [&] { ASSERT_TRUE(clients[1]->Sync(absl::MakeSpan(params[1])).ok()); });
+    ASSERT_TRUE(clients[0]->Sync(absl::MakeSpan(params[0])).ok());
+    t.join();
+  }
+  auto late = MakeClient(server->port(), "late", "late");
+  ASSERT_TRUE(late->Join(layout).ok());
+  EXPECT_TRUE(late->info().has_state);
+  EXPECT_EQ(late->info().state_round, 4u);
+  std::vector<float> mine(300, -1.0f);
+  ASSERT_TRUE(late->Initialize(absl::MakeSpan(mine)).ok());
+  EXPECT_EQ(mine, params[0]);
+  EXPECT_EQ(late->state_round(), 4u);
+}
+
+TEST(LeaveTest, Leave_OpenRoundStopsWaitingForTheLeaver) {
+  auto server = StartServer(16);
+  const Layout layout = LayoutOfSizes({40});
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<float>> params(3, std::vector<float>(40, 1.0f));
+  for (int i = 0; i < 3; ++i) {
+    clients.push_back(
+        MakeClient(server->port(), "leave", absl::StrCat("m", i)));
+    ASSERT_TRUE(clients[i]->Join(layout).ok());
+    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
+  }
+  for (int i = 0; i < 3; ++i)
+    std::fill(params[i].begin(), params[i].end(), float(i));
+  absl::StatusOr<SyncOutcome> a, b;
+  std::thread t0([&] { a = clients[0]->Sync(absl::MakeSpan(params[0])); });
+  std::thread t1([&] { b = clients[1]->Sync(absl::MakeSpan(params[1])); });
+  // Member 2 leaves without contributing; the round must close with 0 and 1.
+  // (Leave is valid at any time, so no ordering with the Syncs is needed.)
+  ASSERT_TRUE(clients[2]->Leave().ok());
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->contributors, 2u);
+  for (float v : params[0]) EXPECT_FLOAT_EQ(v, 0.5f);
+  EXPECT_EQ(params[0], params[1]);
+}
+
+// Raw protocol access for bad-input tests.
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = StartServer(kChunk);
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(64 << 20);
+    channel_ =
+        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                  grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::Coordinator::NewStub(channel_);
+    layout_ = LayoutOfSizes({50, 25});
+    // Two honest members, seeded with zeros.
+    for (int i = 0; i < 2; ++i) {
+      honest_.push_back(
+          MakeClient(server_->port(), "job", absl::StrCat("honest", i)));
+      ASSERT_TRUE(honest_[i]->Join(layout_).ok());
+      params_.emplace_back(75, 0.0f);
+      ASSERT_TRUE(honest_[i]->Initialize(absl::MakeSpan(params_[i])).ok());
+    }
+  }
+
+  // Joins a raw member; returns its id.
+  std::string RawJoin(const std::string& name) {
+    v1::JoinRequest request;
+    request.set_job_id("job");
+    request.set_member_name(name);
+    request.set_incarnation(42);
+    FillLayout(layout_, request.mutable_layout());
+    v1::JoinResponse response;
+    grpc::ClientContext context;
+    grpc::Status status = stub_->Join(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.member_id();
+  }
+
+  static void FillLayout(const Layout& layout, v1::Layout* proto) {
+    proto->set_fingerprint(layout.fingerprint);
+    for (const TensorSpec& t : layout.tensors) {
+      v1::TensorSpec* p = proto->add_tensors();
+      p->set_name(t.name);
+      for (int64_t d : t.shape) p->add_shape(d);
+      p->set_dtype(v1::DTYPE_FLOAT32);
+    }
+  }
+
+  // Runs one raw Sync stream; returns its status.
+  grpc::Status RawSync(
+      const std::string& job, const std::string& member, uint64_t round,
+      const std::vector<std::pair<uint32_t, std::string>>& chunks,
+      bool send_header = true) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    auto stream = stub_->Sync(&context);
+    v1::SyncRequest request;
+    if (send_header) {
+      request.mutable_header()->set_job_id(job);
+      request.mutable_header()->set_member_id(member);
+      request.mutable_header()->set_round(round);
+      stream->Write(request);
+    }
+    for (const auto& [index, data] : chunks) {
+      request.mutable_chunk()->set_index(index);
+      request.mutable_chunk()->set_data(data);
+      if (!stream->Write(request)) break;
+    }
+    stream->WritesDone();
+    v1::SyncResponse response;
+    while (stream->Read(&response)) {
+    }
+    return stream->Finish();
+  }
+
+  static std::string Floats(size_t n, float v) {
+    std::vector<float> values(n, v);
+    std::string out;
+    EncodeValues(values, DType::kFloat32, &out);
+    return out;
+  }
+
+  // The honest members sync values 1 and 3; the result must be exactly 2.
+  void ExpectHonestRoundExact() {
+    std::fill(params_[0].begin(), params_[0].end(), 1.0f);
+    std::fill(params_[1].begin(), params_[1].end(), 3.0f);
+    absl::StatusOr<SyncOutcome> a, b;
+    std::thread t([&] { a = honest_[0]->Sync(absl::MakeSpan(params_[0])); });
+    b = honest_[1]->Sync(absl::MakeSpan(params_[1]));
+    t.join();
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    for (int i = 0; i < 2; ++i) {
+      for (float v : params_[i]) ASSERT_EQ(v, 2.0f);
+    }
+  }
+
+  static constexpr uint32_t kChunk = 32;  // 75 elements: chunks of 32, 32, 11
+  std::unique_ptr<CoordinatorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  Layout layout_;
+  std::vector<std::unique_ptr<Client>> honest_;
+  std::vector<std::vector<float>> params_;
+};
+
+TEST_F(BadInputTest,
+       Join_LayoutMismatch_ReturnsFailedPreconditionNamingTensor) {
+  v1::JoinRequest request;
+  request.set_job_id("job");
+  request.set_member_name("other");
+  request.set_incarnation(7);
+  FillLayout(LayoutOfSizes({50, 26}), request.mutable_layout());
+  v1::JoinResponse response;
+  grpc::ClientContext context;
+  grpc::Status status = stub_->Join(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("t1"), std::string::npos)
+      << status.error_message();
+  ExpectHonestRoundExact();
+}
+
+TEST_F(BadInputTest, Join_WrongFingerprint_ReturnsInvalidArgument) {
+  v1::JoinRequest request;
+  request.set_job_id("job");
+  request.set_incarnation(7);
+  FillLayout(layout_, request.mutable_layout());
+  request.mutable_layout()->set_fingerprint(layout_.fingerprint ^ 1);
+  v1::JoinResponse response;
+  grpc::ClientContext context;
+  EXPECT_EQ(stub_->Join(&context, request, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(BadInputTest, Sync_WrongChunkSize_ReturnsInvalidArgument) {
+  const std::string member = RawJoin("bad");
+  grpc::Status status = RawSync("job", member, 1, {{0, Floats(31, 100.0f)}});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("expected 128"), std::string::npos)
+      << status.error_message();
+  // The bad member is still a participant; it leaves so the round need not
+  // wait for its lease.
+  v1::LeaveRequest leave;
+  leave.set_job_id("job");
+  leave.set_member_id(member);
+  v1::LeaveResponse left;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->Leave(&context, leave, &left).ok());
+  ExpectHonestRoundExact();
+}
+
+TEST_F(BadInputTest, Sync_ChunkOutOfRange_ReturnsInvalidArgument) {
+  const std::string member = RawJoin("bad");
+  grpc::Status status = RawSync("job", member, 1, {{3, Floats(11, 100.0f)}});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("out of range"), std::string::npos)
+      << status.error_message();
+  v1::LeaveRequest leave;
+  leave.set_job_id("job");
+  leave.set_member_id(member);
+  v1::LeaveResponse left;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->Leave(&context, leave, &left).ok());
+  ExpectHonestRoundExact();
+}
+
+TEST_F(BadInputTest,
+       Sync_NonFiniteValue_ReturnsInvalidArgumentAndIsNotAveraged) {
+  const std::string member = RawJoin("bad");
+  std::vector<float> values(32, 1.0f);
+  values[5] = std::nanf("");
+  std::string data;
+  EncodeValues(values, DType::kFloat32, &data);
+  grpc::Status status = RawSync("job", member, 1, {{0, data}});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("non-finite"), std::string::npos);
+  v1::LeaveRequest leave;
+  leave.set_job_id("job");
+  leave.set_member_id(member);
+  v1::LeaveResponse left;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->Leave(&context, leave, &left).ok());
+  ExpectHonestRoundExact();
+}
+
+TEST_F(BadInputTest, Sync_UnknownMember_ReturnsNotFound) {
+  grpc::Status status =
+      RawSync("job", std::string(32, 'a'), 1, {{0, Floats(32, 1)}});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  ExpectHonestRoundExact();
+}
+
+TEST_F(BadInputTest, Sync_MalformedMemberId_ReturnsInvalidArgument) {
+  grpc::Status status = RawSync("job", "not-a-member", 1, {{0, Floats(32, 1)}});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ExpectHonestRoundExact();
+}
+
+TEST_F(BadInputTest, Sync_UnknownJob_ReturnsNotFound) {
+  grpc::Status status = RawSync("nojob", std::string(32, 'a'), 1, {});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(status.error_message().find("nojob"), std::string::npos);
+  ExpectHonestRoundExact();
+}
+
+TEST_F(BadInputTest, Sync_RoundFarInFuture_ReturnsFailedPrecondition) {
+  const std::string member = RawJoin("bad");
+  grpc::Status status = RawSync("job", member, 1000, {{0, Floats(32, 1)}});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("1000"), std::string::npos);
+  v1::LeaveRequest leave;
+  leave.set_job_id("job");
+  leave.set_member_id(member);
+  v1::LeaveResponse left;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->Leave(&context, leave, &left).ok());
+  ExpectHonestRoundExact();
+}
+
+TEST_F(BadInputTest, Sync_ChunkBeforeHeader_ReturnsInvalidArgument) {
+  grpc::Status status = RawSync("job", "", 1, {{0, Floats(32, 1)}}, false);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ExpectHonestRoundExact();
+}
+
+TEST_F(BadInputTest, Sync_OversizedMessage_ReturnsResourceExhausted) {
+  const std::string member = RawJoin("bad");
+  // Larger than the server's max_message_bytes (17 MiB).
+  grpc::Status status =
+      RawSync("job", member, 1, {{0, std::string(20 << 20, '\0')}});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << status.error_message();
+  v1::LeaveRequest leave;
+  leave.set_job_id("job");
+  leave.set_member_id(member);
+  v1::LeaveResponse left;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->Leave(&context, leave, &left).ok());
+  ExpectHonestRoundExact();
+}
+
+TEST_F(BadInputTest, Heartbeat_UnknownMember_ReturnsNotFound) {
+  v1::HeartbeatRequest request;
+  request.set_job_id("job");
+  request.set_member_id(std::string(32, 'b'));
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  EXPECT_EQ(stub_->Heartbeat(&context, request, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(BadInputTest, GetJobStatus_ReportsMembersAndRounds) {
+  ExpectHonestRoundExact();
+  v1::GetJobStatusRequest request;
+  request.set_job_id("job");
+  v1::GetJobStatusResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->GetJobStatus(&context, request, &response).ok());
+  ASSERT_EQ(response.jobs_size(), 1);
+  const v1::JobStatus& job = response.jobs(0);
+  EXPECT_EQ(job.members_size(), 2);
+  EXPECT_EQ(job.state_round(), 1u);
+  ASSERT_GE(job.recent_rounds_size(), 2);
+  EXPECT_EQ(job.recent_rounds(0).round(), 1u);
+  EXPECT_EQ(job.recent_rounds(0).contributors_size(), 2);
+  EXPECT_EQ(job.recent_rounds(0).close_reason(), v1::CLOSE_REASON_COMPLETE);
+  EXPECT_EQ(job.recent_rounds(1).close_reason(), v1::CLOSE_REASON_SEED);
+}
+
+}  // namespace
+}  // namespace localsgd
