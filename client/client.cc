@@ -197,6 +197,7 @@ Client::~Client() {
 }
 
 absl::Status Client::Join(const Layout& layout) {
+  impl_->StopHeartbeats();
   v1::JoinRequest request;
   request.set_job_id(options_.job_id);
   request.set_member_name(options_.member_name);
@@ -249,6 +250,7 @@ absl::Status Client::Join(const Layout& layout) {
   }
   info_ = info;
   state_round_ = info.state_round;
+  if (&layout != &layout_) layout_ = layout;
   impl_->StartHeartbeats(info_.member_id, info_.lease_ttl / 3);
   LOG(INFO) << "joined job " << options_.job_id << " as "
             << options_.member_name << " (" << info_.member_id.str() << "); "
@@ -346,7 +348,45 @@ absl::StatusOr<SyncOutcome> Client::Sync(absl::Span<float> params) {
   if (info_.member_id.empty()) {
     return absl::FailedPreconditionError("Sync before Join");
   }
-  return SyncRound(state_round_ + 1, params);
+  absl::StatusOr<SyncOutcome> outcome = SyncRound(state_round_ + 1, params);
+  // NOT_FOUND: the coordinator forgot the member (lease, restart) or the job
+  // (restart without state). FAILED_PRECONDITION: the job has no state or is
+  // behind this member. Joining again mends both.
+  if (absl::IsNotFound(outcome.status()) ||
+      absl::IsFailedPrecondition(outcome.status())) {
+    LOG(WARNING) << "job " << options_.job_id << ": "
+                 << outcome.status().message() << "; joining again";
+    outcome = Rejoin(params);
+  }
+  return outcome;
+}
+
+absl::StatusOr<SyncOutcome> Client::Rejoin(absl::Span<float> params) {
+  const RoundId trained_from = state_round_;
+  if (absl::Status s = Join(layout_); !s.ok()) return s;
+  absl::StatusOr<SyncOutcome> outcome;
+  if (!info_.has_state) {
+    // The coordinator lost the job: re-seed it with these parameters (or
+    // adopt another member's re-seed).
+    outcome = SyncRound(0, params);
+  } else if (info_.state_round <= trained_from) {
+    // The job's state is not newer than the one `params` grew from: they are
+    // a valid contribution to its next round.
+    outcome = SyncRound(info_.state_round + 1, params);
+  } else {
+    absl::StatusOr<RoundId> round = FetchState(params);
+    if (!round.ok()) return round.status();
+    outcome = SyncOutcome();
+    outcome->round = *round;
+    outcome->late = true;
+  }
+  if (outcome.ok()) {
+    outcome->rejoined = true;
+    LOG(INFO) << "job " << options_.job_id << ": joined again; now at round "
+              << outcome->round
+              << (outcome->contributed ? " (contributed)" : " (adopted)");
+  }
+  return outcome;
 }
 
 absl::StatusOr<SyncOutcome> Client::SyncRound(RoundId round,

@@ -57,7 +57,7 @@ struct ClientOptions {
   // at most max_retry_time in total per call.
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
-  absl::Duration max_retry_time = absl::Minutes(2);
+  absl::Duration max_retry_time = absl::Minutes(1);
 
   // INVALID_ARGUMENT on empty target/job_id or a weight that is not > 0.
   absl::Status Validate() const;
@@ -78,6 +78,9 @@ struct SyncOutcome {
   // Bytes of chunk payload sent and received.
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  // The member had lost its membership (lease expired, coordinator restarted)
+  // and joined again during this Sync.
+  bool rejoined = false;
 };
 
 // What Join learnt.
@@ -119,7 +122,18 @@ class Client {
 
   // Contributes `params` to the next round and overwrites them in place with
   // the round's average. Blocks until the round closes. Retries UNAVAILABLE
-  // and ABORTED (a repeated chunk counts once). Requires Initialize.
+  // and ABORTED (a repeated chunk counts once) for up to max_retry_time.
+  //
+  // Faults that re-joining mends are handled here, invisibly to the caller
+  // except for `rejoined` in the outcome: if the coordinator no longer knows
+  // the member (its lease ran out, or the coordinator restarted) or the job is
+  // behind the member (restarted from an older checkpoint, or without state),
+  // the client joins again with the same layout and then
+  //  - seeds the job with `params` if it has no state (MEAN mode re-seed);
+  //  - contributes `params` to the job's next round if the job's state is not
+  //    newer than the one `params` was trained from;
+  //  - otherwise (it missed rounds) adopts the job's state (FetchState).
+  // Requires Initialize.
   absl::StatusOr<SyncOutcome> Sync(absl::Span<float> params);
 
   // Ends membership at once and stops heartbeats. Idempotent.
@@ -137,6 +151,8 @@ class Client {
   // Sends `params` for `round` (0: seed) and stores the result in them.
   absl::StatusOr<SyncOutcome> SyncRound(RoundId round,
                                         absl::Span<float> params);
+  // Joins again after losing membership; see Sync.
+  absl::StatusOr<SyncOutcome> Rejoin(absl::Span<float> params);
 
   ClientOptions options_;
   std::unique_ptr<Impl> impl_;
@@ -144,6 +160,7 @@ class Client {
   std::vector<float> staging_;
   JoinInfo info_;
   RoundId state_round_ = 0;
+  Layout layout_;  // as given to Join, for joining again
 };
 
 }  // namespace localsgd

@@ -250,6 +250,17 @@ absl::Status LocalSGD::DoSync() {
   if (status.ok()) status = Unflatten();
   const double seconds = SecondsSince(start);
   sync_seconds_total_ += seconds;
+  last_sync_skipped_ = false;
+  if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) &&
+      options_.keep_training_when_unavailable) {
+    // The parameters are untouched (the client writes them only on success):
+    // train on locally and try again at the next sync.
+    ++num_skipped_syncs_;
+    last_sync_skipped_ = true;
+    LOG(WARNING) << "LocalSGD sync at step " << steps_
+                 << " skipped, training on locally: " << status;
+    return absl::OkStatus();
+  }
   if (!status.ok()) return status;
 
   last_outcome_ = *outcome;

@@ -66,6 +66,12 @@ struct LocalSGDOptions {
   // LocalSGD(enabled=False): Create neither joins nor initializes, Step()
   // only counts, Close() does nothing, and `client` may be null.
   bool enabled = true;
+  // When a sync cannot reach the coordinator (UNAVAILABLE or
+  // DEADLINE_EXCEEDED after the client's retries), keep the local parameters
+  // and go on training: Step() returns OK and the next sync tries again
+  // (the client joins again if the coordinator forgot the member). When
+  // false, Step() returns the error.
+  bool keep_training_when_unavailable = true;
 
   // INVALID_ARGUMENT if local_sgd_steps < 1.
   absl::Status Validate() const;
@@ -138,6 +144,10 @@ class LocalSGD {
   // The outcome of the last successful sync; default-constructed before the
   // first.
   const SyncOutcome& last_outcome() const { return last_outcome_; }
+  // Syncs skipped because the coordinator was unreachable (see
+  // keep_training_when_unavailable), and whether the last attempt was one.
+  int64_t num_skipped_syncs() const { return num_skipped_syncs_; }
+  bool last_sync_skipped() const { return last_sync_skipped_; }
   // Seconds the last successful sync took.
   double last_sync_seconds() const { return last_sync_seconds_; }
   // The layout this LocalSGD joined with (also when disabled).
@@ -171,6 +181,8 @@ class LocalSGD {
 
   int64_t steps_ = 0;
   int64_t num_syncs_ = 0;
+  int64_t num_skipped_syncs_ = 0;
+  bool last_sync_skipped_ = false;
   double sync_seconds_total_ = 0;
   double last_sync_seconds_ = 0;
   SyncOutcome last_outcome_;

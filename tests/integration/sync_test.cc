@@ -529,3 +529,100 @@ TEST_F(BadInputTest, GetJobStatus_ReportsMembersAndRounds) {
 
 }  // namespace
 }  // namespace localsgd
+
+namespace localsgd {
+namespace {
+
+// Members that lose their membership join again inside Sync, invisibly to the
+// training loop.
+TEST(ElasticTest, Sync_AfterMembershipLost_RejoinsAndContributes) {
+  auto server = StartServer(16);
+  const Layout layout = LayoutOfSizes({40});
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<float>> params(2, std::vector<float>(40, 1.0f));
+  for (int i = 0; i < 2; ++i) {
+    clients.push_back(
+        MakeClient(server->port(), "elastic", absl::StrCat("m", i)));
+    ASSERT_TRUE(clients[i]->Join(layout).ok());
+    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
+  }
+  // The coordinator forgets member 1 (as when its lease runs out).
+  auto job = server->coordinator()->FindJob("elastic");
+  ASSERT_TRUE(job.ok());
+  const MemberId old_id = clients[1]->info().member_id;
+  ASSERT_TRUE((*job)->Leave(old_id).ok());
+
+  std::fill(params[0].begin(), params[0].end(), 2.0f);
+  std::fill(params[1].begin(), params[1].end(), 4.0f);
+  absl::StatusOr<SyncOutcome> a, b;
+  std::thread t([&] { a = clients[0]->Sync(absl::MakeSpan(params[0])); });
+  b = clients[1]->Sync(absl::MakeSpan(params[1]));
+  t.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->rejoined);
+  EXPECT_NE(clients[1]->info().member_id, old_id);
+  // Member 1 joined again before round 1 opened or while it was open; either
+  // way both end with the same parameters, and round 1 counted member 0.
+  EXPECT_TRUE(a->contributed);
+  EXPECT_EQ(params[0], params[1]);
+  if (b->contributed) {
+    for (float v : params[0]) EXPECT_EQ(v, 3.0f);
+  }
+}
+
+TEST(ElasticTest, Sync_CoordinatorRestartedWithoutState_ReseedsAndContinues) {
+  auto server = StartServer(16);
+  const int port = server->port();
+  const Layout layout = LayoutOfSizes({40});
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<float>> params(2, std::vector<float>(40, 1.0f));
+  for (int i = 0; i < 2; ++i) {
+    clients.push_back(MakeClient(port, "restart", absl::StrCat("m", i)));
+    ASSERT_TRUE(clients[i]->Join(layout).ok());
+    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
+  }
+  for (int round = 1; round <= 3; ++round) {
+    std::thread t(
+        [&] { ASSERT_TRUE(clients[1]->Sync(absl::MakeSpan(params[1])).ok()); });
+    ASSERT_TRUE(clients[0]->Sync(absl::MakeSpan(params[0])).ok());
+    t.join();
+  }
+  EXPECT_EQ(clients[0]->state_round(), 3u);
+  // Restart on the same port, state lost.
+  server->Shutdown(absl::ZeroDuration());
+  server.reset();
+  ServerOptions options;
+  options.listen_address = absl::StrCat("127.0.0.1:", port);
+  options.coordinator.default_settings.chunk_elements = 16;
+  auto restarted = CoordinatorServer::Start(options);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+
+  std::fill(params[0].begin(), params[0].end(), 5.0f);
+  std::fill(params[1].begin(), params[1].end(), 7.0f);
+  absl::StatusOr<SyncOutcome> a, b;
+  std::thread t([&] { a = clients[0]->Sync(absl::MakeSpan(params[0])); });
+  b = clients[1]->Sync(absl::MakeSpan(params[1]));
+  t.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(a->rejoined);
+  EXPECT_TRUE(b->rejoined);
+  // One of them re-seeded the job; both hold the same parameters, which are
+  // one member's or the mean of both.
+  EXPECT_EQ(params[0], params[1]);
+  const float v = params[0][0];
+  EXPECT_TRUE(v == 5.0f || v == 7.0f || v == 6.0f) << v;
+  // Training goes on: the next round averages both.
+  std::fill(params[0].begin(), params[0].end(), 1.0f);
+  std::fill(params[1].begin(), params[1].end(), 3.0f);
+  std::thread t2([&] { b = clients[1]->Sync(absl::MakeSpan(params[1])); });
+  a = clients[0]->Sync(absl::MakeSpan(params[0]));
+  t2.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(params[0], params[1]);
+}
+
+}  // namespace
+}  // namespace localsgd
