@@ -43,6 +43,12 @@ ABSL_FLAG(int32_t, max_message_bytes, 17 << 20,
           "Largest gRPC message accepted or sent; bounds the chunk size.");
 ABSL_FLAG(uint32_t, recent_rounds, 100,
           "Closed rounds kept per job for status and late members.");
+ABSL_FLAG(std::string, state_dir, "",
+          "Directory for job checkpoints (created if missing). Every new "
+          "global state is written there atomically in the background, and "
+          "jobs are restored from it on start, before serving. Empty: no "
+          "checkpoints; a restarted coordinator then re-seeds jobs from the "
+          "workers' next Sync.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "On SIGTERM/SIGINT, how long in-flight calls get to finish.");
 
@@ -51,6 +57,7 @@ namespace {
 absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   localsgd::ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
   localsgd::CoordinatorOptions& c = options.coordinator;
   c.policy.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
   c.policy.round_deadline = absl::GetFlag(FLAGS_round_deadline);

@@ -34,6 +34,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       static_cast<uint32_t>((options.max_message_bytes - 1024) / 4));
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  if (!options.state_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
+        CheckpointStore::Open(options.state_dir);
+    if (!store.ok()) return store.status();
+    server->store_ = *std::move(store);
+    options.coordinator.checkpoint_store = server->store_.get();
+  }
   server->options_ = options;
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Create(options.coordinator);

@@ -25,6 +25,9 @@ struct ServerOptions {
   // Largest gRPC message received or sent. Must hold a chunk:
   // chunk_elements * 4 bytes plus a few bytes of framing.
   int max_message_bytes = 17 << 20;
+  // If set, jobs are checkpointed here (every new global state, in the
+  // background) and restored from here on start, before serving.
+  std::string state_dir;
   // How often leases and round deadlines are checked.
   absl::Duration tick_interval = absl::Milliseconds(100);
 
@@ -54,6 +57,7 @@ class CoordinatorServer {
   void TickLoop();
 
   ServerOptions options_;
+  std::unique_ptr<CheckpointStore> store_;  // outlives coordinator_
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;

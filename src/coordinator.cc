@@ -72,12 +72,60 @@ absl::Status CoordinatorOptions::Validate() const {
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     CoordinatorOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  return std::unique_ptr<Coordinator>(new Coordinator(std::move(options)));
+  auto coordinator =
+      std::unique_ptr<Coordinator>(new Coordinator(std::move(options)));
+  if (absl::Status s = coordinator->Restore(); !s.ok()) return s;
+  return coordinator;
 }
 
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {}
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {
+  if (options_.checkpoint_store != nullptr) {
+    checkpointer_ = std::make_unique<Checkpointer>(options_.checkpoint_store);
+  }
+}
+
+absl::Status Coordinator::Restore() {
+  if (options_.checkpoint_store == nullptr) return absl::OkStatus();
+  std::vector<std::string> errors;
+  absl::StatusOr<std::vector<JobCheckpoint>> loaded =
+      options_.checkpoint_store->LoadAll(&errors);
+  if (!loaded.ok()) return loaded.status();
+  absl::MutexLock lock(&mu_);
+  for (JobCheckpoint& c : *loaded) {
+    // The limits may have changed since the checkpoint was written.
+    absl::StatusOr<uint64_t> n =
+        ValidateLayout(c.layout, options_.max_model_elements);
+    absl::Status s = n.status();
+    if (s.ok() && c.settings.chunk_elements > options_.max_chunk_elements) {
+      s = absl::ResourceExhaustedError(
+          absl::StrCat("chunk_elements ", c.settings.chunk_elements,
+                       " exceeds --max_message_bytes"));
+    }
+    if (s.ok() && jobs_.size() >= options_.max_jobs) {
+      s = absl::ResourceExhaustedError(
+          "more checkpointed jobs than --max_jobs");
+    }
+    if (!s.ok()) {
+      LOG(ERROR) << "not restoring job " << c.job_id << " from "
+                 << options_.checkpoint_store->dir() << ": " << s;
+      continue;
+    }
+    auto job =
+        std::make_shared<Job>(c.job_id, c.layout, *n, c.settings,
+                              options_.policy, clock_, checkpointer_.get());
+    job->RestoreState(c.round, std::move(c.values));
+    LOG(INFO) << "restored job " << c.job_id << " at round " << c.round << " ("
+              << *n << " elements) from " << options_.checkpoint_store->dir();
+    jobs_.emplace(c.job_id, std::move(job));
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::FlushCheckpoints() {
+  if (checkpointer_ != nullptr) checkpointer_->Flush();
+}
 
 Coordinator::~Coordinator() { Stop(); }
 
@@ -165,8 +213,9 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
       if (want.rendezvous_members != 0) {
         settings.rendezvous_members = want.rendezvous_members;
       }
-      job = std::make_shared<Job>(job_id, params.layout, *num_elements,
-                                  settings, options_.policy, clock_);
+      job =
+          std::make_shared<Job>(job_id, params.layout, *num_elements, settings,
+                                options_.policy, clock_, checkpointer_.get());
       jobs_.emplace(job_id, job);
       LOG(INFO) << "job " << job_id
                 << " created: " << params.layout.tensors.size() << " tensors, "
@@ -214,6 +263,7 @@ void Coordinator::Stop() {
     stopped_ = true;
   }
   for (const auto& job : Jobs()) job->Stop();
+  if (checkpointer_ != nullptr) checkpointer_->Stop();
 }
 
 }  // namespace localsgd

@@ -15,6 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "src/checkpoint.h"
+#include "src/checkpointer.h"
 #include "src/clock.h"
 #include "src/job.h"
 #include "src/types.h"
@@ -38,6 +40,9 @@ struct CoordinatorOptions {
   uint64_t max_model_elements = uint64_t{2} << 30;
   // Largest chunk, in elements; chunks must also fit in a gRPC message.
   uint32_t max_chunk_elements = 4u << 20;
+  // Not owned. If set, Create restores the jobs checkpointed there, and every
+  // new global state (seed, closed round) is written there in the background.
+  CheckpointStore* checkpoint_store = nullptr;
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;
@@ -50,6 +55,8 @@ struct JoinRequestCore {
 
 class Coordinator {
  public:
+  // Validates options and restores checkpointed jobs (a checkpoint that no
+  // longer fits the limits, or is corrupt, is skipped with an error log).
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(
       CoordinatorOptions options);
   ~Coordinator();
@@ -72,16 +79,23 @@ class Coordinator {
   // Expires leases and closes rounds past their deadline in every job.
   void Tick();
 
-  // Fails pending Syncs with UNAVAILABLE and refuses new calls. Idempotent.
+  // Fails pending Syncs with UNAVAILABLE, refuses new calls, and writes the
+  // checkpoints still queued. Idempotent.
   void Stop();
+
+  // Blocks until every global state so far is checkpointed (no-op without a
+  // store).
+  void FlushCheckpoints();
 
   const CoordinatorOptions& options() const { return options_; }
 
  private:
   explicit Coordinator(CoordinatorOptions options);
+  absl::Status Restore();
 
   const CoordinatorOptions options_;
   Clock* const clock_;
+  std::unique_ptr<Checkpointer> checkpointer_;  // null without a store
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_

@@ -74,16 +74,26 @@ bool SyncSession::Cancel() {
 // Job
 
 Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
-         JobSettings settings, JobPolicy policy, Clock* clock)
+         JobSettings settings, JobPolicy policy, Clock* clock, StateSink* sink)
     : id_(std::move(job_id)),
       layout_(std::move(layout)),
       settings_(settings),
       policy_(policy),
       geometry_(num_elements, settings.chunk_elements),
       clock_(clock),
+      sink_(sink),
       rendezvous_done_(settings.rendezvous_members <= 1) {}
 
 Job::~Job() = default;
+
+void Job::RestoreState(RoundId round, std::vector<float> values) {
+  absl::MutexLock lock(&mu_);
+  auto state = std::make_shared<StateSnapshot>();
+  state->round = round;
+  state->values = std::move(values);
+  state_ = std::move(state);
+  if (round > 0) rendezvous_done_ = true;
+}
 
 void Job::RunDeferred(Deferred& deferred) {
   for (auto& fn : deferred) fn();
@@ -537,8 +547,10 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
   std::shared_ptr<StateSnapshot> old = std::move(state_);
   state_ = state;
   // Recycle the old state's memory for the next accumulator unless a stream
-  // still reads it: fresh pages cost ~20x more than reused ones.
+  // (or the checkpointer) still reads it: fresh pages cost ~20x more than
+  // reused ones.
   if (old.use_count() == 1 && spare_.empty()) spare_ = std::move(old->values);
+  NotifySinkLocked(state, deferred);
 
   LOG(INFO) << "job " << id_ << ": round " << record.round << " closed ("
             << CloseReasonName(reason) << ") in "
@@ -584,6 +596,7 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   state->round = 0;
   state->values = std::move(seed->values);
   state_ = state;
+  NotifySinkLocked(state, deferred);
   RoundRecord record;
   record.round = 0;
   record.reason = CloseReason::kSeed;
@@ -613,6 +626,15 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   }
   recent_.push_front(std::move(record));
   while (recent_.size() > policy_.max_recent_rounds) recent_.pop_back();
+}
+
+void Job::NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
+                           Deferred& deferred) {
+  if (sink_ == nullptr) return;
+  deferred.push_back(
+      [this, self = shared_from_this(), state = std::move(state)] {
+        sink_->StateChanged(self, state);
+      });
 }
 
 SyncResult Job::LatestResultLocked(const MemberId& member,

@@ -140,6 +140,15 @@ struct JoinResult {
 
 class Job;
 
+// Told of every new global state (seed or closed round), e.g. to checkpoint
+// it. Called without the job's lock held; must not block.
+class StateSink {
+ public:
+  virtual ~StateSink() = default;
+  virtual void StateChanged(std::shared_ptr<const Job> job,
+                            std::shared_ptr<const StateSnapshot> state) = 0;
+};
+
 // One Sync stream of one member: feeds its chunks to the job. Created by
 // Job::BeginSync. Not thread-safe: the stream's reads are sequential.
 class SyncSession {
@@ -188,8 +197,16 @@ class Job : public std::enable_shared_from_this<Job> {
   // `settings` must be complete and valid; `layout` validated with
   // `num_elements` elements. `clock` must outlive the job.
   Job(std::string job_id, Layout layout, uint64_t num_elements,
-      JobSettings settings, JobPolicy policy, Clock* clock);
+      JobSettings settings, JobPolicy policy, Clock* clock,
+      StateSink* sink = nullptr);
   ~Job();
+
+  // Restores a checkpointed state (round, values of num_elements) into a job
+  // that has no members and no state yet: members join again and fetch it.
+  // A restored round > 0 counts as past the rendezvous.
+  void RestoreState(RoundId round, std::vector<float> values);
+
+  const Layout& layout() const { return layout_; }
 
   const std::string& id() const { return id_; }
   const JobSettings& settings() const { return settings_; }
@@ -285,6 +302,8 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteSeedLocked(absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
+                        Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The result of the latest closed round, for `member`.
   SyncResult LatestResultLocked(const MemberId& member, RoundId asked_round)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -301,6 +320,7 @@ class Job : public std::enable_shared_from_this<Job> {
   const JobPolicy policy_;
   const ChunkGeometry geometry_;
   Clock* const clock_;
+  StateSink* const sink_;  // may be null
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,6 +1,9 @@
 // Integration: an in-process coordinator on an ephemeral loopback port and N
 // clients in threads, checked against averages the test computes itself.
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -622,6 +625,76 @@ TEST(ElasticTest, Sync_CoordinatorRestartedWithoutState_ReseedsAndContinues) {
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(params[0], params[1]);
+}
+
+}  // namespace
+}  // namespace localsgd
+
+namespace localsgd {
+namespace {
+
+TEST(ElasticTest, Sync_CoordinatorRestartedWithStateDir_ResumesRoundNumbering) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/lsgd-restart-", getpid());
+  auto start = [&](int port) {
+    ServerOptions options;
+    options.listen_address = absl::StrCat("127.0.0.1:", port);
+    options.coordinator.default_settings.chunk_elements = 16;
+    options.state_dir = dir;
+    auto server = CoordinatorServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    return *std::move(server);
+  };
+  auto server = start(0);
+  const int port = server->port();
+  const Layout layout = LayoutOfSizes({40, 3});
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<float>> params(2, std::vector<float>(43, 1.0f));
+  for (int i = 0; i < 2; ++i) {
+    clients.push_back(MakeClient(port, "ckpt", absl::StrCat("m", i)));
+    ASSERT_TRUE(clients[i]->Join(layout).ok());
+    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
+  }
+  for (int round = 1; round <= 4; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 43; ++j) params[i][j] = Value(i, j, round);
+    }
+    std::thread t(
+        [&] { ASSERT_TRUE(clients[1]->Sync(absl::MakeSpan(params[1])).ok()); });
+    ASSERT_TRUE(clients[0]->Sync(absl::MakeSpan(params[0])).ok());
+    t.join();
+  }
+  const std::vector<float> state4 = params[0];
+  server->coordinator()->FlushCheckpoints();
+  // A crash: nothing beyond the checkpoints survives.
+  server->Shutdown(absl::ZeroDuration());
+  server.reset();
+  server = start(port);
+
+  // A newcomer sees the restored state at round 4.
+  auto newcomer = MakeClient(port, "ckpt", "newcomer");
+  ASSERT_TRUE(newcomer->Join(layout).ok());
+  EXPECT_TRUE(newcomer->info().has_state);
+  EXPECT_EQ(newcomer->info().state_round, 4u);
+  std::vector<float> fetched(43);
+  ASSERT_TRUE(newcomer->FetchState(absl::MakeSpan(fetched)).ok());
+  EXPECT_EQ(fetched, state4);
+  ASSERT_TRUE(newcomer->Leave().ok());
+
+  // The old members join again and contribute to round 5.
+  std::fill(params[0].begin(), params[0].end(), 2.0f);
+  std::fill(params[1].begin(), params[1].end(), 4.0f);
+  absl::StatusOr<SyncOutcome> a, b;
+  std::thread t([&] { b = clients[1]->Sync(absl::MakeSpan(params[1])); });
+  a = clients[0]->Sync(absl::MakeSpan(params[0]));
+  t.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(a->rejoined);
+  EXPECT_EQ(a->round, 5u);
+  EXPECT_EQ(b->round, 5u);
+  EXPECT_EQ(params[0], params[1]);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

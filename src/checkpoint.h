@@ -1,0 +1,166 @@
+// Durable checkpoints of coordinator job state: what a restarted coordinator
+// needs to resume a job (layout, settings, round, global parameters).
+//
+// File format, version 1. All integers little-endian; floats IEEE-754
+// binary32, little-endian.
+//
+//   offset  size  field
+//   0       8     magic "LSGDCKPT"
+//   8       4     format version (1)
+//   12      4     H: header length in bytes
+//   16      8     file length in bytes (all of it, the trailer included)
+//   24      H     header:
+//                   u32 job id length, job id bytes
+//                   u64 round
+//                   u32 local_sgd_steps, u32 chunk_elements, u32 wire_dtype,
+//                   u32 mode, u32 rendezvous_members
+//                   u64 layout fingerprint
+//                   u32 tensor count; per tensor: u32 name length, name
+//                     bytes, u32 dtype, u32 rank, rank x i64 dimensions
+//                   u64 N: number of values
+//   24+H    4     masked CRC32C of bytes [0, 24+H)
+//   28+H    4N    the values
+//   end-4   4     masked CRC32C of bytes [0, end-4)
+//
+// CRCs are masked as leveldb masks them (a CRC over data that holds CRCs is
+// weak otherwise). The header CRC lets a reader trust the header's lengths
+// before it reads gigabytes of values; the trailing CRC covers everything. A
+// later version changes the format version; this build reads version 1 only.
+#ifndef LOCALSGD_SRC_CHECKPOINT_H_
+#define LOCALSGD_SRC_CHECKPOINT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "src/layout.h"
+#include "src/types.h"
+
+namespace localsgd {
+
+// What a restarted coordinator needs to resume a job.
+struct JobCheckpoint {
+  std::string job_id;
+  Layout layout;              // tensors and fingerprint
+  JobSettings settings;       // complete: the job's effective settings
+  RoundId round = 0;          // round of `values` (0: the seed)
+  std::vector<float> values;  // the global state: one float per layout element
+};
+
+// The file format version this build writes and reads.
+inline constexpr uint32_t kCheckpointFormatVersion = 1;
+
+// Returns the checkpoint in the file format above. `checkpoint` should be
+// valid (see CheckpointStore::Save); an invalid one is encoded as given and
+// DecodeCheckpoint rejects it. Builds the whole file in memory: for tests and
+// small models; CheckpointStore::Save streams to the file instead.
+std::string EncodeCheckpoint(const JobCheckpoint& checkpoint);
+
+// Parses a file in the format above. DATA_LOSS, with a message that names
+// what is wrong, if the bytes are not a complete, intact, consistent
+// checkpoint: empty, bad magic, unsupported version, truncated at byte N,
+// trailing bytes, header or file checksum mismatch, malformed header, invalid
+// job id or layout, layout fingerprint mismatch, values count != layout
+// elements, unknown wire dtype or mode.
+absl::StatusOr<JobCheckpoint> DecodeCheckpoint(absl::string_view bytes);
+
+// A directory of job checkpoints, one file per job: <dir>/<job_id>.ckpt.
+//
+// Durability: Save writes <job_id>.ckpt.tmp, fsyncs it, renames it over
+// <job_id>.ckpt and fsyncs the directory, so a crash at any point leaves the
+// old or the new checkpoint (and perhaps a .tmp file that LoadAll removes).
+//
+// Thread-safety: all methods are thread-safe. Saves of different jobs run in
+// parallel; Saves (and Removes) of one job run one at a time, in the order
+// they take the job's lock: a caller that saves one job from several threads
+// must order the calls itself, or an older round may land last. LoadAll waits
+// for running Saves and Removes and holds off new ones until it returns.
+// All methods block on file I/O: never call them from a gRPC callback
+// handler or with a job's lock held.
+class CheckpointStore {
+ public:
+  // Opens `dir`, creating it and missing parents (like mkdir -p, mode 0755).
+  // INVALID_ARGUMENT: `dir` is empty. FAILED_PRECONDITION: it cannot be
+  // created, is not a directory, or is not writable (the message names the
+  // path and the reason).
+  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(std::string dir);
+
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
+
+  // Atomically replaces the checkpoint of `checkpoint.job_id` (see above).
+  // INVALID_ARGUMENT: malformed job id, invalid layout, values count !=
+  // layout elements, unknown wire dtype or mode; nothing is written then.
+  // Other codes (from errno, e.g. RESOURCE_EXHAUSTED for a full disk,
+  // PERMISSION_DENIED) name the path and the reason; the previous checkpoint
+  // is left in place and the temporary file removed.
+  absl::Status Save(const JobCheckpoint& checkpoint);
+
+  // As Save(checkpoint), but the values are `values`; checkpoint.values must
+  // be empty (or be `values` itself), INVALID_ARGUMENT otherwise. For a caller
+  // that holds the state elsewhere (a StateSnapshot that Sync streams share)
+  // and should not copy a large model to save it. `values` must not change
+  // during the call.
+  absl::Status Save(const JobCheckpoint& checkpoint,
+                    absl::Span<const float> values);
+
+  // Loads every <job_id>.ckpt in the directory, sorted by job id. A file that
+  // cannot be read or decoded, or whose name is not a job id or not the job
+  // id inside it, is skipped: logged with LOG(ERROR) and described (path:
+  // reason) in `*errors` if `errors` is not null; it is left in place for an
+  // operator to inspect. Leftover <anything>.ckpt.tmp files (a Save that a
+  // crash interrupted) are removed; other files are ignored. Fails only if the
+  // directory cannot be listed (code from errno).
+  absl::StatusOr<std::vector<JobCheckpoint>> LoadAll(
+      std::vector<std::string>* errors = nullptr);
+
+  // Removes the checkpoint of `job_id`; OK if there is none.
+  // INVALID_ARGUMENT: malformed job id. Other codes from errno.
+  absl::Status Remove(absl::string_view job_id);
+
+  // The directory, as given to Open.
+  const std::string& dir() const { return dir_; }
+
+ private:
+  explicit CheckpointStore(std::string dir) : dir_(std::move(dir)) {}
+
+  // The lock that serializes Saves and Removes of `job_id`.
+  std::shared_ptr<absl::Mutex> JobLock(absl::string_view job_id);
+  std::string PathOf(absl::string_view file_name) const;
+
+  const std::string dir_;
+  // Roles: Save and Remove hold it shared, LoadAll exclusive (it deletes
+  // .tmp files that a running Save would be writing).
+  absl::Mutex dir_mu_;
+  absl::Mutex locks_mu_ ABSL_ACQUIRED_AFTER(dir_mu_);
+  // One per job ever saved or removed; never erased, so that two callers can
+  // never hold different locks for one job. A few bytes per job.
+  absl::flat_hash_map<std::string, std::shared_ptr<absl::Mutex>> job_locks_
+      ABSL_GUARDED_BY(locks_mu_);
+};
+
+namespace checkpoint_internal {
+
+// CRC32C (Castagnoli, reflected polynomial 0x82F63B78) of `data` continued
+// from `crc`, the CRC32C of the bytes before it (0 for none):
+// Crc32c(Crc32c(0, a), b) == Crc32c(0, a + b). Uses the SSE4.2 instruction
+// where the CPU has it. Exposed for tests.
+uint32_t Crc32c(uint32_t crc, absl::string_view data);
+// The same, table-driven (slicing-by-8), on every CPU.
+uint32_t Crc32cPortable(uint32_t crc, absl::string_view data);
+// Whether Crc32c uses a CPU instruction.
+bool Crc32cHasHardware();
+
+}  // namespace checkpoint_internal
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SRC_CHECKPOINT_H_

@@ -1,0 +1,89 @@
+#include "src/checkpointer.h"
+
+#include <utility>
+
+#include "glog/logging.h"
+
+namespace localsgd {
+
+Checkpointer::Checkpointer(CheckpointStore* store) : store_(store) {
+  writer_ = std::thread([this] { Run(); });
+}
+
+Checkpointer::~Checkpointer() { Stop(); }
+
+void Checkpointer::StateChanged(std::shared_ptr<const Job> job,
+                                std::shared_ptr<const StateSnapshot> state) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    LOG(WARNING) << "checkpointer stopped; round " << state->round << " of job "
+                 << job->id() << " not saved";
+    return;
+  }
+  const std::string id = job->id();
+  pending_[id] = Pending{std::move(job), std::move(state)};
+}
+
+void Checkpointer::Run() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    mu_.Await(absl::Condition(
+        +[](Checkpointer* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+          return c->stopping_ || !c->pending_.empty();
+        },
+        this));
+    if (pending_.empty()) return;  // stopping, and nothing left to write
+    auto it = pending_.begin();
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    ++writing_;
+    mu_.Unlock();
+    JobCheckpoint meta;
+    meta.job_id = p.job->id();
+    meta.layout = p.job->layout();
+    meta.settings = p.job->settings();
+    meta.round = p.state->round;
+    const absl::Status s = store_->Save(meta, p.state->values);
+    if (s.ok()) {
+      VLOG(1) << "checkpointed job " << meta.job_id << " at round "
+              << meta.round;
+    } else {
+      LOG(ERROR) << "checkpoint of job " << meta.job_id << " round "
+                 << meta.round << " failed: " << s;
+    }
+    p = Pending();  // release the snapshot before taking the lock
+    mu_.Lock();
+    --writing_;
+    ++(s.ok() ? saved_ : failed_);
+  }
+}
+
+void Checkpointer::Flush() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](Checkpointer* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+        return c->pending_.empty() && c->writing_ == 0;
+      },
+      this));
+}
+
+void Checkpointer::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (writer_.joinable()) writer_.join();
+}
+
+int64_t Checkpointer::saved() const {
+  absl::MutexLock lock(&mu_);
+  return saved_;
+}
+
+int64_t Checkpointer::failed() const {
+  absl::MutexLock lock(&mu_);
+  return failed_;
+}
+
+}  // namespace localsgd

@@ -1,0 +1,147 @@
+// The coordinator checkpoints every new global state in the background and a
+// new coordinator over the same store restores the jobs.
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "src/checkpoint.h"
+#include "src/coordinator.h"
+#include "tests/core/test_util.h"
+
+namespace localsgd {
+namespace {
+
+using testing_util::EncodeChunk;
+using testing_util::SmallLayout;
+using testing_util::SyncCapture;
+using testing_util::TotalElements;
+
+class CheckpointerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/lsgd-checkpointer-", getpid(),
+                        "-", ::testing::UnitTest::GetInstance()->random_seed());
+    auto store = CheckpointStore::Open(dir_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<Coordinator> NewCoordinator() {
+    CoordinatorOptions options;
+    options.clock = &clock_;
+    options.default_settings.chunk_elements = 5;
+    options.checkpoint_store = store_.get();
+    auto c = Coordinator::Create(options);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return *std::move(c);
+  }
+
+  // Member `member` of `job` sends `values` for `round`; returns the capture.
+  SyncCapture Send(Job& job, const MemberId& member, RoundId round,
+                   const std::vector<float>& values) {
+    SyncCapture capture;
+    auto session = job.BeginSync(member, round, capture.Callback());
+    EXPECT_TRUE(session.ok()) << session.status();
+    for (uint32_t c = 0; c < job.geometry().num_chunks(); ++c) {
+      EXPECT_TRUE((*session)
+                      ->AddChunk(c, EncodeChunk(values, job.geometry(), c,
+                                                DType::kFloat32))
+                      .ok());
+    }
+    return capture;
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  std::unique_ptr<CheckpointStore> store_;
+};
+
+TEST_F(CheckpointerTest, EveryNewStateIsWrittenAndRestoredByANewCoordinator) {
+  const Layout layout = SmallLayout();
+  const uint64_t n = TotalElements(layout);
+  std::vector<float> round2;
+  {
+    auto coordinator = NewCoordinator();
+    JoinRequestParams params;
+    params.layout = layout;
+    params.incarnation = 1;
+    params.member_name = "a";
+    auto a = coordinator->Join("job", params);
+    params.member_name = "b";
+    params.incarnation = 2;
+    auto b = coordinator->Join("job", params);
+    ASSERT_TRUE(a.ok() && b.ok());
+    auto job = *coordinator->FindJob("job");
+    std::vector<float> seed(n, 1.0f);
+    Send(*job, a->member_id, 0, seed);
+    coordinator->FlushCheckpoints();
+    auto loaded = store_->LoadAll();
+    ASSERT_TRUE(loaded.ok());
+    ASSERT_EQ(loaded->size(), 1u);
+    EXPECT_EQ((*loaded)[0].round, 0u);
+    EXPECT_EQ((*loaded)[0].values, seed);
+
+    for (RoundId r = 1; r <= 2; ++r) {
+      SyncCapture ca =
+          Send(*job, a->member_id, r, std::vector<float>(n, 1.0f * r));
+      SyncCapture cb =
+          Send(*job, b->member_id, r, std::vector<float>(n, 3.0f * r));
+      ASSERT_TRUE(cb.result().ok());
+      round2 = cb.result()->state->values;
+    }
+    EXPECT_EQ(round2, std::vector<float>(n, 4.0f));
+    coordinator->Stop();  // writes what is queued
+  }
+  auto loaded = store_->LoadAll();
+  ASSERT_TRUE(loaded.ok());
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_EQ((*loaded)[0].round, 2u);
+  EXPECT_EQ((*loaded)[0].values, round2);
+  EXPECT_EQ((*loaded)[0].layout.fingerprint, layout.fingerprint);
+
+  // A new coordinator resumes the job at round 2; a member that joins fetches
+  // it and the next round is 3.
+  auto restored = NewCoordinator();
+  JoinRequestParams params;
+  params.layout = layout;
+  params.incarnation = 7;
+  params.member_name = "c";
+  auto c = restored->Join("job", params);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->has_state);
+  EXPECT_EQ(c->state_round, 2u);
+  auto job = *restored->FindJob("job");
+  auto state = job->GetState(c->member_id);
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ((*state)->values, round2);
+  SyncCapture cc = Send(*job, c->member_id, 3, std::vector<float>(n, 9.0f));
+  ASSERT_TRUE(cc.result().ok());
+  EXPECT_EQ(cc.result()->round, 3u);
+}
+
+TEST_F(CheckpointerTest, CheckpointOverTheLimits_IsSkippedNotFatal) {
+  JobCheckpoint big;
+  big.job_id = "big";
+  big.layout = testing_util::MakeFloatLayout({{"w", {100}}});
+  big.settings = {0, 10, DType::kFloat32, AveragingMode::kMean, 0};
+  big.round = 3;
+  big.values.assign(100, 0.5f);
+  ASSERT_TRUE(store_->Save(big).ok());
+  CoordinatorOptions options;
+  options.clock = &clock_;
+  options.default_settings.chunk_elements = 5;
+  options.max_model_elements = 50;  // the checkpoint no longer fits
+  options.checkpoint_store = store_.get();
+  auto coordinator = Coordinator::Create(options);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  EXPECT_TRUE(absl::IsNotFound((*coordinator)->FindJob("big").status()));
+}
+
+}  // namespace
+}  // namespace localsgd
