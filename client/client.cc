@@ -109,7 +109,14 @@ class Client::Impl {
       LOG(WARNING) << what << " attempt " << n << " failed (" << status
                    << "); retrying in "
                    << absl::FormatDuration(backoff * jitter);
-      absl::SleepFor(backoff * jitter);
+      const absl::Time wake = absl::Now() + backoff * jitter;
+      if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
+        absl::SleepFor(wake - absl::Now());
+      } else {
+        // Retry as soon as the coordinator is reachable again (a restart),
+        // at the latest after the backoff.
+        channel_->WaitForConnected(absl::ToChronoTime(wake));
+      }
       backoff = std::min(backoff * 2, options_.max_backoff);
     }
   }
@@ -178,6 +185,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   // coordinator may use, not INT_MAX.
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
+  // gRPC's default reconnect backoff grows to 120 s, and while it waits every
+  // call fails at once: a worker would miss a restarted coordinator by
+  // seconds. Reconnect quickly instead; the coordinator is one address.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(
       options.target, grpc::InsecureChannelCredentials(), args);
   auto client =

@@ -56,7 +56,7 @@ struct ClientOptions {
   // from initial_backoff, doubling up to max_backoff, with +-20% jitter, for
   // at most max_retry_time in total per call.
   absl::Duration initial_backoff = absl::Milliseconds(100);
-  absl::Duration max_backoff = absl::Seconds(5);
+  absl::Duration max_backoff = absl::Seconds(1);
   absl::Duration max_retry_time = absl::Minutes(1);
 
   // INVALID_ARGUMENT on empty target/job_id or a weight that is not > 0.

@@ -7,7 +7,9 @@
 //   rank=0 start world=4 k=16 batch_size=64 ... steps=468 ...
 //   rank=0 step=100 epoch=0 loss=0.6123
 //   rank=0 sync round=3 step=48 seconds=0.012 contributed=1 late=0
-//          contributors=4
+//          contributors=4 rejoined=0
+//   rank=0 sync skipped step=52 (coordinator unreachable; ...)
+//   rank=0 max_rounds reached round=40 step=160
 //   rank=0 eval round=3 step=48 test_accuracy=0.8123 test_loss=0.5200
 //   rank=0 final step=940 rounds=58 test_accuracy=0.8500 test_loss=0.41
 //          first_loss=2.3000 last_loss=0.4100 sync_seconds_total=1.200
@@ -93,6 +95,19 @@ ABSL_FLAG(int32_t, rendezvous, -1,
           "Averaging starts once this many workers take part (the job's "
           "rendezvous_members; rounds before then wait for the rest to "
           "join). -1: --world; 0 or 1: no rendezvous");
+ABSL_FLAG(int32_t, max_rounds, 0,
+          "Stop training once a sync has brought the job to round >= this "
+          "(then the final sync and Leave, as at the normal end); workers "
+          "that joined at different times so end in the same round. 0: no "
+          "limit");
+ABSL_FLAG(std::string, dump_dir, "",
+          "If set, write the parameters (as --dump_params) to "
+          "DIR/r<rank>_init_round<R>.bin once the job's state is adopted "
+          "(R: its round) and to DIR/r<rank>_round<R>.bin after every "
+          "successful sync (R: the round the parameters now hold)");
+ABSL_FLAG(int32_t, chunk_elements, 0,
+          "Parameters per chunk on the wire (the job's chunk_elements; all "
+          "workers of a job must agree). 0: the coordinator's default");
 
 namespace localsgd {
 namespace examples {
@@ -151,6 +166,9 @@ struct Config {
   int eval_every_sync = 1;
   int eval_examples = 0;
   int rendezvous = -1;
+  int max_rounds = 0;
+  std::string dump_dir;
+  int chunk_elements = 0;
 };
 
 absl::StatusOr<Config> ConfigFromFlags() {
@@ -176,6 +194,9 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.eval_examples = absl::GetFlag(FLAGS_eval_examples);
   c.rendezvous = absl::GetFlag(FLAGS_rendezvous);
   if (c.rendezvous < 0) c.rendezvous = c.world;
+  c.max_rounds = absl::GetFlag(FLAGS_max_rounds);
+  c.dump_dir = absl::GetFlag(FLAGS_dump_dir);
+  c.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
 
   const std::string wire = absl::GetFlag(FLAGS_wire_dtype);
   if (wire == "float32") {
@@ -208,6 +229,12 @@ absl::StatusOr<Config> ConfigFromFlags() {
   if (c.eval_examples < 0) return bad("--eval_examples must be >= 0");
   if (c.rendezvous > c.world) {
     return bad("--rendezvous must be at most --world");
+  }
+  if (c.max_rounds < 0) return bad("--max_rounds must be >= 0");
+  if (c.chunk_elements < 0) return bad("--chunk_elements must be >= 0");
+  if (c.no_sync && (c.max_rounds > 0 || c.chunk_elements > 0)) {
+    return bad("--max_rounds and --chunk_elements need a coordinator; drop "
+               "them or --no_sync");
   }
   if (!c.no_sync && c.coordinator.empty()) {
     return bad("--coordinator is empty; give host:port, or --no_sync");
@@ -275,12 +302,14 @@ EvalResult Evaluate(Net& model, const torch::Tensor& images,
 }
 
 // Writes the parameters, in named order, as raw little-endian float32 (the
-// layout's flat buffer; x86 and arm64 hosts are little-endian).
-absl::Status DumpParams(Net& model, const std::string& path) {
+// layout's flat buffer; x86 and arm64 hosts are little-endian). `flag` names
+// the flag that asked for it, for error messages.
+absl::Status DumpParams(Net& model, const std::string& path,
+                        absl::string_view flag) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) {
     return absl::UnavailableError(
-        absl::StrCat("--dump_params: cannot open ", path, " for writing"));
+        absl::StrCat(flag, ": cannot open ", path, " for writing"));
   }
   torch::NoGradGuard no_grad;
   for (const auto& item : model->named_parameters(/*recurse=*/true)) {
@@ -292,7 +321,7 @@ absl::Status DumpParams(Net& model, const std::string& path) {
   out.close();
   if (!out) {
     return absl::UnavailableError(
-        absl::StrCat("--dump_params: writing ", path, " failed"));
+        absl::StrCat(flag, ": writing ", path, " failed"));
   }
   return absl::OkStatus();
 }
@@ -307,9 +336,10 @@ std::string SyncLine(const LocalSGD& local_sgd) {
   const SyncOutcome& o = local_sgd.last_outcome();
   return absl::StrFormat(
       "sync round=%d step=%d seconds=%.3f contributed=%d late=%d "
-      "contributors=%d",
+      "contributors=%d rejoined=%d",
       o.round, local_sgd.steps(), local_sgd.last_sync_seconds(),
-      o.contributed ? 1 : 0, o.late ? 1 : 0, o.contributors);
+      o.contributed ? 1 : 0, o.late ? 1 : 0, o.contributors,
+      o.rejoined ? 1 : 0);
 }
 
 absl::Status Run(const Config& c) {
@@ -380,6 +410,7 @@ absl::Status Run(const Config& c) {
     options.settings.local_sgd_steps = static_cast<uint32_t>(c.k);
     options.settings.wire_dtype = c.wire_dtype;
     options.settings.rendezvous_members = static_cast<uint32_t>(c.rendezvous);
+    options.settings.chunk_elements = static_cast<uint32_t>(c.chunk_elements);
     absl::StatusOr<std::unique_ptr<Client>> created = Client::Create(options);
     if (!created.ok()) return created.status();
     client = std::move(*created);
@@ -406,6 +437,26 @@ absl::Status Run(const Config& c) {
                          " state_round=", client->state_round(),
                          " elements=", local_sgd->num_elements()));
   }
+  // --dump_dir: the parameters as adopted (the job's state of round R), and
+  // after every successful sync.
+  const int64_t start_round =
+      client != nullptr ? static_cast<int64_t>(client->state_round()) : 0;
+  auto dump_round = [&](absl::string_view what,
+                        int64_t round) -> absl::Status {
+    if (c.dump_dir.empty()) return absl::OkStatus();
+    return DumpParams(
+        model,
+        absl::StrCat(c.dump_dir, "/r", c.rank, "_", what, round, ".bin"),
+        "--dump_dir");
+  };
+  if (absl::Status s = dump_round("init_round", start_round); !s.ok()) {
+    return s;
+  }
+  // --max_rounds: whether the job's state this worker holds has reached it.
+  auto reached_max_rounds = [&] {
+    return c.max_rounds > 0 && client != nullptr &&
+           client->state_round() >= static_cast<uint64_t>(c.max_rounds);
+  };
 
   Emit(c, absl::StrFormat(
               "start world=%d k=%d batch_size=%d lr=%g momentum=%g "
@@ -423,12 +474,19 @@ absl::Status Run(const Config& c) {
   const auto train_start = std::chrono::steady_clock::now();
   int64_t step = 0;
   int64_t evals_due = 0;  // syncs (or K-step periods) since the last eval
-  for (int epoch = 0; epoch < c.epochs && step < total_steps; ++epoch) {
+  bool stop = reached_max_rounds();
+  if (stop) {
+    Emit(c, absl::StrFormat("max_rounds reached round=%d step=%d",
+                            client->state_round(), step));
+  }
+  for (int epoch = 0; epoch < c.epochs && step < total_steps && !stop;
+       ++epoch) {
     std::seed_seq epoch_seed{c.seed, static_cast<uint64_t>(c.rank),
                              static_cast<uint64_t>(epoch)};
     std::mt19937_64 epoch_rng(epoch_seed);
     std::shuffle(shard.begin(), shard.end(), epoch_rng);
-    for (int64_t b = 0; b < steps_per_epoch && step < total_steps; ++b) {
+    for (int64_t b = 0; b < steps_per_epoch && step < total_steps && !stop;
+         ++b) {
       torch::Tensor index = torch::from_blob(shard.data() + b * c.batch_size,
                                              {c.batch_size}, torch::kLong);
       torch::Tensor x = train_images.index_select(0, index).to(device);
@@ -442,14 +500,29 @@ absl::Status Run(const Config& c) {
       ++step;
 
       const int64_t syncs_before = local_sgd->num_syncs();
+      const int64_t skipped_before = local_sgd->num_skipped_syncs();
       if (absl::Status s = local_sgd->Step(); !s.ok()) {
         return absl::Status(
             s.code(), absl::StrCat("sync at step ", step, ": ", s.message()));
       }
       bool period_ended = false;
-      if (local_sgd->num_syncs() != syncs_before) {
+      if (local_sgd->num_skipped_syncs() != skipped_before) {
+        Emit(c, absl::StrFormat("sync skipped step=%d (coordinator "
+                                "unreachable; training on locally)",
+                                step));
+      } else if (local_sgd->num_syncs() != syncs_before) {
         Emit(c, SyncLine(*local_sgd));
         period_ended = true;
+        if (absl::Status s =
+                dump_round("round", local_sgd->last_outcome().round);
+            !s.ok()) {
+          return s;
+        }
+        if (reached_max_rounds()) {
+          stop = true;
+          Emit(c, absl::StrFormat("max_rounds reached round=%d step=%d",
+                                  client->state_round(), step));
+        }
       } else if (c.no_sync && step % c.k == 0) {
         period_ended = true;
       }
@@ -471,8 +544,19 @@ absl::Status Run(const Config& c) {
   const double train_seconds = SecondsSince(train_start);
 
   // As accelerate's __exit__: one final sync; then leave the job.
+  const int64_t syncs_before_close = local_sgd->num_syncs();
   if (absl::Status s = local_sgd->Close(); !s.ok()) return s;
-  if (!c.no_sync) Emit(c, SyncLine(*local_sgd));
+  if (local_sgd->num_syncs() != syncs_before_close) {
+    Emit(c, SyncLine(*local_sgd));
+    if (absl::Status s = dump_round("round", local_sgd->last_outcome().round);
+        !s.ok()) {
+      return s;
+    }
+  } else if (local_sgd->last_sync_skipped()) {
+    Emit(c, absl::StrFormat("sync skipped step=%d (coordinator unreachable; "
+                            "final sync lost, keeping local parameters)",
+                            step));
+  }
   finished = true;
   if (client != nullptr) {
     if (absl::Status s = client->Leave(); !s.ok()) {
@@ -499,7 +583,10 @@ absl::Status Run(const Config& c) {
       Mean(losses, losses.size() - window, losses.size()),
       local_sgd->sync_seconds_total(), train_seconds);
   if (!c.dump_params.empty()) {
-    if (absl::Status s = DumpParams(model, c.dump_params); !s.ok()) return s;
+    if (absl::Status s = DumpParams(model, c.dump_params, "--dump_params");
+        !s.ok()) {
+      return s;
+    }
   }
   Emit(c, final_line);
   return absl::OkStatus();

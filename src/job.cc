@@ -93,6 +93,16 @@ void Job::RestoreState(RoundId round, std::vector<float> values) {
   state->values = std::move(values);
   state_ = std::move(state);
   if (round > 0) rendezvous_done_ = true;
+  // The members are not checkpointed: give them one lease to come back, so
+  // that the first one to return does not close the next round alone.
+  regather_until_ = clock_->Now() + policy_.lease_ttl;
+}
+
+bool Job::GatheringLocked(absl::Time now) const {
+  if (now < regather_until_) return true;
+  return !rendezvous_done_ &&
+         (open_ == nullptr ||
+          open_->participants.size() < settings_.rendezvous_members);
 }
 
 void Job::RunDeferred(Deferred& deferred) {
@@ -201,7 +211,7 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
       info.first_round = state_ == nullptr  ? 1
                          : open_ != nullptr ? open_->id + 1
                                             : state_->round + 1;
-      if (open_ != nullptr && !rendezvous_done_) {
+      if (open_ != nullptr && GatheringLocked(now)) {
         info.first_round = open_->id;
         Participant p;
         p.name = info.name;
@@ -472,9 +482,7 @@ void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
 
 void Job::MaybeCloseRoundLocked(absl::Time now, Deferred& deferred) {
   if (open_ == nullptr) return;
-  const bool gathering = !rendezvous_done_ && open_->participants.size() <
-                                                  settings_.rendezvous_members;
-  bool all_accounted = !gathering;
+  bool all_accounted = !GatheringLocked(now);
   bool any_gone = false;
   uint32_t complete = 0;
   for (const auto& [id, p] : open_->participants) {

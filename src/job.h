@@ -203,7 +203,10 @@ class Job : public std::enable_shared_from_this<Job> {
 
   // Restores a checkpointed state (round, values of num_elements) into a job
   // that has no members and no state yet: members join again and fetch it.
-  // A restored round > 0 counts as past the rendezvous.
+  // A restored round > 0 counts as past the rendezvous. For one lease TTL
+  // after the restore the job regathers: an open round admits members that
+  // join and does not close before the TTL has passed, so that members that
+  // return a little later than the first still take part.
   void RestoreState(RoundId round, std::vector<float> values);
 
   const Layout& layout() const { return layout_; }
@@ -302,6 +305,10 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteSeedLocked(absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the job is still gathering members: an open round admits joiners
+  // and closes only at its deadline (rendezvous, or regathering after a
+  // restore).
+  bool GatheringLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
                         Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The result of the latest closed round, for `member`.
@@ -334,6 +341,9 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<float> spare_ ABSL_GUARDED_BY(mu_);
   // Whether a round has had settings_.rendezvous_members participants.
   bool rendezvous_done_ ABSL_GUARDED_BY(mu_);
+  // After a restore, until this time an open round admits members that join
+  // (again) and does not close before it (see RestoreState).
+  absl::Time regather_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };

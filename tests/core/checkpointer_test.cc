@@ -43,13 +43,17 @@ class CheckpointerTest : public ::testing::Test {
   }
 
   // Member `member` of `job` sends `values` for `round`; returns the capture.
+  // The session (the stream) stays open until the fixture ends, as a worker
+  // waiting for its round's result would.
   SyncCapture Send(Job& job, const MemberId& member, RoundId round,
                    const std::vector<float>& values) {
     SyncCapture capture;
     auto session = job.BeginSync(member, round, capture.Callback());
     EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return capture;
+    sessions_.push_back(*std::move(session));
     for (uint32_t c = 0; c < job.geometry().num_chunks(); ++c) {
-      EXPECT_TRUE((*session)
+      EXPECT_TRUE(sessions_.back()
                       ->AddChunk(c, EncodeChunk(values, job.geometry(), c,
                                                 DType::kFloat32))
                       .ok());
@@ -59,6 +63,7 @@ class CheckpointerTest : public ::testing::Test {
 
   std::string dir_;
   FakeClock clock_;
+  std::vector<std::unique_ptr<SyncSession>> sessions_;
   std::unique_ptr<CheckpointStore> store_;
 };
 
@@ -96,6 +101,7 @@ TEST_F(CheckpointerTest, EveryNewStateIsWrittenAndRestoredByANewCoordinator) {
       round2 = cb.result()->state->values;
     }
     EXPECT_EQ(round2, std::vector<float>(n, 4.0f));
+    sessions_.clear();    // the streams end before their coordinator
     coordinator->Stop();  // writes what is queued
   }
   auto loaded = store_->LoadAll();
@@ -106,7 +112,8 @@ TEST_F(CheckpointerTest, EveryNewStateIsWrittenAndRestoredByANewCoordinator) {
   EXPECT_EQ((*loaded)[0].layout.fingerprint, layout.fingerprint);
 
   // A new coordinator resumes the job at round 2; a member that joins fetches
-  // it and the next round is 3.
+  // it and the next round is 3. For one lease the job regathers: round 3
+  // waits for members that come back a little later, and counts them.
   auto restored = NewCoordinator();
   JoinRequestParams params;
   params.layout = layout;
@@ -121,8 +128,20 @@ TEST_F(CheckpointerTest, EveryNewStateIsWrittenAndRestoredByANewCoordinator) {
   ASSERT_TRUE(state.ok());
   EXPECT_EQ((*state)->values, round2);
   SyncCapture cc = Send(*job, c->member_id, 3, std::vector<float>(n, 9.0f));
-  ASSERT_TRUE(cc.result().ok());
+  restored->Tick();
+  EXPECT_FALSE(cc.fired()) << "round 3 closed before the others could return";
+  params.incarnation = 8;
+  params.member_name = "d";
+  auto d = restored->Join("job", params);
+  ASSERT_TRUE(d.ok()) << d.status();
+  SyncCapture cd = Send(*job, d->member_id, 3, std::vector<float>(n, 5.0f));
+  EXPECT_FALSE(cd.fired());
+  clock_.Advance(restored->options().policy.lease_ttl);
+  restored->Tick();
+  ASSERT_TRUE(cc.result().ok()) << cc.result().status();
   EXPECT_EQ(cc.result()->round, 3u);
+  EXPECT_EQ(cc.result()->contributors, 2u);
+  EXPECT_EQ(cc.result()->state->values, std::vector<float>(n, 7.0f));
 }
 
 TEST_F(CheckpointerTest, CheckpointOverTheLimits_IsSkippedNotFatal) {
