@@ -32,6 +32,68 @@ bool Retryable(const absl::Status& status) {
          absl::IsDeadlineExceeded(status);
 }
 
+// Collects the chunks of one state or result stream into `staging`, each
+// exactly once.
+class ChunkReceiver {
+ public:
+  ChunkReceiver(absl::string_view what, const ChunkGeometry& geometry,
+                DType wire, absl::Span<float> staging)
+      : what_(what),
+        geometry_(geometry),
+        wire_(wire),
+        staging_(staging),
+        got_(geometry.num_chunks(), false) {}
+
+  // INTERNAL for an index out of range or repeated, or a wrong size.
+  absl::Status Add(const v1::Chunk& chunk) {
+    const uint32_t i = chunk.index();
+    if (i >= got_.size() || got_[i]) {
+      return absl::InternalError(
+          absl::StrCat(what_, " stream out of order at chunk ", i));
+    }
+    absl::Status s =
+        DecodeValues(chunk.data(), wire_,
+                     staging_.subspan(geometry_.Offset(i), geometry_.Size(i)));
+    if (!s.ok())
+      return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
+    got_[i] = true;
+    ++received_;
+    bytes_ += chunk.data().size();
+    return absl::OkStatus();
+  }
+
+  // UNAVAILABLE (retryable) unless every chunk arrived.
+  absl::Status CheckComplete() const {
+    if (received_ == got_.size()) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat(
+        what_, " ended after ", received_, " of ", got_.size(), " chunks"));
+  }
+
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  const std::string what_;
+  const ChunkGeometry& geometry_;
+  const DType wire_;
+  const absl::Span<float> staging_;
+  std::vector<bool> got_;
+  uint32_t received_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// Ends a client stream: on a local `error` cancels the call and returns the
+// error; otherwise returns the call's status.
+template <typename Stream>
+absl::Status FinishStream(grpc::ClientContext& context, Stream& stream,
+                          const absl::Status& error) {
+  if (!error.ok()) {
+    context.TryCancel();
+    stream.Finish();
+    return error;
+  }
+  return FromGrpc(stream.Finish());
+}
+
 std::string DefaultMemberName() {
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
@@ -310,8 +372,7 @@ absl::StatusOr<RoundId> Client::FetchState(absl::Span<float> params) {
     SetDeadline(&context, options_.sync_timeout);
     auto reader = impl_->stub()->FetchState(&context, request);
     v1::FetchStateResponse response;
-    std::vector<bool> got(geometry.num_chunks(), false);
-    uint32_t received = 0;
+    ChunkReceiver chunks("FetchState", geometry, wire, absl::MakeSpan(staging));
     bool header = false;
     absl::Status error;
     while (error.ok() && reader->Read(&response)) {
@@ -322,34 +383,17 @@ absl::StatusOr<RoundId> Client::FetchState(absl::Span<float> params) {
           error = absl::InternalError(
               "FetchState header has the wrong chunk count");
         }
-        continue;
+      } else if (!header) {
+        error =
+            absl::InternalError("FetchState sent a chunk before its header");
+      } else {
+        error = chunks.Add(response.chunk());
       }
-      const v1::Chunk& chunk = response.chunk();
-      if (!header || chunk.index() >= got.size() || got[chunk.index()]) {
-        error = absl::InternalError(absl::StrCat(
-            "FetchState stream out of order at chunk ", chunk.index()));
-        break;
-      }
-      error = DecodeValues(
-          chunk.data(), wire,
-          absl::MakeSpan(staging).subspan(geometry.Offset(chunk.index()),
-                                          geometry.Size(chunk.index())));
-      got[chunk.index()] = true;
-      ++received;
     }
-    if (!error.ok()) {
-      context.TryCancel();
-      reader->Finish();
-      return error;
+    if (absl::Status s = FinishStream(context, *reader, error); !s.ok()) {
+      return s;
     }
-    absl::Status finish = FromGrpc(reader->Finish());
-    if (!finish.ok()) return finish;
-    if (received != geometry.num_chunks()) {
-      return absl::UnavailableError(
-          absl::StrCat("FetchState ended after ", received, " of ",
-                       geometry.num_chunks(), " chunks"));
-    }
-    return absl::OkStatus();
+    return chunks.CheckComplete();
   });
   if (!status.ok()) return status;
   std::copy(staging.begin(), staging.end(), params.begin());
@@ -444,8 +488,8 @@ absl::StatusOr<SyncOutcome> Client::SyncRound(RoundId round,
         if (writing) stream->WritesDone();
 
         v1::SyncResponse response;
-        std::vector<bool> got(geometry.num_chunks(), false);
-        uint32_t received = 0;
+        ChunkReceiver chunks("Sync result", geometry, wire,
+                             absl::MakeSpan(staging));
         bool have_header = false;
         absl::Status error;
         while (error.ok() && stream->Read(&response)) {
@@ -457,36 +501,17 @@ absl::StatusOr<SyncOutcome> Client::SyncRound(RoundId round,
             outcome.late = r.late();
             outcome.contributors = r.contributors();
             outcome.contributor_weight = r.contributor_weight();
-            continue;
+          } else if (!have_header) {
+            error = absl::InternalError("Sync sent a chunk before its result");
+          } else {
+            error = chunks.Add(response.chunk());
           }
-          const v1::Chunk& chunk = response.chunk();
-          if (!have_header || chunk.index() >= got.size() ||
-              got[chunk.index()]) {
-            error = absl::InternalError(absl::StrCat(
-                "Sync result stream out of order at chunk ", chunk.index()));
-            break;
-          }
-          error = DecodeValues(
-              chunk.data(), wire,
-              absl::MakeSpan(staging).subspan(geometry.Offset(chunk.index()),
-                                              geometry.Size(chunk.index())));
-          outcome.bytes_received += chunk.data().size();
-          got[chunk.index()] = true;
-          ++received;
         }
-        if (!error.ok()) {
-          context.TryCancel();
-          stream->Finish();
-          return error;
+        outcome.bytes_received = chunks.bytes();
+        if (absl::Status s = FinishStream(context, *stream, error); !s.ok()) {
+          return s;
         }
-        absl::Status finish = FromGrpc(stream->Finish());
-        if (!finish.ok()) return finish;
-        if (received != geometry.num_chunks()) {
-          return absl::UnavailableError(
-              absl::StrCat("Sync result ended after ", received, " of ",
-                           geometry.num_chunks(), " chunks"));
-        }
-        return absl::OkStatus();
+        return chunks.CheckComplete();
       });
   if (!status.ok()) return status;
   std::copy(staging.begin(), staging.end(), params.begin());

@@ -299,6 +299,17 @@ class BadInputTest : public ::testing::Test {
     return response.member_id();
   }
 
+  // Ends a raw member's membership, so that rounds need not wait for its
+  // lease.
+  void RawLeave(const std::string& member) {
+    v1::LeaveRequest request;
+    request.set_job_id("job");
+    request.set_member_id(member);
+    v1::LeaveResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->Leave(&context, request, &response).ok());
+  }
+
   static void FillLayout(const Layout& layout, v1::Layout* proto) {
     proto->set_fingerprint(layout.fingerprint);
     for (const TensorSpec& t : layout.tensors) {
@@ -403,12 +414,7 @@ TEST_F(BadInputTest, Sync_WrongChunkSize_ReturnsInvalidArgument) {
       << status.error_message();
   // The bad member is still a participant; it leaves so the round need not
   // wait for its lease.
-  v1::LeaveRequest leave;
-  leave.set_job_id("job");
-  leave.set_member_id(member);
-  v1::LeaveResponse left;
-  grpc::ClientContext context;
-  ASSERT_TRUE(stub_->Leave(&context, leave, &left).ok());
+  RawLeave(member);
   ExpectHonestRoundExact();
 }
 
@@ -418,12 +424,7 @@ TEST_F(BadInputTest, Sync_ChunkOutOfRange_ReturnsInvalidArgument) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("out of range"), std::string::npos)
       << status.error_message();
-  v1::LeaveRequest leave;
-  leave.set_job_id("job");
-  leave.set_member_id(member);
-  v1::LeaveResponse left;
-  grpc::ClientContext context;
-  ASSERT_TRUE(stub_->Leave(&context, leave, &left).ok());
+  RawLeave(member);
   ExpectHonestRoundExact();
 }
 
@@ -437,12 +438,7 @@ TEST_F(BadInputTest,
   grpc::Status status = RawSync("job", member, 1, {{0, data}});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("non-finite"), std::string::npos);
-  v1::LeaveRequest leave;
-  leave.set_job_id("job");
-  leave.set_member_id(member);
-  v1::LeaveResponse left;
-  grpc::ClientContext context;
-  ASSERT_TRUE(stub_->Leave(&context, leave, &left).ok());
+  RawLeave(member);
   ExpectHonestRoundExact();
 }
 
@@ -471,12 +467,7 @@ TEST_F(BadInputTest, Sync_RoundFarInFuture_ReturnsFailedPrecondition) {
   grpc::Status status = RawSync("job", member, 1000, {{0, Floats(32, 1)}});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(status.error_message().find("1000"), std::string::npos);
-  v1::LeaveRequest leave;
-  leave.set_job_id("job");
-  leave.set_member_id(member);
-  v1::LeaveResponse left;
-  grpc::ClientContext context;
-  ASSERT_TRUE(stub_->Leave(&context, leave, &left).ok());
+  RawLeave(member);
   ExpectHonestRoundExact();
 }
 
@@ -493,12 +484,7 @@ TEST_F(BadInputTest, Sync_OversizedMessage_ReturnsResourceExhausted) {
       RawSync("job", member, 1, {{0, std::string(20 << 20, '\0')}});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << status.error_message();
-  v1::LeaveRequest leave;
-  leave.set_job_id("job");
-  leave.set_member_id(member);
-  v1::LeaveResponse left;
-  grpc::ClientContext context;
-  ASSERT_TRUE(stub_->Leave(&context, leave, &left).ok());
+  RawLeave(member);
   ExpectHonestRoundExact();
 }
 
