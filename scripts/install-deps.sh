@@ -7,11 +7,16 @@ set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgoogle-glog-dev libgflags-dev
+  libabsl-dev libgoogle-glog-dev libgflags-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev libgloo-dev
   zlib1g-dev dataset-fashion-mnist
   iproute2 procps python3
+  # tests/deploy: a grpc.health.v1 client that is not ours, YAML for the
+  # manifests. The manifest tests also need kubectl >= 1.27 (Debian 12's is
+  # 1.20) and Node.js with npm (Debian's npm conflicts with NodeSource's
+  # nodejs); they are not installed here, and those tests skip without them.
+  python3-grpcio python3-protobuf python3-yaml
 )
 if [[ "${LOCALSGD_WITH_PEER:-0}" == 1 ]]; then PKGS+=(python3-torch); fi
 

@@ -1,19 +1,30 @@
 // localsgd-coordinator: the daemon that averages Local SGD workers' parameters.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
 #include "server/server.h"
+
+extern char** environ;
+
+// Every flag below can also come from the environment: --foo_bar from
+// LOCALSGD_FOO_BAR (see ApplyEnvironment). Keep flags here, in this file.
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
           "Address to serve gRPC on, host:port. Port 0 picks a free port "
@@ -21,6 +32,12 @@ ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
 ABSL_FLAG(std::string, port_file, "",
           "If set, write the bound port to this file once serving (for "
           "scripts and tests that listen on port 0).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Address to serve Prometheus metrics on (GET /metrics), host:port, "
+          "e.g. 0.0.0.0:9090 (the container image sets that). Port 0 picks a "
+          "free port (see --metrics_port_file). Empty: no metrics endpoint.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "If set, write the bound metrics port to this file once serving.");
 ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(30),
           "A member that makes no call (heartbeats included) for this long is "
           "dropped; an open round stops waiting for it.");
@@ -50,13 +67,83 @@ ABSL_FLAG(std::string, state_dir, "",
           "checkpoints; a restarted coordinator then re-seeds jobs from the "
           "workers' next Sync.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
-          "On SIGTERM/SIGINT, how long in-flight calls get to finish.");
+          "The drain on SIGTERM/SIGINT: health goes NOT_SERVING at once and "
+          "no new round opens; rounds already open get this long to close, "
+          "then their members are told UNAVAILABLE (they retry), the "
+          "checkpoints are written and the process exits 0. Results still "
+          "being sent get at least 2 s more. Set Kubernetes' "
+          "terminationGracePeriodSeconds above it.");
 
 namespace {
+
+constexpr char kProgram[] = "localsgd-coordinator";
+constexpr char kEnvPrefix[] = "LOCALSGD_";
+
+bool IsOwnFlag(const absl::CommandLineFlag& flag) {
+  return absl::EndsWith(flag.Filename(), "server/main.cc");
+}
+
+// LOCALSGD_ + the flag name in upper case: --state_dir is LOCALSGD_STATE_DIR.
+std::string EnvName(absl::string_view flag_name) {
+  return absl::StrCat(kEnvPrefix, absl::AsciiStrToUpper(flag_name));
+}
+
+// Sets every flag of this file whose environment variable is set, before the
+// command line is parsed (so the command line wins). INVALID_ARGUMENT naming
+// the variable if a value does not parse. Warns of LOCALSGD_ variables that
+// name no flag (a typo would otherwise go unnoticed).
+absl::Status ApplyEnvironment() {
+  absl::flat_hash_set<std::string> known;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (!IsOwnFlag(*flag)) continue;
+    const std::string env = EnvName(name);
+    known.insert(env);
+    const char* value = std::getenv(env.c_str());
+    if (value == nullptr) continue;
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable ", env, "='", value,
+                       "' is not a valid --", name, ": ", error));
+    }
+  }
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    if (!absl::StartsWith(entry, kEnvPrefix)) continue;
+    const absl::string_view name = entry.substr(0, entry.find('='));
+    if (!known.contains(name)) {
+      std::fprintf(stderr,
+                   "%s: warning: environment variable %.*s names no flag; "
+                   "ignored\n",
+                   kProgram, static_cast<int>(name.size()), name.data());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Writes `port` to `path` atomically (write, then rename), so that a reader
+// never sees a partial file.
+bool WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    if (!out) {
+      LOG(ERROR) << "cannot write " << tmp;
+      return false;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    LOG(ERROR) << "cannot rename " << tmp << " to " << path;
+    return false;
+  }
+  return true;
+}
 
 absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   localsgd::ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen_address = absl::GetFlag(FLAGS_metrics_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   localsgd::CoordinatorOptions& c = options.coordinator;
   c.policy.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
@@ -88,13 +175,22 @@ int main(int argc, char** argv) {
       "localsgd-coordinator: averages the parameters of Local SGD workers.\n"
       "Workers join a job, train K local steps, and Sync; the coordinator "
       "returns the weighted mean of the round's contributions.\n"
-      "usage: localsgd-coordinator [--listen=HOST:PORT] [flags]");
+      "usage: localsgd-coordinator [--listen=HOST:PORT] [flags]\n"
+      "Every flag can also be set by an environment variable: LOCALSGD_ and "
+      "the flag name in upper case (--state_dir: LOCALSGD_STATE_DIR, "
+      "--lease_ttl: LOCALSGD_LEASE_TTL). The command line wins over the "
+      "environment.");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "server/main.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
+  if (absl::Status s = ApplyEnvironment(); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram,
+                 std::string(s.message()).c_str());
+    return 2;
+  }
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
@@ -109,39 +205,32 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<localsgd::ServerOptions> options = OptionsFromFlags();
   if (!options.ok()) {
-    std::fprintf(stderr, "localsgd-coordinator: %s\n",
+    std::fprintf(stderr, "%s: %s\n", kProgram,
                  options.status().ToString().c_str());
     return 2;
   }
   absl::StatusOr<std::unique_ptr<localsgd::CoordinatorServer>> server =
       localsgd::CoordinatorServer::Start(*options);
   if (!server.ok()) {
-    std::fprintf(stderr, "localsgd-coordinator: %s\n",
+    std::fprintf(stderr, "%s: %s\n", kProgram,
                  server.status().ToString().c_str());
     return 1;
   }
+  // The metrics port first: a script that sees --port_file may scrape.
+  const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  if (!metrics_port_file.empty() &&
+      !WritePortFile(metrics_port_file, (*server)->metrics_port())) {
+    return 1;
+  }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    // Write then rename, so a reader never sees a partial file.
-    const std::string tmp = port_file + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << (*server)->port() << "\n";
-      if (!out) {
-        LOG(ERROR) << "cannot write --port_file " << tmp;
-        return 1;
-      }
-    }
-    if (std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      LOG(ERROR) << "cannot rename " << tmp << " to " << port_file;
-      return 1;
-    }
+  if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
+    return 1;
   }
 
   int sig = 0;
   sigwait(&signals, &sig);
   LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
             << "; draining";
-  (*server)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
+  (*server)->Drain(absl::GetFlag(FLAGS_shutdown_grace));
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       static_cast<uint32_t>((options.max_message_bytes - 1024) / 4));
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  server->metrics_ = std::make_unique<Metrics>();
+  options.coordinator.observer = server->metrics_.get();
   if (!options.state_dir.empty()) {
     absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
         CheckpointStore::Open(options.state_dir);
@@ -46,8 +49,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       Coordinator::Create(options.coordinator);
   if (!coordinator.ok()) return coordinator.status();
   server->coordinator_ = *std::move(coordinator);
-  server->service_ =
-      std::make_unique<CoordinatorService>(server->coordinator_.get());
+  server->service_ = std::make_unique<CoordinatorService>(
+      server->coordinator_.get(), server->metrics_.get());
+  if (!options.metrics_listen_address.empty()) {
+    if (absl::Status s = server->metrics_->Serve(options.metrics_listen_address,
+                                                 server->coordinator_.get());
+        !s.ok()) {
+      return s;
+    }
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -63,7 +73,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         absl::StrCat("cannot listen on ", options.listen_address,
                      " (address in use, or not an address of this host?)"));
   }
-  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  // The checkpoints are restored (Coordinator::Create) before the port is
+  // even bound, so SERVING here means ready.
+  grpc::HealthCheckServiceInterface* health =
+      server->server_->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus(v1::Coordinator::service_full_name(), true);
+  health->SetServingStatus(kLivenessService, true);
   server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
   LOG(INFO) << "coordinator listening on " << options.listen_address
             << " (port " << server->port_
@@ -85,20 +101,74 @@ void CoordinatorServer::TickLoop() {
   }
 }
 
+bool CoordinatorServer::BeginShutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return false;
+  shut_down_ = true;
+  return true;
+}
+
+bool CoordinatorServer::Drain(absl::Duration grace) {
+  if (!BeginShutdown()) return true;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + grace;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus("", false);
+  health->SetServingStatus(v1::Coordinator::service_full_name(), false);
+  LOG(INFO) << "draining: NOT_SERVING; no new rounds; open rounds have "
+            << absl::FormatDuration(grace) << " to close";
+  // The tick thread keeps running: leases and deadlines close rounds too.
+  const bool closed = coordinator_->Drain(deadline);
+  if (closed) {
+    LOG(INFO) << "draining: no round open after "
+              << absl::FormatDuration(absl::Now() - start);
+  } else {
+    LOG(WARNING) << "draining: rounds still open after "
+                 << absl::FormatDuration(grace)
+                 << "; their members are told UNAVAILABLE and retry";
+  }
+  FinishShutdown(std::max(deadline, absl::Now() + kMinFinishTime));
+  return closed;
+}
+
 void CoordinatorServer::Shutdown(absl::Duration grace) {
+  if (!BeginShutdown()) return;
+  FinishShutdown(absl::Now() + grace);
+}
+
+void CoordinatorServer::FinishShutdown(absl::Time calls_deadline) {
+  // Start may have failed half-way: every part is optional here.
+  if (server_ != nullptr) {
+    LOG(INFO) << "coordinator shutting down";
+    server_->GetHealthCheckService()->SetServingStatus(false);
+  }
+  // Fails what still waits, then writes the checkpoints still queued.
+  if (coordinator_ != nullptr) coordinator_->Stop();
+  if (server_ != nullptr) {
+    // The streams left send results of rounds that closed; let them finish
+    // (until the deadline). Then stop soon, not at the deadline:
+    // grpc::Server::Shutdown waits for client connections to close, and an
+    // idle client only notices at its next call (a heartbeat, lease/3 away).
+    // Not at once either: calls that arrive now fail fast with UNAVAILABLE
+    // (the core is stopped), which clients retry; cancelled by a forced
+    // shutdown, they would see CANCELLED, which they do not retry.
+    if (!service_->AwaitNoStreams(calls_deadline)) {
+      LOG(WARNING) << "streams still sending results at the deadline are "
+                      "cancelled";
+    }
+    const absl::Time now = absl::Now();
+    server_->Shutdown(absl::ToChronoTime(now + std::clamp(calls_deadline - now,
+                                                          absl::ZeroDuration(),
+                                                          kSettleTime)));
+    server_->Wait();
+  }
   {
     absl::MutexLock lock(&mu_);
-    if (shut_down_) return;
-    shut_down_ = true;
     stopping_ = true;
   }
-  LOG(INFO) << "coordinator shutting down";
-  server_->GetHealthCheckService()->SetServingStatus(false);
-  coordinator_->Stop();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
-  server_->Wait();
   if (ticker_.joinable()) ticker_.join();
-  LOG(INFO) << "coordinator stopped";
+  if (metrics_ != nullptr) metrics_->StopServing();
+  if (server_ != nullptr) LOG(INFO) << "coordinator stopped";
 }
 
 }  // namespace localsgd

@@ -1,6 +1,13 @@
 // A running coordinator: the core, its gRPC server (coordinator service,
-// grpc.health.v1, reflection) and the thread that drives leases and
-// deadlines. Used by main() and by in-process tests.
+// grpc.health.v1, reflection), its Prometheus metrics endpoint and the thread
+// that drives leases and deadlines. Used by main() and by in-process tests.
+//
+// Health (grpc.health.v1), as Kubernetes probes read it:
+//   ""  and "localsgd.v1.Coordinator"  readiness: SERVING from Start (which
+//       returns only after the checkpoints are restored) until Drain or
+//       Shutdown begins, NOT_SERVING from then on.
+//   "liveness"  SERVING until the gRPC server stops, draining included, so
+//       that a liveness probe does not kill a coordinator while it drains.
 #ifndef LOCALSGD_SERVER_SERVER_H_
 #define LOCALSGD_SERVER_SERVER_H_
 
@@ -13,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
+#include "server/metrics.h"
 #include "server/service.h"
 #include "src/coordinator.h"
 
@@ -30,14 +38,22 @@ struct ServerOptions {
   std::string state_dir;
   // How often leases and round deadlines are checked.
   absl::Duration tick_interval = absl::Milliseconds(100);
+  // host:port to serve Prometheus metrics on (GET /metrics); port 0 picks a
+  // free port (see CoordinatorServer::metrics_port()). Empty: no endpoint
+  // (the counters are kept all the same).
+  std::string metrics_listen_address;
 
   absl::Status Validate() const;
 };
 
+// The health service name that stays SERVING while the coordinator drains.
+inline constexpr char kLivenessService[] = "liveness";
+
 class CoordinatorServer {
  public:
-  // Builds the core, binds and starts serving. UNAVAILABLE if the address
-  // cannot be bound; INVALID_ARGUMENT for bad options.
+  // Builds the core (restoring checkpoints), binds and starts serving.
+  // UNAVAILABLE if an address cannot be bound; INVALID_ARGUMENT for bad
+  // options.
   static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       ServerOptions options);
   // Shutdown(absl::ZeroDuration()) if not done yet.
@@ -45,18 +61,48 @@ class CoordinatorServer {
 
   // The bound port.
   int port() const { return port_; }
+  // The bound metrics port; 0 without a metrics endpoint.
+  int metrics_port() const { return metrics_->port(); }
   Coordinator* coordinator() { return coordinator_.get(); }
+  Metrics* metrics() { return metrics_.get(); }
 
-  // Health NOT_SERVING, pending Syncs fail with UNAVAILABLE, the gRPC server
-  // stops (in-flight calls get until `grace`), the tick thread is joined.
-  // Idempotent; blocks until done.
+  // A graceful shutdown (SIGTERM). Readiness goes NOT_SERVING at once
+  // (liveness stays SERVING); no round opens any more (a Sync that would
+  // open one, and a Join, get UNAVAILABLE, which clients retry); rounds that
+  // are open get until `grace` to close by the usual rules while leases and
+  // deadlines keep ticking. Then Shutdown: what still waits fails with
+  // UNAVAILABLE, queued checkpoints are written, streams still sending
+  // results get until the grace deadline but at least kMinFinishTime, and
+  // everything stops. Returns whether every open round
+  // closed in time. Blocks until done; idempotent with Shutdown (only the
+  // first of them acts).
+  bool Drain(absl::Duration grace);
+
+  // Health NOT_SERVING, pending Syncs fail with UNAVAILABLE, queued
+  // checkpoints are written, streams still sending results get until
+  // `grace`, then the gRPC server stops (cancelling what is left), the tick
+  // thread is joined, the metrics endpoint stops. Idempotent; blocks until
+  // done.
   void Shutdown(absl::Duration grace);
+
+  // The least time Drain leaves in-flight calls to finish after the rounds'
+  // deadline, so that results of rounds that closed at the last moment
+  // still reach their members.
+  static constexpr absl::Duration kMinFinishTime = absl::Seconds(2);
+  // Once no stream is left, how long calls that are arriving get to fail
+  // with UNAVAILABLE before the server stops (within the deadline).
+  static constexpr absl::Duration kSettleTime = absl::Milliseconds(500);
 
  private:
   CoordinatorServer() = default;
   void TickLoop();
+  // Whether this call is the first to shut down; then marks it.
+  bool BeginShutdown();
+  void FinishShutdown(absl::Time calls_deadline);
 
   ServerOptions options_;
+  // Declared before coordinator_, so destroyed after it: jobs call it.
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<CheckpointStore> store_;  // outlives coordinator_
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorService> service_;

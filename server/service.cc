@@ -27,6 +27,33 @@ absl::Status Resolve(Coordinator* coordinator, const std::string& job_id,
   return absl::OkStatus();
 }
 
+// Counts a call that ended with a non-OK status.
+void CountRejected(Metrics* metrics, absl::string_view method,
+                   const grpc::Status& status) {
+  if (metrics != nullptr && !status.ok()) {
+    metrics->RequestRejected(
+        method, static_cast<absl::StatusCode>(status.error_code()));
+  }
+}
+
+// Payload counters of a job, or none.
+struct ByteCounters {
+  prometheus::Counter* received = nullptr;
+  prometheus::Counter* sent = nullptr;
+  void Received(size_t n) const {
+    if (received != nullptr) received->Increment(static_cast<double>(n));
+  }
+  void Sent(size_t n) const {
+    if (sent != nullptr) sent->Increment(static_cast<double>(n));
+  }
+};
+
+ByteCounters CountersFor(Metrics* metrics, const Job& job) {
+  if (metrics == nullptr) return {};
+  const Metrics::JobCounters c = metrics->ForJob(job.id());
+  return {c.bytes_received, c.bytes_sent};
+}
+
 // Fills `chunk` with chunk `index` of `state`, encoded in the wire dtype.
 // Reuses the message's string capacity.
 void EncodeStateChunk(const StateSnapshot& state, const ChunkGeometry& geometry,
@@ -52,7 +79,10 @@ void EncodeStateChunk(const StateSnapshot& state, const ChunkGeometry& geometry,
 class SyncReactor final
     : public grpc::ServerBidiReactor<v1::SyncRequest, v1::SyncResponse> {
  public:
-  explicit SyncReactor(Coordinator* coordinator) : coordinator_(coordinator) {
+  SyncReactor(CoordinatorService* service, Coordinator* coordinator,
+              Metrics* metrics)
+      : service_(service), coordinator_(coordinator), metrics_(metrics) {
+    service_->StreamStarted();
     StartRead(&request_);
   }
 
@@ -87,13 +117,16 @@ class SyncReactor final
       }
       finish = AdvanceLocked();
     }
-    if (finish) Finish(*finish);
+    if (finish) Done(*finish);
   }
 
   void OnWriteDone(bool ok) override {
     std::optional<grpc::Status> finish;
     {
       absl::MutexLock lock(&mu_);
+      if (ok && response_.has_chunk()) {
+        counters_.Sent(response_.chunk().data().size());
+      }
       if (!ok) {
         finish = FinishLocked(
             grpc::Status(grpc::StatusCode::CANCELLED,
@@ -102,7 +135,7 @@ class SyncReactor final
         finish = WriteNextLocked();
       }
     }
-    if (finish) Finish(*finish);
+    if (finish) Done(*finish);
   }
 
   void OnCancel() override {
@@ -113,12 +146,21 @@ class SyncReactor final
       FailLocked(absl::CancelledError("Sync cancelled by the client"));
       finish = AdvanceLocked();
     }
-    if (finish) Finish(*finish);
+    if (finish) Done(*finish);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->StreamDone();
+    delete this;
+  }
 
  private:
+  // Finishes the call; the last use of `this` (see the class comment).
+  void Done(const grpc::Status& status) {
+    CountRejected(metrics_, "Sync", status);
+    Finish(status);
+  }
+
   absl::Status OnHeader(const v1::SyncHeader& header) {
     {
       absl::MutexLock lock(&mu_);
@@ -135,10 +177,12 @@ class SyncReactor final
         !s.ok()) {
       return s;
     }
+    const ByteCounters counters = CountersFor(metrics_, *job);
     {
       absl::MutexLock lock(&mu_);
       callback_pending_ = true;
       job_ = job;
+      counters_ = counters;
     }
     // The callback may run before BeginSync returns (a late member's result
     // is ready at once), so mu_ is not held across the call.
@@ -151,7 +195,7 @@ class SyncReactor final
             result_ = std::move(result);
             finish = AdvanceLocked();
           }
-          if (finish) Finish(*finish);
+          if (finish) Done(*finish);
         });
     absl::MutexLock lock(&mu_);
     if (!session.ok()) {
@@ -167,6 +211,7 @@ class SyncReactor final
     {
       absl::MutexLock lock(&mu_);
       session = session_.get();
+      if (session != nullptr) counters_.Received(chunk.data().size());
     }
     if (session == nullptr) {
       return absl::InvalidArgumentError(
@@ -229,11 +274,14 @@ class SyncReactor final
     return status;
   }
 
+  CoordinatorService* const service_;
   Coordinator* const coordinator_;
+  Metrics* const metrics_;   // may be null
   v1::SyncRequest request_;  // read path only
 
   absl::Mutex mu_;
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+  ByteCounters counters_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<SyncSession> session_ ABSL_GUARDED_BY(mu_);
   bool header_seen_ ABSL_GUARDED_BY(mu_) = false;
   bool callback_pending_ ABSL_GUARDED_BY(mu_) = false;
@@ -251,12 +299,15 @@ class SyncReactor final
 class FetchStateReactor final
     : public grpc::ServerWriteReactor<v1::FetchStateResponse> {
  public:
-  FetchStateReactor(Coordinator* coordinator,
-                    const v1::FetchStateRequest& request) {
+  FetchStateReactor(CoordinatorService* service, Coordinator* coordinator,
+                    Metrics* metrics, const v1::FetchStateRequest& request)
+      : service_(service), metrics_(metrics) {
+    service_->StreamStarted();
     MemberId member;
     absl::Status s = Resolve(coordinator, request.job_id(), request.member_id(),
                              &job_, &member);
     if (s.ok()) {
+      counters_ = CountersFor(metrics_, *job_);
       absl::StatusOr<std::shared_ptr<const StateSnapshot>> state =
           job_->GetState(member);
       if (state.ok()) {
@@ -266,7 +317,7 @@ class FetchStateReactor final
       }
     }
     if (!s.ok()) {
-      Finish(ToGrpcStatus(s));
+      Done(ToGrpcStatus(s));
       return;
     }
     v1::StateHeader* header = response_.mutable_header();
@@ -277,13 +328,14 @@ class FetchStateReactor final
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                          "client went away while fetching state"));
+      Done(grpc::Status(grpc::StatusCode::CANCELLED,
+                        "client went away while fetching state"));
       return;
     }
+    if (response_.has_chunk()) counters_.Sent(response_.chunk().data().size());
     const ChunkGeometry& geometry = job_->geometry();
     if (next_chunk_ >= geometry.num_chunks()) {
-      Finish(grpc::Status::OK);
+      Done(grpc::Status::OK);
       return;
     }
     EncodeStateChunk(*state_, geometry, job_->settings().wire_dtype,
@@ -291,9 +343,20 @@ class FetchStateReactor final
     StartWrite(&response_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->StreamDone();
+    delete this;
+  }
 
  private:
+  void Done(const grpc::Status& status) {
+    CountRejected(metrics_, "FetchState", status);
+    Finish(status);
+  }
+
+  CoordinatorService* const service_;
+  Metrics* const metrics_;  // may be null
+  ByteCounters counters_;
   std::shared_ptr<Job> job_;
   std::shared_ptr<const StateSnapshot> state_;
   v1::FetchStateResponse response_;
@@ -301,9 +364,13 @@ class FetchStateReactor final
 };
 
 grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                      Metrics* metrics,
+                                      absl::string_view method,
                                       const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
+  const grpc::Status grpc_status = ToGrpcStatus(status);
+  CountRejected(metrics, method, grpc_status);
+  reactor->Finish(grpc_status);
   return reactor;
 }
 
@@ -347,7 +414,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(
                  << request->job_id() << "' from " << context->peer()
                  << " refused: " << status;
   }
-  return FinishUnary(context, status);
+  return FinishUnary(context, metrics_, "Join", status);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Leave(
@@ -358,7 +425,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(
   absl::Status status = Resolve(coordinator_, request->job_id(),
                                 request->member_id(), &job, &member);
   if (status.ok()) status = job->Leave(member);
-  return FinishUnary(context, status);
+  return FinishUnary(context, metrics_, "Leave", status);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
@@ -376,18 +443,36 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
       status = round.status();
     }
   }
-  return FinishUnary(context, status);
+  return FinishUnary(context, metrics_, "Heartbeat", status);
 }
 
 grpc::ServerBidiReactor<v1::SyncRequest, v1::SyncResponse>*
 CoordinatorService::Sync(grpc::CallbackServerContext* context) {
-  return new SyncReactor(coordinator_);
+  return new SyncReactor(this, coordinator_, metrics_);
 }
 
 grpc::ServerWriteReactor<v1::FetchStateResponse>*
 CoordinatorService::FetchState(grpc::CallbackServerContext* context,
                                const v1::FetchStateRequest* request) {
-  return new FetchStateReactor(coordinator_, *request);
+  return new FetchStateReactor(this, coordinator_, metrics_, *request);
+}
+
+void CoordinatorService::StreamStarted() {
+  absl::MutexLock lock(&mu_);
+  ++streams_;
+}
+
+void CoordinatorService::StreamDone() {
+  absl::MutexLock lock(&mu_);
+  --streams_;
+}
+
+bool CoordinatorService::AwaitNoStreams(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithDeadline(
+      absl::Condition(
+          +[](int* streams) { return *streams == 0; }, &streams_),
+      deadline);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(
@@ -400,14 +485,16 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(
   if (!request->job_id().empty()) {
     absl::StatusOr<std::shared_ptr<Job>> job =
         coordinator_->FindJob(request->job_id());
-    if (!job.ok()) return FinishUnary(context, job.status());
+    if (!job.ok()) {
+      return FinishUnary(context, metrics_, "GetJobStatus", job.status());
+    }
     JobStatusToProto((*job)->Status(max_rounds), now, response->add_jobs());
   } else {
     for (const auto& job : coordinator_->Jobs()) {
       JobStatusToProto(job->Status(max_rounds), now, response->add_jobs());
     }
   }
-  return FinishUnary(context, absl::OkStatus());
+  return FinishUnary(context, metrics_, "GetJobStatus", absl::OkStatus());
 }
 
 }  // namespace localsgd

@@ -8,16 +8,23 @@
 
 #include <memory>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
+#include "server/metrics.h"
 #include "src/coordinator.h"
 
 namespace localsgd {
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  // `coordinator` must outlive the service.
-  explicit CoordinatorService(Coordinator* coordinator)
-      : coordinator_(coordinator) {}
+  // `coordinator` and `metrics` (may be null) must outlive the service.
+  // `metrics` counts payload bytes per job and calls that end with a non-OK
+  // status.
+  explicit CoordinatorService(Coordinator* coordinator,
+                              Metrics* metrics = nullptr)
+      : coordinator_(coordinator), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -38,8 +45,23 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
       const v1::GetJobStatusRequest* request,
       v1::GetJobStatusResponse* response) override;
 
+  // Blocks until no Sync or FetchState stream is in progress, or until
+  // `deadline`; returns whether none is. For shutdown: once the core is
+  // stopped, the streams left are results being sent, and the server can be
+  // stopped at once after them (grpc::Server::Shutdown would otherwise wait
+  // for idle client connections until its deadline).
+  bool AwaitNoStreams(absl::Time deadline);
+
+  // Called by the stream reactors.
+  void StreamStarted();
+  void StreamDone();
+
  private:
   Coordinator* const coordinator_;
+  Metrics* const metrics_;
+
+  absl::Mutex mu_;
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace localsgd

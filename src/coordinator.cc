@@ -112,9 +112,9 @@ absl::Status Coordinator::Restore() {
                  << options_.checkpoint_store->dir() << ": " << s;
       continue;
     }
-    auto job =
-        std::make_shared<Job>(c.job_id, c.layout, *n, c.settings,
-                              options_.policy, clock_, checkpointer_.get());
+    auto job = std::make_shared<Job>(c.job_id, c.layout, *n, c.settings,
+                                     options_.policy, clock_,
+                                     checkpointer_.get(), options_.observer);
     job->RestoreState(c.round, std::move(c.values));
     LOG(INFO) << "restored job " << c.job_id << " at round " << c.round << " ("
               << *n << " elements) from " << options_.checkpoint_store->dir();
@@ -193,6 +193,11 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
           "coordinator is shutting down; retry later or against another "
           "replica");
     }
+    if (draining_) {
+      return absl::UnavailableError(
+          "coordinator is draining (shutting down) and takes no new members; "
+          "retry, it or its replacement will take it");
+    }
     auto it = jobs_.find(job_id);
     if (it != jobs_.end()) {
       job = it->second;
@@ -213,9 +218,9 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
       if (want.rendezvous_members != 0) {
         settings.rendezvous_members = want.rendezvous_members;
       }
-      job =
-          std::make_shared<Job>(job_id, params.layout, *num_elements, settings,
-                                options_.policy, clock_, checkpointer_.get());
+      job = std::make_shared<Job>(job_id, params.layout, *num_elements,
+                                  settings, options_.policy, clock_,
+                                  checkpointer_.get(), options_.observer);
       jobs_.emplace(job_id, job);
       LOG(INFO) << "job " << job_id
                 << " created: " << params.layout.tensors.size() << " tensors, "
@@ -254,6 +259,27 @@ std::vector<std::shared_ptr<Job>> Coordinator::Jobs() {
 
 void Coordinator::Tick() {
   for (const auto& job : Jobs()) job->Tick();
+}
+
+bool Coordinator::Drain(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    // Under mu_, so that no job is created after the loop below has run.
+    draining_ = true;
+  }
+  const std::vector<std::shared_ptr<Job>> jobs = Jobs();
+  for (const auto& job : jobs) job->BeginDrain();
+  bool idle = true;
+  // One deadline for all: the total wait is bounded by it, not by its
+  // multiple.
+  for (const auto& job : jobs) {
+    if (!job->AwaitIdle(deadline)) {
+      LOG(WARNING) << "job " << job->id()
+                   << ": a round is still open at the drain deadline";
+      idle = false;
+    }
+  }
+  return idle;
 }
 
 void Coordinator::Stop() {

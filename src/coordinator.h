@@ -19,6 +19,7 @@
 #include "src/checkpointer.h"
 #include "src/clock.h"
 #include "src/job.h"
+#include "src/observer.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -43,6 +44,9 @@ struct CoordinatorOptions {
   // Not owned. If set, Create restores the jobs checkpointed there, and every
   // new global state (seed, closed round) is written there in the background.
   CheckpointStore* checkpoint_store = nullptr;
+  // Not owned; must outlive the coordinator. If set, told of round closures,
+  // lease expiries and late contributions (e.g. for metrics).
+  CoordinatorObserver* observer = nullptr;
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;
@@ -65,7 +69,7 @@ class Coordinator {
   // fields: defaults) if it does not exist. INVALID_ARGUMENT: bad job id,
   // weight, incarnation, layout or settings. FAILED_PRECONDITION: differs
   // from the job. RESOURCE_EXHAUSTED: max_jobs, max members, model size.
-  // UNAVAILABLE: stopping.
+  // UNAVAILABLE: draining or stopping.
   absl::StatusOr<JoinResult> Join(const std::string& job_id,
                                   JoinRequestParams params);
 
@@ -78,6 +82,16 @@ class Coordinator {
 
   // Expires leases and closes rounds past their deadline in every job.
   void Tick();
+
+  // The first half of a graceful shutdown. Stops opening rounds in every
+  // job: a Sync that would open a round or start a seed, and a Join, fail
+  // with UNAVAILABLE (clients retry, later or against a restarted
+  // coordinator that restores the checkpoints). Rounds already open go on and
+  // close by the usual rules (contributions, leases, deadlines: keep calling
+  // Tick). Then blocks until no round is open in any job, or until
+  // `deadline` (real time, whatever options.clock says). Returns whether
+  // every round closed. Idempotent; Stop() afterwards fails what is left.
+  bool Drain(absl::Time deadline);
 
   // Fails pending Syncs with UNAVAILABLE, refuses new calls, and writes the
   // checkpoints still queued. Idempotent.
@@ -98,6 +112,7 @@ class Coordinator {
   std::unique_ptr<Checkpointer> checkpointer_;  // null without a store
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_
       ABSL_GUARDED_BY(mu_);
 };

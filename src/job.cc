@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "src/codec.h"
+#include "src/observer.h"
 
 namespace localsgd {
 namespace {
@@ -26,6 +27,12 @@ std::vector<std::string> Sorted(std::vector<std::string> v) {
 absl::Status Stopping() {
   return absl::UnavailableError(
       "coordinator is shutting down; retry later or against another replica");
+}
+
+absl::Status Draining(absl::string_view what) {
+  return absl::UnavailableError(
+      absl::StrCat("coordinator is draining (shutting down) and ", what,
+                   "; retry, it or its replacement will take it"));
 }
 
 }  // namespace
@@ -74,7 +81,8 @@ bool SyncSession::Cancel() {
 // Job
 
 Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
-         JobSettings settings, JobPolicy policy, Clock* clock, StateSink* sink)
+         JobSettings settings, JobPolicy policy, Clock* clock, StateSink* sink,
+         CoordinatorObserver* observer)
     : id_(std::move(job_id)),
       layout_(std::move(layout)),
       settings_(settings),
@@ -82,6 +90,7 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       geometry_(num_elements, settings.chunk_elements),
       clock_(clock),
       sink_(sink),
+      observer_(observer),
       rendezvous_done_(settings.rendezvous_members <= 1) {}
 
 Job::~Job() = default;
@@ -133,6 +142,7 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return Stopping();
+    if (draining_) return Draining("takes no new members");
     const std::string diff = FirstDifference(layout_, params.layout);
     if (!diff.empty()) {
       return absl::FailedPreconditionError(
@@ -279,6 +289,7 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
             new SyncSession(self, member, 0, SyncSession::Role::kAdopt, 0, n));
       } else {
         if (seed_ == nullptr) {
+          if (draining_) return Draining("starts no seed");
           seed_ = std::make_unique<Seed>();
           seed_->owner = member;
           seed_->values = TakeBufferLocked();
@@ -320,12 +331,18 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
           LOG(INFO) << "job " << id_ << ": " << info->name
                     << " is late for round " << round << "; adopts round "
                     << latest;
+          if (observer_ != nullptr) {
+            deferred.push_back([observer = observer_, id = id_, round] {
+              observer->LateContribution(id, round);
+            });
+          }
         }
         resolve_now(std::move(result));
         session.reset(new SyncSession(self, member, round,
                                       SyncSession::Role::kAdopt, 0, n));
       } else if (round == latest + 1) {
         if (open_ == nullptr) {
+          if (draining_) return Draining("opens no new round");
           open_ = std::make_unique<OpenRound>();
           open_->id = round;
           open_->opened = now;
@@ -569,6 +586,20 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                     : absl::StrCat("; dropped [",
                                    absl::StrJoin(record.dropped, ", "), "]"));
 
+  if (observer_ != nullptr) {
+    RoundClosedEvent event;
+    event.job_id = id_;
+    event.round = record.round;
+    event.reason = reason;
+    event.duration = now - record.opened;
+    event.participants = static_cast<uint32_t>(record.participants.size());
+    event.contributors = static_cast<uint32_t>(record.contributors.size());
+    event.dropped = static_cast<uint32_t>(record.dropped.size());
+    deferred.push_back([observer = observer_, event = std::move(event)] {
+      observer->RoundClosed(event);
+    });
+  }
+
   for (auto& [wid, w] : round->waiters) {
     SyncResult result;
     result.round = record.round;
@@ -621,6 +652,17 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   record.contributor_ids.insert(seed->owner);
   record.contributor_weight = weight;
   LOG(INFO) << "job " << id_ << ": seeded by " << name;
+  if (observer_ != nullptr) {
+    RoundClosedEvent event;
+    event.job_id = id_;
+    event.round = 0;
+    event.reason = CloseReason::kSeed;
+    event.participants = 1;
+    event.contributors = 1;
+    deferred.push_back([observer = observer_, event = std::move(event)] {
+      observer->RoundClosed(event);
+    });
+  }
   for (auto& [wid, w] : seed->waiters) {
     SyncResult result;
     result.round = 0;
@@ -639,9 +681,15 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
 void Job::NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
                            Deferred& deferred) {
   if (sink_ == nullptr) return;
+  // Counted until the sink has it, so that Stop and AwaitIdle can wait for
+  // it: a round is not closed for a shutdown until its state is queued for
+  // the checkpoint.
+  ++sink_calls_pending_;
   deferred.push_back(
       [this, self = shared_from_this(), state = std::move(state)] {
         sink_->StateChanged(self, state);
+        absl::MutexLock lock(&mu_);
+        --sink_calls_pending_;
       });
 }
 
@@ -692,6 +740,12 @@ void Job::Tick() {
       if (now - m.last_seen > policy_.lease_ttl) expired.push_back(id);
     }
     for (const MemberId& id : expired) {
+      if (observer_ != nullptr) {
+        deferred.push_back(
+            [observer = observer_, job = id_, name = members_.at(id).name] {
+              observer->LeaseExpired(job, name);
+            });
+      }
       RemoveMemberLocked(
           id,
           absl::StrCat("lost its lease (no call for ",
@@ -701,6 +755,32 @@ void Job::Tick() {
     MaybeCloseRoundLocked(now, deferred);
   }
   RunDeferred(deferred);
+}
+
+void Job::BeginDrain() {
+  absl::MutexLock lock(&mu_);
+  if (draining_ || stopped_) return;
+  draining_ = true;
+  if (open_ != nullptr || seed_ != nullptr) {
+    LOG(INFO) << "job " << id_ << ": draining; waiting for "
+              << (open_ != nullptr ? absl::StrCat("round ", open_->id)
+                                   : std::string("the seed"))
+              << " to close";
+  }
+}
+
+bool Job::AwaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithDeadline(
+      absl::Condition(
+          +[](Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu_) {
+            return job->sink_calls_pending_ == 0 &&
+                   (job->stopped_ ||
+                    (job->open_ == nullptr && job->seed_ == nullptr));
+          },
+          this),
+      deadline);
+  return open_ == nullptr && seed_ == nullptr && sink_calls_pending_ == 0;
 }
 
 void Job::Stop() {
@@ -719,6 +799,14 @@ void Job::Stop() {
     };
     if (open_ != nullptr) fail_all(open_->waiters);
     if (seed_ != nullptr) fail_all(seed_->waiters);
+    // A state that another thread is handing to the sink right now (a round
+    // that closed just before) must reach it before the caller stops the
+    // sink. The wait is short: the sink does not block.
+    mu_.Await(absl::Condition(
+        +[](Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu_) {
+          return job->sink_calls_pending_ == 0;
+        },
+        this));
   }
   RunDeferred(deferred);
 }

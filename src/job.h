@@ -139,6 +139,7 @@ struct JoinResult {
 };
 
 class Job;
+class CoordinatorObserver;
 
 // Told of every new global state (seed or closed round), e.g. to checkpoint
 // it. Called without the job's lock held; must not block.
@@ -195,10 +196,11 @@ class SyncSession {
 class Job : public std::enable_shared_from_this<Job> {
  public:
   // `settings` must be complete and valid; `layout` validated with
-  // `num_elements` elements. `clock` must outlive the job.
+  // `num_elements` elements. `clock`, `sink` and `observer` (both may be
+  // null) must outlive the job.
   Job(std::string job_id, Layout layout, uint64_t num_elements,
       JobSettings settings, JobPolicy policy, Clock* clock,
-      StateSink* sink = nullptr);
+      StateSink* sink = nullptr, CoordinatorObserver* observer = nullptr);
   ~Job();
 
   // Restores a checkpointed state (round, values of num_elements) into a job
@@ -219,6 +221,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // name and incarnation; replaces a member of that name with another
   // incarnation). FAILED_PRECONDITION: layout or settings differ (the message
   // names the first difference). RESOURCE_EXHAUSTED: max_members reached.
+  // UNAVAILABLE: draining or stopped.
   absl::StatusOr<JoinResult> Join(const JoinRequestParams& params);
 
   // Removes the member at once; an open round stops waiting for it. OK if it
@@ -234,7 +237,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // (at once if the round has closed already), or with ABORTED (the seed was
   // abandoned) or UNAVAILABLE (the job stops). Errors: NOT_FOUND (member),
   // FAILED_PRECONDITION (no state yet for round >= 1; round ahead of the
-  // open round), UNAVAILABLE (stopping).
+  // open round), UNAVAILABLE (stopping; or draining and the Sync would open
+  // a new round or start a seed).
   absl::StatusOr<std::unique_ptr<SyncSession>> BeginSync(const MemberId& member,
                                                          RoundId round,
                                                          SyncCallback done);
@@ -247,8 +251,22 @@ class Job : public std::enable_shared_from_this<Job> {
   // clock's now. Call periodically.
   void Tick();
 
+  // Starts draining: from now on no round opens and no seed starts (such a
+  // Sync, and a Join, fail with UNAVAILABLE so that clients retry, later or
+  // against a restarted coordinator); the open round and a seed in progress
+  // go on and close by the usual rules. Idempotent.
+  void BeginDrain();
+
+  // Blocks until no round is open, no seed is in progress and the last new
+  // state has reached the StateSink; or the job is stopped; or `deadline`
+  // (real time, whatever the job's clock) has passed. Returns whether the
+  // job is then idle (no round open, no seed, nothing for the sink).
+  bool AwaitIdle(absl::Time deadline);
+
   // Fails every pending callback with UNAVAILABLE and refuses new Syncs.
-  // Idempotent.
+  // Returns once every new state so far has reached the StateSink (so that
+  // stopping the sink next loses none). Idempotent. Not to be called from
+  // a StateSink or observer callback.
   void Stop();
 
   JobStatusSnapshot Status(uint32_t max_rounds);
@@ -327,10 +345,14 @@ class Job : public std::enable_shared_from_this<Job> {
   const JobPolicy policy_;
   const ChunkGeometry geometry_;
   Clock* const clock_;
-  StateSink* const sink_;  // may be null
+  StateSink* const sink_;                // may be null
+  CoordinatorObserver* const observer_;  // may be null
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // Sink calls queued (under mu_) but not yet returned.
+  int sink_calls_pending_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<MemberId, MemberInfo> members_ ABSL_GUARDED_BY(mu_);
   // Null until seeded. Kept non-const here so that a buffer no stream reads
   // any more can be recycled; handed out as shared_ptr<const>.

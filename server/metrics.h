@@ -1,0 +1,112 @@
+// Prometheus metrics of a coordinator: counts what the core reports through
+// CoordinatorObserver and what the gRPC service sees (payload bytes, refused
+// calls), and serves them as text on GET /metrics (prometheus-cpp's Exposer,
+// a civetweb server with its own threads, owned and joined here).
+//
+// Metrics (all prefixed localsgd_; docs/deployment.md has the table):
+//   members{job}                         gauge, read from the core at scrape
+//   jobs                                 gauge, read from the core at scrape
+//   rounds_closed_total{job,reason}      counter; reason: complete, deadline,
+//                                        members_gone, seed
+//   round_duration_seconds{job}          histogram of averaging rounds (not
+//                                        seeds), first contribution to close
+//   contributions_total{job}             complete contributions counted
+//   dropped_contributions_total{job}     participants a round closed without
+//   late_contributions_total{job}        Syncs for rounds already closed
+//   lease_expiries_total{job}            members dropped for their lease
+//   bytes_received_total{job}            chunk payload bytes received
+//   bytes_sent_total{job}                chunk payload bytes sent
+//   requests_rejected_total{method,code} calls that ended with a non-OK code
+//
+// Thread-safety: Serve and StopServing are for the owner (not concurrently
+// with each other); everything else is thread-safe.
+#ifndef LOCALSGD_SERVER_METRICS_H_
+#define LOCALSGD_SERVER_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "src/coordinator.h"
+#include "src/observer.h"
+
+namespace prometheus {
+class Exposer;
+}  // namespace prometheus
+
+namespace localsgd {
+
+class Metrics final : public CoordinatorObserver {
+ public:
+  // Counters of one job that the service bumps per chunk; the references
+  // stay valid for the life of the Metrics object.
+  struct JobCounters {
+    prometheus::Counter* bytes_received;
+    prometheus::Counter* bytes_sent;
+  };
+
+  Metrics();
+  // StopServing().
+  ~Metrics() override;
+
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Serves GET /metrics on `listen_address` (host:port; port 0 picks a free
+  // port, see port()). The gauges read `coordinator`, which must stay alive
+  // until StopServing() returns. UNAVAILABLE if the address cannot be bound;
+  // FAILED_PRECONDITION if already serving.
+  absl::Status Serve(const std::string& listen_address,
+                     Coordinator* coordinator);
+  // Stops the HTTP server and joins its threads. Idempotent.
+  void StopServing();
+  // The bound port; 0 when not serving.
+  int port() const { return port_; }
+
+  JobCounters ForJob(const std::string& job_id);
+  // A call of `method` (e.g. "Sync") ended with `code` (not OK).
+  void RequestRejected(absl::string_view method, absl::StatusCode code);
+
+  // CoordinatorObserver.
+  void RoundClosed(const RoundClosedEvent& event) override;
+  void LeaseExpired(absl::string_view job_id,
+                    absl::string_view member_name) override;
+  void LateContribution(absl::string_view job_id, RoundId round) override;
+
+ private:
+  class JobGauges;
+  // Creates every per-job series (at 0) the first time a job is seen, so
+  // that rate() and absent() work from the start.
+  void TouchJob(absl::string_view job_id);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& rounds_closed_;
+  prometheus::Family<prometheus::Histogram>& round_duration_;
+  prometheus::Family<prometheus::Counter>& contributions_;
+  prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Family<prometheus::Counter>& late_;
+  prometheus::Family<prometheus::Counter>& lease_expiries_;
+  prometheus::Family<prometheus::Counter>& bytes_received_;
+  prometheus::Family<prometheus::Counter>& bytes_sent_;
+  prometheus::Family<prometheus::Counter>& rejected_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_set<std::string> jobs_seen_ ABSL_GUARDED_BY(mu_);
+
+  // Set by Serve, reset by StopServing (owner only, see above).
+  std::shared_ptr<JobGauges> gauges_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SERVER_METRICS_H_

@@ -1,0 +1,56 @@
+// Events of the coordinator core that an operator wants to count (metrics),
+// without the core knowing how they are exported. server/metrics.h implements
+// this with Prometheus; the core only calls it.
+#ifndef LOCALSGD_SRC_OBSERVER_H_
+#define LOCALSGD_SRC_OBSERVER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "src/job.h"
+#include "src/types.h"
+
+namespace localsgd {
+
+// A round (or the seed, round 0) that closed.
+struct RoundClosedEvent {
+  std::string job_id;
+  RoundId round = 0;
+  CloseReason reason = CloseReason::kComplete;
+  // From the round's first contribution to its closing (zero for a seed).
+  absl::Duration duration;
+  uint32_t participants = 0;
+  // Participants whose complete contribution was counted.
+  uint32_t contributors = 0;
+  // Participants that left, lost their lease, or missed the deadline before
+  // contributing every chunk.
+  uint32_t dropped = 0;
+};
+
+// Told of events as they happen. The core calls it after releasing its locks,
+// from whichever thread caused the event (a gRPC handler, the tick thread),
+// so calls for one job may arrive out of order relative to each other.
+// Implementations must be thread-safe, must not block, and must not call back
+// into the core. Every method has an empty default.
+class CoordinatorObserver {
+ public:
+  virtual ~CoordinatorObserver() = default;
+
+  // A round closed, or a job's seed completed (round 0, reason kSeed).
+  virtual void RoundClosed(const RoundClosedEvent& event) {}
+
+  // A member made no call for the lease TTL and was removed from its job.
+  virtual void LeaseExpired(absl::string_view job_id,
+                            absl::string_view member_name) {}
+
+  // A member's Sync for `round` arrived after that round had closed (a
+  // straggler): it adopts the latest result and its parameters are not
+  // counted.
+  virtual void LateContribution(absl::string_view job_id, RoundId round) {}
+};
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SRC_OBSERVER_H_

@@ -1,0 +1,297 @@
+// localsgdctl: an operator's command line for a running localsgd-coordinator.
+//
+//   localsgdctl [--target=HOST:PORT] status [--job=ID] [--rounds=N] [--json]
+//   localsgdctl [--target=HOST:PORT] health [--service=NAME] [--json]
+//
+// `status` prints the coordinator's jobs (GetJobStatus): settings, members
+// and the most recent rounds, as tables, or with --json as the
+// GetJobStatusResponse in protobuf's JSON mapping (proto field names) for
+// scripts. `health` asks grpc.health.v1.Health/Check and exits 0 if the
+// answer is SERVING, 1 otherwise. Exit status: 0 success, 1 the call failed
+// or the coordinator is not serving, 2 bad usage.
+//
+// Only a client of the wire contract: it links the generated protocol code
+// and gRPC, nothing of the coordinator.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "localsgd/v1/coordinator.grpc.pb.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051",
+          "gRPC target of the coordinator: host:port, or e.g. "
+          "dns:///localsgd-coordinator:50051");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of the call");
+ABSL_FLAG(bool, json, false,
+          "Print JSON (protobuf's JSON mapping, proto field names) instead of "
+          "tables");
+ABSL_FLAG(std::string, job, "", "status: only this job (default: all)");
+ABSL_FLAG(uint32_t, rounds, 10,
+          "status: most recent closed rounds to show per job (at most 100)");
+ABSL_FLAG(std::string, service, "",
+          "health: the service to ask about. \"\" (the default) is the "
+          "coordinator's readiness, \"liveness\" its liveness");
+
+namespace localsgd {
+namespace ctl {
+namespace {
+
+constexpr char kProgram[] = "localsgdctl";
+
+// Plain-text table: left-aligned columns two spaces apart.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) {
+    rows_.push_back(std::move(header));
+  }
+  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string Render() const {
+    std::vector<size_t> width(rows_[0].size(), 0);
+    for (const auto& row : rows_) {
+      for (size_t i = 0; i < row.size(); ++i) {
+        width[i] = std::max(width[i], row[i].size());
+      }
+    }
+    std::string out;
+    for (const auto& row : rows_) {
+      std::string line;
+      for (size_t i = 0; i < row.size(); ++i) {
+        absl::StrAppend(&line, row[i]);
+        if (i + 1 < row.size()) {
+          line.append(width[i] - row[i].size() + 2, ' ');
+        }
+      }
+      absl::StrAppend(&out, line, "\n");
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// "DTYPE_BFLOAT16" -> "bfloat16", "CLOSE_REASON_MEMBERS_GONE" ->
+// "members_gone".
+std::string EnumName(const std::string& full, absl::string_view prefix) {
+  if (full.empty()) return "?";
+  return absl::AsciiStrToLower(absl::StripPrefix(full, prefix));
+}
+
+std::string Names(const google::protobuf::RepeatedPtrField<std::string>& v) {
+  return v.empty() ? "-" : absl::StrJoin(v, ",");
+}
+
+std::string Millis(uint64_t ms) {
+  return absl::FormatDuration(absl::Milliseconds(ms));
+}
+
+void PrintJob(const v1::JobStatus& job, std::ostream& out) {
+  const v1::JobSettings& s = job.settings();
+  out << "job " << job.job_id() << "\n";
+  Table summary({"STATE_ROUND", "OPEN_ROUND", "MEMBERS", "ELEMENTS", "CHUNKS",
+                 "CHUNK_ELEMENTS", "WIRE", "K", "RENDEZVOUS"});
+  summary.Add({job.has_state() ? absl::StrCat(job.state_round()) : "none",
+               job.round_open() ? absl::StrCat(job.state_round() + 1) : "-",
+               absl::StrCat(job.members_size()),
+               absl::StrCat(job.num_elements()), absl::StrCat(job.num_chunks()),
+               absl::StrCat(s.chunk_elements()),
+               EnumName(v1::DType_Name(s.wire_dtype()), "DTYPE_"),
+               absl::StrCat(s.local_sgd_steps()),
+               absl::StrCat(s.rendezvous_members())});
+  out << summary.Render();
+  if (job.round_open()) {
+    out << "\nopen round " << job.state_round() + 1 << ": contributed "
+        << job.open_round_contributed_size() << " of "
+        << job.open_round_participants_size() << " participants ["
+        << Names(job.open_round_participants()) << "]; contributed ["
+        << Names(job.open_round_contributed()) << "]\n";
+  }
+  out << "\nmembers\n";
+  if (job.members().empty()) {
+    out << "(none)\n";
+  } else {
+    Table members({"NAME", "MEMBER_ID", "WEIGHT", "IDLE", "FIRST_ROUND"});
+    for (const v1::MemberStatus& m : job.members()) {
+      members.Add({m.member_name(), m.member_id(), absl::StrCat(m.weight()),
+                   Millis(m.idle_ms()), absl::StrCat(m.first_round())});
+    }
+    out << members.Render();
+  }
+  out << "\nrecent rounds\n";
+  if (job.recent_rounds().empty()) {
+    out << "(none)\n";
+  } else {
+    Table rounds({"ROUND", "REASON", "DURATION", "CLOSED_UTC", "CONTRIBUTORS",
+                  "DROPPED", "LATE"});
+    for (const v1::RoundStatus& r : job.recent_rounds()) {
+      rounds.Add(
+          {absl::StrCat(r.round()),
+           EnumName(v1::CloseReason_Name(r.close_reason()), "CLOSE_REASON_"),
+           Millis(r.duration_ms()),
+           absl::FormatTime("%Y-%m-%d %H:%M:%E3S",
+                            absl::FromUnixMillis(r.closed_unix_ms()),
+                            absl::UTCTimeZone()),
+           Names(r.contributors()), Names(r.dropped()), Names(r.late())});
+    }
+    out << rounds.Render();
+  }
+}
+
+std::shared_ptr<grpc::Channel> Channel() {
+  return grpc::CreateChannel(absl::GetFlag(FLAGS_target),
+                             grpc::InsecureChannelCredentials());
+}
+
+void SetDeadline(grpc::ClientContext* context) {
+  context->set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+}
+
+// The canonical name of a gRPC status code, e.g. "UNAVAILABLE".
+std::string CodeName(grpc::StatusCode code) {
+  static constexpr const char* kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  if (i < 0 || i >= static_cast<int>(std::size(kNames))) {
+    return absl::StrCat("CODE_", i);
+  }
+  return kNames[i];
+}
+
+int Fail(const grpc::Status& status, absl::string_view what) {
+  std::fprintf(stderr, "%s: %s on %s failed: %s: %s\n", kProgram,
+               std::string(what).c_str(), absl::GetFlag(FLAGS_target).c_str(),
+               CodeName(status.error_code()).c_str(),
+               status.error_message().c_str());
+  return 1;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  // Only fails for messages with unresolvable Any fields; these have none.
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+int Status() {
+  auto stub = v1::Coordinator::NewStub(Channel());
+  v1::GetJobStatusRequest request;
+  request.set_job_id(absl::GetFlag(FLAGS_job));
+  request.set_max_rounds(absl::GetFlag(FLAGS_rounds));
+  v1::GetJobStatusResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  const grpc::Status status = stub->GetJobStatus(&context, request, &response);
+  if (!status.ok()) return Fail(status, "GetJobStatus");
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << ToJson(response);
+    return 0;
+  }
+  if (response.jobs().empty()) {
+    std::cout << "no jobs on " << absl::GetFlag(FLAGS_target) << "\n";
+  }
+  for (int i = 0; i < response.jobs_size(); ++i) {
+    if (i > 0) std::cout << "\n";
+    PrintJob(response.jobs(i), std::cout);
+  }
+  return 0;
+}
+
+int Health() {
+  auto stub = grpc::health::v1::Health::NewStub(Channel());
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(absl::GetFlag(FLAGS_service));
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) return Fail(status, "grpc.health.v1.Health/Check");
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+          response.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << ToJson(response);
+  } else {
+    std::cout << name << "\n";
+  }
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING
+             ? 0
+             : 1;
+}
+
+}  // namespace
+}  // namespace ctl
+}  // namespace localsgd
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "operator's command line for a localsgd-coordinator.\n"
+      "usage:\n"
+      "  localsgdctl [--target=HOST:PORT] status [--job=ID] [--rounds=N] "
+      "[--json]\n"
+      "      jobs, members and recent rounds (tables; --json for scripts)\n"
+      "  localsgdctl [--target=HOST:PORT] health [--service=NAME] [--json]\n"
+      "      grpc.health.v1 status; exit 0 if SERVING, 1 otherwise");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "tools/localsgdctl.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::fprintf(stderr,
+                 "%s: expected one command, status or health (see "
+                 "--help)\n",
+                 localsgd::ctl::kProgram);
+    return 2;
+  }
+  const std::string command = args[1];
+  if (command == "status") return localsgd::ctl::Status();
+  if (command == "health") return localsgd::ctl::Health();
+  std::fprintf(stderr, "%s: unknown command '%s'; expected status or health\n",
+               localsgd::ctl::kProgram, command.c_str());
+  return 2;
+}
