@@ -8,11 +8,14 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <utility>
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
+#include "client/node_group_c10d.h"
 
 namespace localsgd {
 
@@ -22,6 +25,17 @@ struct LocalSGD::Params {
   std::vector<at::Tensor> tensors;
   // Element offset of each tensor in the flat buffer.
   std::vector<uint64_t> offsets;
+  // All parameters as one fp32 tensor on the (first) parameter's device:
+  // what the node group all-reduces and broadcasts.
+  at::Tensor flat;
+  // What Client::Sync reads and writes: `flat` itself when that is on the
+  // CPU (no copy), otherwise one host buffer, pinned for fast, reusable
+  // device <-> host copies.
+  at::Tensor host;
+  // The leader's status broadcast (see Status* below), on flat's device.
+  at::Tensor status;
+  // The node group; null without one.
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
 };
 
 namespace {
@@ -59,6 +73,73 @@ absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
 }
 
+// The leader's status tensor (int64): kStatusSize fields.
+enum StatusField : int64_t {
+  kKind = 0,          // StatusKind
+  kCode = 1,          // absl::StatusCode when kError
+  kRound = 2,         // SyncOutcome.round
+  kContributors = 3,  // SyncOutcome.contributors
+  kFlags = 4,         // bit 0: contributed, bit 1: late, bit 2: rejoined
+  kStatusSize = 5,
+};
+enum StatusKind : int64_t { kOk = 0, kSkipped = 1, kError = 2 };
+
+// Runs a collective and waits for it. A failure (a peer died, a timeout) is
+// ABORTED: the group cannot go on in lockstep.
+absl::Status RunCollective(
+    absl::string_view what,
+    const std::function<c10::intrusive_ptr<c10d::Work>()>& collective) {
+  try {
+    c10::intrusive_ptr<c10d::Work> work = collective();
+    work->wait();
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
+      message = error->what_without_backtrace();
+    }
+    return absl::AbortedError(absl::StrCat(
+        "LocalSGD: node group ", what,
+        " failed: a process of this node (perhaps its leader, local rank 0) "
+        "died or timed out, so the node has left the job; restart the whole "
+        "node (torchrun restarts all local workers) and it re-joins as a "
+        "late joiner. Cause: ",
+        message));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Allreduce(c10d::ProcessGroup& group, at::Tensor& tensor,
+                       c10d::ReduceOp op, absl::string_view what) {
+  return RunCollective(what, [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = op;
+    return group.allreduce(tensors, options);
+  });
+}
+
+absl::Status Broadcast(c10d::ProcessGroup& group, at::Tensor& tensor,
+                       absl::string_view what) {
+  return RunCollective(what, [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = 0;
+    options.rootTensor = 0;
+    return group.broadcast(tensors, options);
+  });
+}
+
+// Error returned on a follower when the leader's step failed with `code`.
+absl::Status LeaderFailed(int64_t code, absl::string_view what) {
+  return absl::Status(
+      static_cast<absl::StatusCode>(code),
+      absl::StrCat(
+          "LocalSGD: the node's leader (local rank 0) failed ", what,
+          " with code ",
+          absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
+          "; its log has the cause"));
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
@@ -80,19 +161,25 @@ LocalSGD::LocalSGD(Client* client, LocalSGDOptions options,
       options_(options),
       params_(std::move(params)),
       layout_(std::move(layout)) {
-  uint64_t total = 0;
-  for (const TensorSpec& spec : layout_.tensors) total += NumElements(spec);
-  flat_.resize(total);
+  for (const TensorSpec& spec : layout_.tensors) {
+    num_elements_ += NumElements(spec);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
     torch::nn::Module& module, Client* client, LocalSGDOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  if (options.enabled) {
+  const bool grouped = options.enabled && options.node_group.valid();
+  const bool leader = !grouped || options.node_group.rank() == 0;
+  if (options.enabled && leader) {
     if (client == nullptr) {
       return absl::InvalidArgumentError(
-          "LocalSGD::Create: client is null; pass a Client, or set "
-          "LocalSGDOptions.enabled = false to train without averaging");
+          grouped ? "LocalSGD::Create: rank 0 of the node group has a null "
+                    "client; the node's leader needs a Client (joined with "
+                    "ClientOptions.weight = the group's size)"
+                  : "LocalSGD::Create: client is null; pass a Client, or set "
+                    "LocalSGDOptions.enabled = false to train without "
+                    "averaging");
     }
     const uint32_t client_k = client->options().settings.local_sgd_steps;
     if (client_k != 0 &&
@@ -127,6 +214,19 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
       offset += static_cast<uint64_t>(tensor.numel());
       specs.push_back(std::move(spec));
     }
+    if (!specs.empty()) {
+      const auto on_device = at::TensorOptions()
+                                 .dtype(at::kFloat)
+                                 .device(params->tensors.front().device());
+      params->flat = at::zeros({static_cast<int64_t>(offset)}, on_device);
+      params->host =
+          params->flat.is_cpu()
+              ? params->flat
+              : at::empty(
+                    {static_cast<int64_t>(offset)},
+                    at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+      params->status = at::zeros({kStatusSize}, on_device.dtype(at::kLong));
+    }
   } catch (const c10::Error& e) {
     return FromTorch("LocalSGD::Create: reading the module's parameters", e);
   } catch (const std::exception& e) {
@@ -137,60 +237,177 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
     return absl::InvalidArgumentError(
         "LocalSGD::Create: the module has no parameters to average");
   }
+  if (grouped) params->group = ProcessGroupOf(options.node_group);
 
   Layout layout = MakeLayout(std::move(specs));
-  auto local_sgd =
-      absl::WrapUnique(new LocalSGD(options.enabled ? client : nullptr, options,
-                                    std::move(params), std::move(layout)));
+  auto local_sgd = absl::WrapUnique(
+      new LocalSGD(options.enabled && leader ? client : nullptr, options,
+                   std::move(params), std::move(layout)));
   if (!options.enabled) {
     LOG(INFO) << "LocalSGD disabled: " << local_sgd->layout_.tensors.size()
-              << " tensors, " << local_sgd->flat_.size()
+              << " tensors, " << local_sgd->num_elements_
               << " elements; training without averaging";
     return local_sgd;
   }
-  // From here on a failure must not make the destructor sync.
-  auto fail = [&local_sgd](absl::Status status) {
-    local_sgd->closed_ = true;
-    return status;
-  };
-
-  // 2. Join.
-  if (absl::Status s = client->Join(local_sgd->layout_); !s.ok()) {
-    return fail(s);
-  }
-  const JoinInfo& info = client->info();
-  const uint32_t job_k = info.settings.local_sgd_steps;
-  if (job_k != 0 && job_k != static_cast<uint32_t>(options.local_sgd_steps)) {
-    return fail(absl::FailedPreconditionError(absl::StrCat(
-        "LocalSGD::Create: job '", client->options().job_id, "' syncs every ",
-        job_k,
-        " steps (its local_sgd_steps) but LocalSGDOptions.local_sgd_steps "
-        "is ",
-        options.local_sgd_steps,
-        "; set ClientOptions.settings.local_sgd_steps and "
-        "LocalSGDOptions.local_sgd_steps to the job's K")));
-  }
-  if (info.num_elements != 0 && info.num_elements != local_sgd->flat_.size()) {
-    return fail(absl::InternalError(absl::StrCat(
-        "LocalSGD::Create: the coordinator reports ", info.num_elements,
-        " elements for a layout of ", local_sgd->flat_.size())));
-  }
-
-  // 3. Seed or fetch the global state, 4. adopt it.
-  if (absl::Status s = local_sgd->Flatten(); !s.ok()) return fail(s);
-  if (absl::Status s = client->Initialize(absl::MakeSpan(local_sgd->flat_));
+  // A follower given a client is a setup error, reported by every rank.
+  if (absl::Status s = local_sgd->Initialize(
+          /*misconfigured=*/grouped && !leader && client != nullptr);
       !s.ok()) {
-    return fail(s);
+    // A failed Create must not make the destructor sync.
+    local_sgd->closed_ = true;
+    return s;
   }
-  if (absl::Status s = local_sgd->Unflatten(); !s.ok()) return fail(s);
-
-  LOG(INFO) << "LocalSGD: job '" << client->options().job_id << "' member "
-            << info.member_id.str() << ": " << local_sgd->layout_.tensors.size()
-            << " tensors, " << local_sgd->flat_.size()
-            << " elements, K=" << options.local_sgd_steps
-            << ", starting from state round " << client->state_round()
-            << (info.has_state ? " (fetched)" : " (seeded or adopted seed)");
+  if (local_sgd->is_leader()) {
+    LOG(INFO) << "LocalSGD: job '" << client->options().job_id << "' member "
+              << client->info().member_id.str() << ": "
+              << local_sgd->layout_.tensors.size() << " tensors, "
+              << local_sgd->num_elements_
+              << " elements, K=" << options.local_sgd_steps
+              << ", starting from state round " << client->state_round()
+              << (client->info().has_state ? " (fetched)"
+                                           : " (seeded or adopted seed)")
+              << (grouped ? absl::StrCat(", leader of a node group of ",
+                                         options.node_group.size(), " (",
+                                         options.node_group.backend(), ")")
+                          : std::string());
+  } else {
+    LOG(INFO) << "LocalSGD: local rank " << options.node_group.rank() << " of "
+              << options.node_group.size() << " ("
+              << options.node_group.backend()
+              << "): adopted the leader's parameters, "
+              << local_sgd->num_elements_
+              << " elements, K=" << options.local_sgd_steps;
+  }
   return local_sgd;
+}
+
+absl::Status LocalSGD::Initialize(bool misconfigured) {
+  c10d::ProcessGroup* group = params_->group.get();
+  if (group != nullptr) {
+    // Checked together, so that a rank with a bad setup fails the whole
+    // group instead of leaving the others waiting in a collective: MAX of
+    // (n, -n, bad) gives max n, -min n and whether any rank is bad.
+    int64_t bad = misconfigured ? 1 : 0;
+    if (misconfigured) {
+      LOG(ERROR) << "LocalSGD::Create: local rank " << group->getRank()
+                 << " was given a Client; only the node leader (rank 0) "
+                    "talks to the coordinator, the others pass nullptr";
+    }
+    if (group->getRank() == 0 &&
+        client_->options().weight != static_cast<double>(group->getSize())) {
+      LOG(ERROR) << "LocalSGD::Create: the node leader's "
+                    "ClientOptions.weight is "
+                 << client_->options().weight << ", not the group size "
+                 << group->getSize();
+      bad = 1;
+    }
+    at::Tensor check;
+    try {
+      const int64_t n = static_cast<int64_t>(num_elements_);
+      check = at::tensor(std::vector<int64_t>{n, -n, bad}, at::kLong)
+                  .to(params_->flat.device());
+    } catch (const c10::Error& e) {
+      return FromTorch("LocalSGD::Create: node group check", e);
+    }
+    if (absl::Status s =
+            Allreduce(*group, check, c10d::ReduceOp::MAX, "check at Create");
+        !s.ok()) {
+      return s;
+    }
+    check = check.cpu();
+    const int64_t max_n = check[0].item<int64_t>();
+    const int64_t min_n = -check[1].item<int64_t>();
+    if (check[2].item<int64_t>() != 0) {
+      return absl::InvalidArgumentError(
+          "LocalSGD::Create: node group misconfigured: the leader (local "
+          "rank 0) must pass a Client whose ClientOptions.weight equals the "
+          "group's size, and the other ranks must pass nullptr (see the "
+          "log of the rank at fault)");
+    }
+    if (max_n != min_n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LocalSGD::Create: the node group's ranks have models of different "
+          "sizes (",
+          min_n, " to ", max_n,
+          " parameter elements); every local process must build the same "
+          "model"));
+    }
+  }
+
+  // 2.-4. on the leader: join, seed or fetch.
+  absl::Status status;
+  if (is_leader()) {
+    status = client_->Join(layout_);
+    const JoinInfo& info = client_->info();
+    const uint32_t job_k = info.settings.local_sgd_steps;
+    if (status.ok() && job_k != 0 &&
+        job_k != static_cast<uint32_t>(options_.local_sgd_steps)) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "LocalSGD::Create: job '", client_->options().job_id,
+          "' syncs every ", job_k,
+          " steps (its local_sgd_steps) but LocalSGDOptions.local_sgd_steps "
+          "is ",
+          options_.local_sgd_steps,
+          "; set ClientOptions.settings.local_sgd_steps and "
+          "LocalSGDOptions.local_sgd_steps to the job's K"));
+    }
+    if (status.ok() && info.num_elements != 0 &&
+        info.num_elements != num_elements_) {
+      status = absl::InternalError(absl::StrCat(
+          "LocalSGD::Create: the coordinator reports ", info.num_elements,
+          " elements for a layout of ", num_elements_));
+    }
+    if (status.ok()) status = Flatten();
+    try {
+      if (status.ok() && !params_->host.is_same(params_->flat)) {
+        params_->host.copy_(params_->flat);
+      }
+    } catch (const c10::Error& e) {
+      status = FromTorch("LocalSGD: copying parameters to the host", e);
+    }
+    if (status.ok()) {
+      status = client_->Initialize(
+          absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
+    }
+    try {
+      if (status.ok() && !params_->host.is_same(params_->flat)) {
+        params_->flat.copy_(params_->host);
+      }
+    } catch (const c10::Error& e) {
+      status = FromTorch("LocalSGD: copying parameters from the host", e);
+    }
+  }
+  if (group != nullptr) {
+    // The leader's outcome first, then (if ok) its parameters.
+    try {
+      params_->status.zero_();
+      if (is_leader() && !status.ok()) {
+        params_->status.copy_(at::tensor(
+            std::vector<int64_t>{kError, static_cast<int64_t>(status.code()), 0,
+                                 0, 0},
+            at::kLong));
+      }
+    } catch (const c10::Error& e) {
+      return FromTorch("LocalSGD::Create: status", e);
+    }
+    if (absl::Status s = Broadcast(*group, params_->status, "status at Create");
+        !s.ok()) {
+      return s;
+    }
+    const at::Tensor leader_status = params_->status.cpu();
+    if (leader_status[kKind].item<int64_t>() != kOk) {
+      return is_leader() ? status
+                         : LeaderFailed(leader_status[kCode].item<int64_t>(),
+                                        "to join and initialize");
+    }
+    if (absl::Status s = Broadcast(*group, params_->flat, "initial state");
+        !s.ok()) {
+      return s;
+    }
+  } else if (!status.ok()) {
+    return status;
+  }
+  return Unflatten();
 }
 
 LocalSGD::~LocalSGD() {
@@ -241,29 +458,123 @@ absl::Status LocalSGD::Close() {
 
 absl::Status LocalSGD::DoSync() {
   const auto start = std::chrono::steady_clock::now();
+  c10d::ProcessGroup* group = params_->group.get();
   absl::Status status = Flatten();
-  absl::StatusOr<SyncOutcome> outcome;
-  if (status.ok()) {
-    outcome = client_->Sync(absl::MakeSpan(flat_));
-    status = outcome.status();
+  // 1. The node mean. (Gloo has no AVG; SUM then divide works everywhere.)
+  if (group != nullptr) {
+    // A failed Flatten (LibTorch error, not expected) still takes part, so
+    // that the group stays in lockstep; it reports its error at the end.
+    if (absl::Status s =
+            Allreduce(*group, params_->flat, c10d::ReduceOp::SUM, "all-reduce");
+        !s.ok()) {
+      sync_seconds_total_ += SecondsSince(start);
+      return s;
+    }
+    try {
+      params_->flat.div_(static_cast<double>(group->getSize()));
+    } catch (const c10::Error& e) {
+      if (status.ok()) status = FromTorch("LocalSGD: node mean", e);
+    }
   }
-  if (status.ok()) status = Unflatten();
+  // 2. The leader exchanges it with the coordinator.
+  absl::StatusOr<SyncOutcome> outcome;
+  bool skipped = false;
+  if (is_leader()) {
+    const bool staged = !params_->host.is_same(params_->flat);
+    try {
+      if (status.ok() && staged) params_->host.copy_(params_->flat);
+    } catch (const c10::Error& e) {
+      status = FromTorch("LocalSGD: copying parameters to the host", e);
+    }
+    if (status.ok()) {
+      outcome = client_->Sync(
+          absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
+      status = outcome.status();
+    }
+    try {
+      if (status.ok() && staged) params_->flat.copy_(params_->host);
+    } catch (const c10::Error& e) {
+      status = FromTorch("LocalSGD: copying averaged parameters in", e);
+    }
+    if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) &&
+        options_.keep_training_when_unavailable) {
+      LOG(WARNING) << "LocalSGD sync at step " << steps_
+                   << " skipped, training on locally: " << status;
+      skipped = true;
+      status = absl::OkStatus();
+    }
+  }
+  // 3. The leader's outcome and the global mean to the whole node.
+  if (group != nullptr) {
+    try {
+      std::vector<int64_t> fields(kStatusSize, 0);
+      if (is_leader()) {
+        if (!status.ok()) {
+          fields[kKind] = kError;
+          fields[kCode] = static_cast<int64_t>(status.code());
+        } else if (skipped) {
+          fields[kKind] = kSkipped;
+        } else {
+          fields[kRound] = static_cast<int64_t>(outcome->round);
+          fields[kContributors] = outcome->contributors;
+          fields[kFlags] = (outcome->contributed ? 1 : 0) |
+                           (outcome->late ? 2 : 0) |
+                           (outcome->rejoined ? 4 : 0);
+        }
+      }
+      params_->status.copy_(at::tensor(fields, at::kLong));
+    } catch (const c10::Error& e) {
+      sync_seconds_total_ += SecondsSince(start);
+      return FromTorch("LocalSGD: status", e);
+    }
+    if (absl::Status s = Broadcast(*group, params_->status, "status");
+        !s.ok()) {
+      sync_seconds_total_ += SecondsSince(start);
+      return s;
+    }
+    const at::Tensor leader = params_->status.cpu();
+    const int64_t kind = leader[kKind].item<int64_t>();
+    if (!is_leader()) {
+      if (kind == kError) {
+        sync_seconds_total_ += SecondsSince(start);
+        return LeaderFailed(leader[kCode].item<int64_t>(), "its sync");
+      }
+      skipped = kind == kSkipped;
+      if (kind == kOk) {
+        SyncOutcome o;
+        o.round = static_cast<RoundId>(leader[kRound].item<int64_t>());
+        o.contributors =
+            static_cast<uint32_t>(leader[kContributors].item<int64_t>());
+        const int64_t flags = leader[kFlags].item<int64_t>();
+        o.contributed = (flags & 1) != 0;
+        o.late = (flags & 2) != 0;
+        o.rejoined = (flags & 4) != 0;
+        outcome = o;
+      }
+    }
+    if (kind == kOk) {
+      if (absl::Status s = Broadcast(*group, params_->flat, "broadcast");
+          !s.ok()) {
+        sync_seconds_total_ += SecondsSince(start);
+        return s;
+      }
+    }
+  }
+  // The parameters are written only on success: a skipped or failed sync
+  // leaves them as they were.
+  if (status.ok() && !skipped) status = Unflatten();
   const double seconds = SecondsSince(start);
   sync_seconds_total_ += seconds;
-  last_sync_skipped_ = false;
-  if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) &&
-      options_.keep_training_when_unavailable) {
-    // The parameters are untouched (the client writes them only on success):
-    // train on locally and try again at the next sync.
+  last_sync_skipped_ = skipped;
+  if (skipped) {
     ++num_skipped_syncs_;
-    last_sync_skipped_ = true;
-    LOG(WARNING) << "LocalSGD sync at step " << steps_
-                 << " skipped, training on locally: " << status;
     return absl::OkStatus();
   }
   if (!status.ok()) return status;
 
   last_outcome_ = *outcome;
+  bytes_sent_total_ += last_outcome_.bytes_sent;
+  bytes_received_total_ += last_outcome_.bytes_received;
   last_sync_seconds_ = seconds;
   ++num_syncs_;
   VLOG(1) << "LocalSGD sync at step " << steps_ << ": round "
@@ -275,15 +586,16 @@ absl::Status LocalSGD::DoSync() {
 absl::Status LocalSGD::Flatten() {
   try {
     torch::NoGradGuard no_grad;
-    const auto cpu_float = at::TensorOptions().dtype(at::kFloat);
     for (size_t i = 0; i < params_->tensors.size(); ++i) {
       const at::Tensor& param = params_->tensors[i];
       if (param.numel() == 0) continue;
-      // A view of the tensor's slice of the staging buffer; copy_ converts
-      // dtype and device and handles non-contiguous parameters in one pass.
-      at::Tensor slice = at::from_blob(flat_.data() + params_->offsets[i],
-                                       param.sizes(), cpu_float);
-      slice.copy_(param);
+      // A view of the tensor's slice of the flat tensor; copy_ converts
+      // dtype (and device) and handles non-contiguous parameters in one
+      // pass, on the parameters' device.
+      params_->flat
+          .narrow(0, static_cast<int64_t>(params_->offsets[i]), param.numel())
+          .view(param.sizes())
+          .copy_(param);
     }
   } catch (const c10::Error& e) {
     return FromTorch("LocalSGD: copying parameters out", e);
@@ -299,13 +611,13 @@ absl::Status LocalSGD::Unflatten() {
     // leaf that requires grad may be written, and the tensor keeps its
     // identity, dtype and device (optimizers keep pointing at it).
     torch::NoGradGuard no_grad;
-    const auto cpu_float = at::TensorOptions().dtype(at::kFloat);
     for (size_t i = 0; i < params_->tensors.size(); ++i) {
       at::Tensor& param = params_->tensors[i];
       if (param.numel() == 0) continue;
-      at::Tensor slice = at::from_blob(flat_.data() + params_->offsets[i],
-                                       param.sizes(), cpu_float);
-      param.copy_(slice);
+      param.copy_(params_->flat
+                      .narrow(0, static_cast<int64_t>(params_->offsets[i]),
+                              param.numel())
+                      .view(param.sizes()));
     }
   } catch (const c10::Error& e) {
     return FromTorch("LocalSGD: copying averaged parameters in", e);

@@ -24,6 +24,31 @@
 //   RETURN_IF_ERROR(local_sgd->Close());  // final sync (accelerate's __exit__)
 //   client->Leave();
 //
+// Node-local averaging (LocalSGDOptions::node_group): the processes of a node
+// form a c10d process group (client/node_group.h; NCCL for CUDA tensors,
+// Gloo for CPU, or any group the caller wraps). At every sync, in this order
+// and in lockstep on every rank of the group:
+//  1. the parameters are flattened into one fp32 tensor on their device
+//     (allocated once, reused) and all-reduced within the node (SUM, then
+//     divided by the group size: the node mean);
+//  2. rank 0 (the node's leader, the only rank with a Client, joined with
+//     ClientOptions::weight = group size) copies the node mean into one
+//     reused host buffer (pinned when the parameters are on CUDA; no copy at
+//     all for CPU tensors), syncs it with the coordinator and copies the
+//     result back;
+//  3. rank 0 broadcasts a small status (ok / skipped / error code, round,
+//     contributors) and, if ok, the global mean; every rank writes it into
+//     its parameters. When the leader skips a sync (coordinator unreachable,
+//     keep_training_when_unavailable) every rank skips it and keeps its own
+//     parameters; when the leader's sync fails, every rank returns an error
+//     with the leader's code.
+// If a process of the node dies, the others' collectives fail (Gloo notices
+// a closed connection at once; otherwise after NodeGroupOptions::timeout)
+// and they return ABORTED; the leader's lease then runs out and the
+// coordinator drops the node. Restarting the whole node (torchrun restarts
+// all local workers together) brings it back as a late joiner: the new
+// leader fetches the job's state in Create and broadcasts it to the node.
+//
 // This header includes no LibTorch header; only local_sgd.cc does.
 //
 // Thread-safety: none. One thread drives a LocalSGD (the thread that trains
@@ -48,6 +73,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "client/node_group.h"
 #include "src/layout.h"
 
 namespace torch {
@@ -72,6 +98,12 @@ struct LocalSGDOptions {
   // (the client joins again if the coordinator forgot the member). When
   // false, Step() returns the error.
   bool keep_training_when_unavailable = true;
+  // The node-local process group (see the top of this file); an empty
+  // handle (the default) makes this process a member of its own. With a
+  // group, every rank of it must call Create, Step, SyncNow and Close in
+  // lockstep; rank 0 passes a Client whose ClientOptions::weight equals the
+  // group's size, the other ranks pass nullptr.
+  NodeGroup node_group;
 
   // INVALID_ARGUMENT if local_sgd_steps < 1.
   absl::Status Validate() const;
@@ -89,6 +121,9 @@ class LocalSGD {
   //     first member seeds the job with its parameters, later members fetch
   //     the job's state;
   //  4. writes the resulting values back into the parameters in place.
+  // With a node group, steps 2-3 run on rank 0 only, which then broadcasts
+  // the state to the group (after checking that every rank has the same
+  // number of parameter elements and the right client).
   // On return every member's module holds the same parameters.
   //
   // Errors: INVALID_ARGUMENT (options invalid; null client while enabled; no
@@ -97,7 +132,12 @@ class LocalSGD {
   // options.local_sgd_steps), FAILED_PRECONDITION (the job's local_sgd_steps
   // differs from options.local_sgd_steps; in that case the client has
   // joined and the caller should Leave), INTERNAL (LibTorch failed), and any
-  // error of Client::Join / Client::Initialize. Blocks on those RPCs.
+  // error of Client::Join / Client::Initialize. With a node group also:
+  // INVALID_ARGUMENT on every rank if any rank's parameters differ in size,
+  // rank 0 has no client or a weight other than the group size, or another
+  // rank has a client; the leader's error code on the other ranks when the
+  // leader fails; ABORTED when a collective fails (a process of the node
+  // died). Blocks on those RPCs and collectives.
   static absl::StatusOr<std::unique_ptr<LocalSGD>> Create(
       torch::nn::Module& module, Client* client, LocalSGDOptions options);
 
@@ -118,9 +158,12 @@ class LocalSGD {
   // and floating-point dtype), contributes them with client->Sync (which
   // blocks until the round closes), and copies the average back into the
   // parameters in place, each in its own dtype and on its own device.
+  // With a node group, the node mean first and the leader alone syncing
+  // (see the top of this file).
   // Errors: FAILED_PRECONDITION when disabled or after Close(), INTERNAL
-  // (LibTorch failed), and any error of Client::Sync, in which case the
-  // parameters are left as they were.
+  // (LibTorch failed), ABORTED (a collective of the node group failed), and
+  // any error of Client::Sync (on the other ranks of a node group: the
+  // leader's code), in which case the parameters are left as they were.
   absl::Status SyncNow();
 
   // Ends LocalSGD as accelerate's __exit__ does: a final sync if enabled
@@ -148,18 +191,22 @@ class LocalSGD {
   // keep_training_when_unavailable), and whether the last attempt was one.
   int64_t num_skipped_syncs() const { return num_skipped_syncs_; }
   bool last_sync_skipped() const { return last_sync_skipped_; }
+  // Bytes of chunk payload this process sent to / received from the
+  // coordinator over all syncs (0 on ranks other than a node group's 0).
+  uint64_t bytes_sent_total() const { return bytes_sent_total_; }
+  uint64_t bytes_received_total() const { return bytes_received_total_; }
   // Seconds the last successful sync took.
   double last_sync_seconds() const { return last_sync_seconds_; }
   // The layout this LocalSGD joined with (also when disabled).
   const Layout& layout() const { return layout_; }
   // Total number of parameter elements (the flat buffer's size).
-  uint64_t num_elements() const { return flat_.size(); }
+  uint64_t num_elements() const { return num_elements_; }
   bool enabled() const { return options_.enabled; }
   bool closed() const { return closed_; }
 
  private:
-  // The module's parameters (LibTorch tensors); defined in local_sgd.cc so
-  // that this header needs no LibTorch.
+  // The module's parameters, the flat buffers and the node group (LibTorch
+  // tensors); defined in local_sgd.cc so that this header needs no LibTorch.
   struct Params;
 
   LocalSGD(Client* client, LocalSGDOptions options,
@@ -167,17 +214,24 @@ class LocalSGD {
 
   // SyncNow() without its checks; Close() uses it too.
   absl::Status DoSync();
-  // Copies the parameters into flat_ (fp32, CPU), in layout order.
+  // Create's steps 2-4 once the LocalSGD exists (see Create);
+  // `misconfigured`: this rank of a node group has a setup error that must
+  // fail the whole group.
+  absl::Status Initialize(bool misconfigured);
+  // Copies the parameters into the flat fp32 tensor on their device, in
+  // layout order.
   absl::Status Flatten();
-  // Copies flat_ back into the parameters in place.
+  // Copies the flat tensor back into the parameters in place.
   absl::Status Unflatten();
+  // Whether this process talks to the coordinator (no group, or rank 0).
+  bool is_leader() const { return client_ != nullptr; }
 
-  Client* const client_;  // not owned; null when disabled
+  Client* const client_;  // not owned; null when disabled or not rank 0
   const LocalSGDOptions options_;
+  // Flat buffers allocated once in Create and reused by every sync.
   const std::unique_ptr<Params> params_;
   const Layout layout_;
-  // Staging buffer, allocated once in Create and reused by every sync.
-  std::vector<float> flat_;
+  uint64_t num_elements_ = 0;
 
   int64_t steps_ = 0;
   int64_t num_syncs_ = 0;
@@ -185,6 +239,8 @@ class LocalSGD {
   bool last_sync_skipped_ = false;
   double sync_seconds_total_ = 0;
   double last_sync_seconds_ = 0;
+  uint64_t bytes_sent_total_ = 0;
+  uint64_t bytes_received_total_ = 0;
   SyncOutcome last_outcome_;
   bool closed_ = false;
 };

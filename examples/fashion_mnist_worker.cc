@@ -13,11 +13,20 @@
 //   rank=0 eval round=3 step=48 test_accuracy=0.8123 test_loss=0.5200
 //   rank=0 final step=940 rounds=58 test_accuracy=0.8500 test_loss=0.41
 //          first_loss=2.3000 last_loss=0.4100 sync_seconds_total=1.200
-//          train_seconds=60.0
+//          train_seconds=60.0 bytes_sent=6484224 bytes_received=6484224
 // (wrapped here: each event is one line). `loss` is the mean over the last
 // --log_every steps; first_loss and last_loss the means over the first and
 // the last --log_every steps. Only rank 0 evaluates, so test_* appear in its
 // lines only.
+// bytes_sent/bytes_received: chunk payload exchanged with the coordinator
+// (0 on the local ranks > 0 of a node group, which never talk to it).
+//
+// Node-local averaging (--local_world_size > 1, or LOCAL_WORLD_SIZE set as
+// torchrun does): the processes of a node form a c10d group (Gloo on CPU,
+// NCCL on CUDA where LibTorch has it) over the store --node_store; only
+// local rank 0 joins the job, with weight --local_world_size. --rank and
+// --world stay the global ones (rank = node * M + local_rank, world = N * M)
+// and choose the data shard. scripts/run-nodes.sh runs N nodes x M processes.
 // Errors go to stderr as "localsgd-fashion-mnist: rank=R error: <status>" and
 // the exit status is 1 (2 for bad flags).
 #include <glog/logging.h>
@@ -28,6 +37,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -45,10 +55,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/local_sgd.h"
+#include "client/node_group.h"
 #include "examples/fashion_mnist.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051",
@@ -108,6 +120,18 @@ ABSL_FLAG(std::string, dump_dir, "",
 ABSL_FLAG(int32_t, chunk_elements, 0,
           "Parameters per chunk on the wire (the job's chunk_elements; all "
           "workers of a job must agree). 0: the coordinator's default");
+
+ABSL_FLAG(int32_t, local_rank, -1,
+          "Rank in this node's process group; -1: $LOCAL_RANK, else 0");
+ABSL_FLAG(int32_t, local_world_size, -1,
+          "Processes of this node averaging among themselves before the "
+          "node's rank 0 syncs with the coordinator (weight = this); -1: "
+          "$LOCAL_WORLD_SIZE, else 1 (no node group)");
+ABSL_FLAG(std::string, node_store, "",
+          "host:port of the node group's c10d TCPStore (local rank 0 serves "
+          "it); empty: $LOCALSGD_NODE_STORE, else $MASTER_ADDR:$MASTER_PORT");
+ABSL_FLAG(int32_t, node_timeout_seconds, 300,
+          "Timeout of the node group's rendezvous and collectives");
 
 namespace localsgd {
 namespace examples {
@@ -169,7 +193,20 @@ struct Config {
   int max_rounds = 0;
   std::string dump_dir;
   int chunk_elements = 0;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string node_store;
+  int node_timeout_seconds = 300;
 };
+
+// The value of a flag that defaults to an environment variable.
+int IntFromEnv(int flag, const char* name, int fallback) {
+  if (flag >= 0) return flag;
+  const char* value = std::getenv(name);
+  int parsed = 0;
+  if (value != nullptr && absl::SimpleAtoi(value, &parsed)) return parsed;
+  return fallback;
+}
 
 absl::StatusOr<Config> ConfigFromFlags() {
   Config c;
@@ -192,8 +229,26 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.log_every = absl::GetFlag(FLAGS_log_every);
   c.eval_every_sync = absl::GetFlag(FLAGS_eval_every_sync);
   c.eval_examples = absl::GetFlag(FLAGS_eval_examples);
+  c.local_rank = IntFromEnv(absl::GetFlag(FLAGS_local_rank), "LOCAL_RANK", 0);
+  c.local_world_size =
+      IntFromEnv(absl::GetFlag(FLAGS_local_world_size), "LOCAL_WORLD_SIZE", 1);
+  c.node_store = absl::GetFlag(FLAGS_node_store);
+  if (c.node_store.empty()) {
+    const char* store = std::getenv("LOCALSGD_NODE_STORE");
+    const char* addr = std::getenv("MASTER_ADDR");
+    const char* port = std::getenv("MASTER_PORT");
+    if (store != nullptr) {
+      c.node_store = store;
+    } else if (addr != nullptr && port != nullptr) {
+      c.node_store = absl::StrCat(addr, ":", port);
+    }
+  }
+  c.node_timeout_seconds = absl::GetFlag(FLAGS_node_timeout_seconds);
   c.rendezvous = absl::GetFlag(FLAGS_rendezvous);
-  if (c.rendezvous < 0) c.rendezvous = c.world;
+  // The job's members are nodes (their leaders).
+  if (c.rendezvous < 0) {
+    c.rendezvous = c.local_world_size > 0 ? c.world / c.local_world_size : 0;
+  }
   c.max_rounds = absl::GetFlag(FLAGS_max_rounds);
   c.dump_dir = absl::GetFlag(FLAGS_dump_dir);
   c.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
@@ -233,8 +288,35 @@ absl::StatusOr<Config> ConfigFromFlags() {
   if (c.max_rounds < 0) return bad("--max_rounds must be >= 0");
   if (c.chunk_elements < 0) return bad("--chunk_elements must be >= 0");
   if (c.no_sync && (c.max_rounds > 0 || c.chunk_elements > 0)) {
-    return bad("--max_rounds and --chunk_elements need a coordinator; drop "
-               "them or --no_sync");
+    return bad(
+        "--max_rounds and --chunk_elements need a coordinator; drop "
+        "them or --no_sync");
+  }
+  if (c.local_world_size < 1) return bad("--local_world_size must be >= 1");
+  if (c.local_rank < 0 || c.local_rank >= c.local_world_size) {
+    return bad(absl::StrCat(
+        "--local_rank=", c.local_rank,
+        " is not in [0, --local_world_size=", c.local_world_size, ")"));
+  }
+  if (c.local_world_size > 1) {
+    if (c.no_sync) {
+      return bad(
+          "--no_sync trains every process alone; drop "
+          "--local_world_size (LOCAL_WORLD_SIZE) or --no_sync");
+    }
+    if (c.max_rounds > 0) {
+      return bad(
+          "--max_rounds is not supported with a node group (the "
+          "node's processes must stop together)");
+    }
+    if (c.node_store.empty()) {
+      return bad(
+          "--local_world_size > 1 needs --node_store=host:port (or "
+          "LOCALSGD_NODE_STORE, or MASTER_ADDR and MASTER_PORT)");
+    }
+    if (c.node_timeout_seconds < 1) {
+      return bad("--node_timeout_seconds must be >= 1");
+    }
   }
   if (!c.no_sync && c.coordinator.empty()) {
     return bad("--coordinator is empty; give host:port, or --no_sync");
@@ -400,13 +482,36 @@ absl::Status Run(const Config& c) {
   Net model;
   model->to(device);
 
+  // The node group, if any: local rank 0 is the node's only member of the
+  // job, with weight = the node's process count.
+  NodeGroup node_group;
+  if (c.local_world_size > 1) {
+    NodeGroupOptions group_options;
+    group_options.local_rank = c.local_rank;
+    group_options.local_world_size = c.local_world_size;
+    group_options.store_address = c.node_store;
+    group_options.cuda = device.is_cuda() && NodeGroupHasNccl();
+    group_options.timeout = absl::Seconds(c.node_timeout_seconds);
+    absl::StatusOr<NodeGroup> made = MakeNodeGroup(group_options);
+    if (!made.ok()) return made.status();
+    node_group = *std::move(made);
+    Emit(c, absl::StrFormat("node_group local_rank=%d local_world_size=%d "
+                            "backend=%s store=%s",
+                            node_group.rank(), node_group.size(),
+                            node_group.backend(), c.node_store));
+  }
+
   // Join the job and adopt its global state (the first member seeds it).
   std::unique_ptr<Client> client;
-  if (!c.no_sync) {
+  if (!c.no_sync && node_group.rank() == 0) {
     ClientOptions options;
     options.target = c.coordinator;
     options.job_id = c.job;
-    options.member_name = absl::StrCat("rank", c.rank);
+    options.member_name =
+        node_group.valid()
+            ? absl::StrCat("node-rank", c.rank, "x", node_group.size())
+            : absl::StrCat("rank", c.rank);
+    options.weight = node_group.size();
     options.settings.local_sgd_steps = static_cast<uint32_t>(c.k);
     options.settings.wire_dtype = c.wire_dtype;
     options.settings.rendezvous_members = static_cast<uint32_t>(c.rendezvous);
@@ -418,6 +523,7 @@ absl::Status Run(const Config& c) {
   LocalSGDOptions local_sgd_options;
   local_sgd_options.local_sgd_steps = c.k;
   local_sgd_options.enabled = !c.no_sync;
+  local_sgd_options.node_group = node_group;
   absl::StatusOr<std::unique_ptr<LocalSGD>> created =
       LocalSGD::Create(*model, client.get(), local_sgd_options);
   if (!created.ok()) {
@@ -441,12 +547,10 @@ absl::Status Run(const Config& c) {
   // after every successful sync.
   const int64_t start_round =
       client != nullptr ? static_cast<int64_t>(client->state_round()) : 0;
-  auto dump_round = [&](absl::string_view what,
-                        int64_t round) -> absl::Status {
+  auto dump_round = [&](absl::string_view what, int64_t round) -> absl::Status {
     if (c.dump_dir.empty()) return absl::OkStatus();
     return DumpParams(
-        model,
-        absl::StrCat(c.dump_dir, "/r", c.rank, "_", what, round, ".bin"),
+        model, absl::StrCat(c.dump_dir, "/r", c.rank, "_", what, round, ".bin"),
         "--dump_dir");
   };
   if (absl::Status s = dump_round("init_round", start_round); !s.ok()) {
@@ -578,10 +682,11 @@ absl::Status Run(const Config& c) {
   absl::StrAppendFormat(
       &final_line,
       " first_loss=%.4f last_loss=%.4f sync_seconds_total=%.3f "
-      "train_seconds=%.1f",
+      "train_seconds=%.1f bytes_sent=%d bytes_received=%d",
       Mean(losses, 0, window),
       Mean(losses, losses.size() - window, losses.size()),
-      local_sgd->sync_seconds_total(), train_seconds);
+      local_sgd->sync_seconds_total(), train_seconds,
+      local_sgd->bytes_sent_total(), local_sgd->bytes_received_total());
   if (!c.dump_params.empty()) {
     if (absl::Status s = DumpParams(model, c.dump_params, "--dump_params");
         !s.ok()) {

@@ -1,0 +1,23 @@
+# cmake -DCACHE=<build>/CMakeCache.txt -DTORCH_DIR=<Torch_DIR> -P this
+# Fails unless LOCALSGD_WITH_NCCL (what configure decided) matches whether
+# the LibTorch's exported targets define USE_C10D_NCCL.
+file(STRINGS "${CACHE}" _line REGEX "^LOCALSGD_WITH_NCCL:")
+if(NOT _line)
+  message(FATAL_ERROR "LOCALSGD_WITH_NCCL not in ${CACHE}: client/CMakeLists.txt did not run the NCCL detection")
+endif()
+string(REGEX REPLACE "^[^=]*=" "" _configured "${_line}")
+file(GLOB _targets "${TORCH_DIR}/../Caffe2/Caffe2Targets*.cmake")
+set(_expected OFF)
+foreach(_file ${_targets})
+  file(STRINGS "${_file}" _defs REGEX "INTERFACE_COMPILE_DEFINITIONS.*USE_C10D_NCCL")
+  if(_defs)
+    set(_expected ON)
+  endif()
+endforeach()
+if(NOT _targets)
+  message(FATAL_ERROR "no Caffe2Targets*.cmake next to ${TORCH_DIR}")
+endif()
+if(NOT _configured STREQUAL _expected)
+  message(FATAL_ERROR "NCCL node-local path configured ${_configured}, but LibTorch at ${TORCH_DIR} says ${_expected}")
+endif()
+message(STATUS "NCCL node-local path: ${_configured}, as LibTorch at ${TORCH_DIR} implies")
