@@ -28,8 +28,10 @@ absl::Status FromGrpc(const grpc::Status& status) {
 }
 
 bool Retryable(const absl::Status& status) {
+  // CANCELLED: a call the server cut off while shutting down (the client's
+  // own cancellations return before this is asked).
   return absl::IsUnavailable(status) || absl::IsAborted(status) ||
-         absl::IsDeadlineExceeded(status);
+         absl::IsDeadlineExceeded(status) || absl::IsCancelled(status);
 }
 
 // Collects the chunks of one state or result stream into `staging`, each

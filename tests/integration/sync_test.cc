@@ -57,8 +57,10 @@ std::unique_ptr<CoordinatorServer> StartServer(uint32_t chunk_elements,
 }
 
 std::unique_ptr<Client> MakeClient(int port, const std::string& job,
-                                   const std::string& name, double weight = 1) {
+                                   const std::string& name, double weight = 1,
+                                   uint32_t rendezvous_members = 0) {
   ClientOptions options;
+  options.settings.rendezvous_members = rendezvous_members;
   options.target = absl::StrCat("127.0.0.1:", port);
   options.job_id = job;
   options.member_name = name;
@@ -566,8 +568,10 @@ TEST(ElasticTest, Sync_CoordinatorRestartedWithoutState_ReseedsAndContinues) {
   const Layout layout = LayoutOfSizes({40});
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::vector<float>> params(2, std::vector<float>(40, 1.0f));
+  // With a rendezvous of 2, a job the coordinator re-creates after losing it
+  // also starts only once both members are back.
   for (int i = 0; i < 2; ++i) {
-    clients.push_back(MakeClient(port, "restart", absl::StrCat("m", i)));
+    clients.push_back(MakeClient(port, "restart", absl::StrCat("m", i), 1, 2));
     ASSERT_TRUE(clients[i]->Join(layout).ok());
     ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
   }
@@ -587,30 +591,34 @@ TEST(ElasticTest, Sync_CoordinatorRestartedWithoutState_ReseedsAndContinues) {
   auto restarted = CoordinatorServer::Start(options);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
 
-  std::fill(params[0].begin(), params[0].end(), 5.0f);
-  std::fill(params[1].begin(), params[1].end(), 7.0f);
-  absl::StatusOr<SyncOutcome> a, b;
-  std::thread t([&] { a = clients[0]->Sync(absl::MakeSpan(params[0])); });
-  b = clients[1]->Sync(absl::MakeSpan(params[1]));
-  t.join();
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_TRUE(a->rejoined);
-  EXPECT_TRUE(b->rejoined);
-  // One of them re-seeded the job; both hold the same parameters, which are
-  // one member's or the mean of both.
+  // Each member trains on (here: sets its values) and syncs until it holds
+  // round 3, as a training loop would. Whoever comes back first re-seeds the
+  // job; the other contributes or adopts; the rendezvous makes round 1 wait
+  // for both, and both average every round after.
+  std::vector<absl::StatusOr<SyncOutcome>> first(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      bool first_sync = true;
+      while (clients[i]->state_round() < 3 || first_sync) {
+        std::fill(params[i].begin(), params[i].end(), 5.0f + 2 * i);
+        absl::StatusOr<SyncOutcome> o =
+            clients[i]->Sync(absl::MakeSpan(params[i]));
+        if (first_sync) first[i] = o;
+        first_sync = false;
+        if (!o.ok()) return;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(first[i].ok()) << first[i].status();
+    EXPECT_TRUE(first[i]->rejoined) << "member " << i;
+    EXPECT_EQ(clients[i]->state_round(), 3u);
+  }
+  // Round 3 averaged both: 5 and 7.
   EXPECT_EQ(params[0], params[1]);
-  const float v = params[0][0];
-  EXPECT_TRUE(v == 5.0f || v == 7.0f || v == 6.0f) << v;
-  // Training goes on: the next round averages both.
-  std::fill(params[0].begin(), params[0].end(), 1.0f);
-  std::fill(params[1].begin(), params[1].end(), 3.0f);
-  std::thread t2([&] { b = clients[1]->Sync(absl::MakeSpan(params[1])); });
-  a = clients[0]->Sync(absl::MakeSpan(params[0]));
-  t2.join();
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(params[0], params[1]);
+  for (float v : params[0]) EXPECT_EQ(v, 6.0f);
 }
 
 }  // namespace
