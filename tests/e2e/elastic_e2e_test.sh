@@ -161,32 +161,9 @@ if grep -Eq "member rank[023] \([0-9a-f]+\) lost its lease" "$clog"; then
 fi
 
 # The survivors: same final round >= MAX_ROUNDS, identical parameters.
-final_round=""
 for r in 0 3; do
-  fr=$(last_round "$r")
-  dr=$(e2e_last_round "$dumps" "$r")
-  if ((fr < MAX_ROUNDS)); then
-    e2e_fail "worker $r ended at round $fr, want >= $MAX_ROUNDS"
-  fi
-  [[ $dr == "$fr" ]] ||
-    e2e_fail "worker $r: last dump r${r}_round${dr:-none}.bin, last sync line round $fr"
-  [[ -s $E2E_TMP/final$r.bin ]] || e2e_fail "worker $r wrote no --dump_params file"
-  if [[ -z $final_round ]]; then
-    final_round=$fr
-  elif [[ $fr != "$final_round" ]]; then
-    e2e_fail "survivors ended in different rounds: worker 0 at $final_round, worker $r at $fr"
-  fi
+  e2e_check_survivor "$r" "$(log "$r")" "$dumps" "$MAX_ROUNDS"
 done
-if [[ -f $dumps/r0_round$final_round.bin && -f $dumps/r3_round$final_round.bin ]]; then
-  cmp -s "$dumps/r0_round$final_round.bin" "$dumps/r3_round$final_round.bin" ||
-    e2e_fail "survivors' parameters after round $final_round differ: $(cmp "$dumps/r0_round$final_round.bin" "$dumps/r3_round$final_round.bin" 2>&1 | head -n 1)"
-  cmp -s "$dumps/r0_round$final_round.bin" "$E2E_TMP/final0.bin" ||
-    e2e_fail "worker 0's --dump_params differs from its round $final_round dump"
-fi
-if [[ -s $E2E_TMP/final0.bin && -s $E2E_TMP/final3.bin ]]; then
-  cmp -s "$E2E_TMP/final0.bin" "$E2E_TMP/final3.bin" ||
-    e2e_fail "survivors' final --dump_params differ: $(cmp "$E2E_TMP/final0.bin" "$E2E_TMP/final3.bin" 2>&1 | head -n 1)"
-fi
 
 # Late joiners start from the job's global state: their parameters right
 # after joining equal worker 0's after the same round.
@@ -214,4 +191,4 @@ e2e_check_loss_fell 0 "$(log 0)" 0.8
 e2e_check_loss_fell 3 "$(log 3)" 1.0
 for r in 0 2 3; do e2e_last_line "$(log "$r")" "^rank=$r final "; done
 e2e_check
-e2e_pass "4 workers (2 joined late, 1 left, 1 SIGKILLed at round ~$killed_at_round); survivors 0 and 3 ended at round $final_round with identical parameters; in $(e2e_elapsed) s"
+e2e_pass "4 workers (2 joined late, 1 left, 1 SIGKILLed at round ~$killed_at_round); survivors 0 and 3 ended at round $E2E_FINAL_ROUND with identical parameters; in $(e2e_elapsed) s"

@@ -259,3 +259,36 @@ e2e_check_loss_fell() {
     e2e_fail "worker $rank: training loss did not fall: first_loss=$first last_loss=$last (want last < $factor first)"
   fi
 }
+
+# e2e_check_survivor RANK LOG DUMPS MIN_ROUND: checks a worker that ran to the
+# end: its last sync (in LOG) reached round >= MIN_ROUND, its last dump in
+# DUMPS is of that round and equals its --dump_params ($E2E_TMP/final<RANK>.bin),
+# it ended in the same round as the survivors checked before it
+# (E2E_FINAL_ROUND, set by the first), and its final parameters equal worker
+# 0's ($E2E_TMP/final0.bin) byte for byte.
+E2E_FINAL_ROUND=""
+e2e_check_survivor() {
+  local r=$1 log=$2 dumps=$3 min_round=$4 fr dr
+  fr=$(sed -n "s/^rank=$r sync round=\([0-9]*\) .*/\1/p" "$log" | tail -n 1)
+  fr=${fr:-0}
+  ((fr >= min_round)) || e2e_fail "worker $r ended at round $fr, want >= $min_round"
+  dr=$(e2e_last_round "$dumps" "$r")
+  [[ $dr == "$fr" ]] ||
+    e2e_fail "worker $r: last dump r${r}_round${dr:-none}.bin, last sync line round $fr"
+  if [[ -z $E2E_FINAL_ROUND ]]; then
+    E2E_FINAL_ROUND=$fr
+  elif [[ $fr != "$E2E_FINAL_ROUND" ]]; then
+    e2e_fail "workers ended in different rounds: round $E2E_FINAL_ROUND, worker $r at $fr"
+  fi
+  if [[ ! -s $E2E_TMP/final$r.bin ]]; then
+    e2e_fail "worker $r wrote no --dump_params file"
+    return
+  fi
+  if ((r > 0)) && ! cmp -s "$E2E_TMP/final0.bin" "$E2E_TMP/final$r.bin"; then
+    e2e_fail "worker $r's final parameters differ from worker 0's: $(cmp "$E2E_TMP/final0.bin" "$E2E_TMP/final$r.bin" 2>&1 | head -n 1)"
+  fi
+  if [[ -f $dumps/r${r}_round$fr.bin ]] &&
+      ! cmp -s "$dumps/r${r}_round$fr.bin" "$E2E_TMP/final$r.bin"; then
+    e2e_fail "worker $r's --dump_params differs from its round $fr dump"
+  fi
+}

@@ -246,28 +246,8 @@ after_syncs=$(grep -Ec "^rank=$CUT_WORKER sync round=" <<< "$after_cut" || true)
 ((after_syncs >= 2)) ||
   e2e_fail "worker $CUT_WORKER synced $after_syncs time(s) after the cut; want it to train on with the job"
 
-final_round=""
 for ((r = 0; r < WORKERS; r++)); do
-  fr=$(rounds "$r" | tail -n 1)
-  fr=${fr:-0}
-  ((fr >= MAX_ROUNDS)) || e2e_fail "worker $r ended at round $fr, want >= $MAX_ROUNDS"
-  dr=$(e2e_last_round "$dumps" "$r")
-  [[ $dr == "$fr" ]] ||
-    e2e_fail "worker $r: last dump r${r}_round${dr:-none}.bin, last sync line round $fr"
-  if [[ -z $final_round ]]; then
-    final_round=$fr
-  elif [[ $fr != "$final_round" ]]; then
-    e2e_fail "workers ended in different rounds: worker 0 at $final_round, worker $r at $fr"
-  fi
-  if [[ ! -s $E2E_TMP/final$r.bin ]]; then
-    e2e_fail "worker $r wrote no --dump_params file"
-  elif ((r > 0)) && ! cmp -s "$E2E_TMP/final0.bin" "$E2E_TMP/final$r.bin"; then
-    e2e_fail "worker $r's final parameters differ from worker 0's: $(cmp "$E2E_TMP/final0.bin" "$E2E_TMP/final$r.bin" 2>&1 | head -n 1)"
-  fi
-  if [[ -f $dumps/r${r}_round$fr.bin ]] &&
-      ! cmp -s "$dumps/r${r}_round$fr.bin" "$E2E_TMP/final$r.bin"; then
-    e2e_fail "worker $r's --dump_params differs from its round $fr dump"
-  fi
+  e2e_check_survivor "$r" "$(log "$r")" "$dumps" "$MAX_ROUNDS"
   e2e_last_line "$(log "$r")" "^rank=$r final "
 done
 e2e_check_loss_fell 0 "$(log 0)" 0.8
@@ -277,4 +257,4 @@ remove_namespaces
 left_over=$(ip netns list | grep -E "^$tag-" || true)
 [[ -z $left_over ]] || e2e_fail "namespaces left after cleanup: $left_over"
 e2e_check
-e2e_pass "$WORKERS workers over veth+bridge ($shaping); worker $CUT_WORKER cut off for $cut_s s (lease $LEASE_TTL), rejoined; all ended at round $final_round with identical parameters; in $(e2e_elapsed) s"
+e2e_pass "$WORKERS workers over veth+bridge ($shaping); worker $CUT_WORKER cut off for $cut_s s (lease $LEASE_TTL), rejoined; all ended at round $E2E_FINAL_ROUND with identical parameters; in $(e2e_elapsed) s"

@@ -178,7 +178,6 @@ else
 fi
 
 noticed=0
-final_round=""
 for ((r = 0; r < WORKERS; r++)); do
   if grep -Eq "^rank=$r (sync .* rejoined=1$|sync skipped )" "$(log "$r")"; then
     noticed=1
@@ -193,26 +192,7 @@ for ((r = 0; r < WORKERS; r++)); do
     fi
     prev=$round
   done < <(rounds "$r")
-  fr=$(rounds "$r" | tail -n 1)
-  fr=${fr:-0}
-  ((fr >= MAX_ROUNDS)) || e2e_fail "worker $r ended at round $fr, want >= $MAX_ROUNDS"
-  dr=$(e2e_last_round "$dumps" "$r")
-  [[ $dr == "$fr" ]] ||
-    e2e_fail "worker $r: last dump r${r}_round${dr:-none}.bin, last sync line round $fr"
-  if [[ -z $final_round ]]; then
-    final_round=$fr
-  elif [[ $fr != "$final_round" ]]; then
-    e2e_fail "workers ended in different rounds: worker 0 at $final_round, worker $r at $fr"
-  fi
-  if [[ ! -s $E2E_TMP/final$r.bin ]]; then
-    e2e_fail "worker $r wrote no --dump_params file"
-  elif ((r > 0)) && ! cmp -s "$E2E_TMP/final0.bin" "$E2E_TMP/final$r.bin"; then
-    e2e_fail "worker $r's final parameters differ from worker 0's: $(cmp "$E2E_TMP/final0.bin" "$E2E_TMP/final$r.bin" 2>&1 | head -n 1)"
-  fi
-  if [[ -f $dumps/r${r}_round$fr.bin ]] &&
-      ! cmp -s "$dumps/r${r}_round$fr.bin" "$E2E_TMP/final$r.bin"; then
-    e2e_fail "worker $r's --dump_params differs from its round $fr dump"
-  fi
+  e2e_check_survivor "$r" "$(log "$r")" "$dumps" "$MAX_ROUNDS"
   e2e_check_loss_fell "$r" "$(log "$r")" 0.8
   e2e_last_line "$(log "$r")" "^rank=$r final "
 done
@@ -220,4 +200,4 @@ done
   e2e_fail "no worker printed rejoined=1 or a skipped sync: none noticed the restart"
 
 e2e_check
-e2e_pass "$WORKERS workers rode out a coordinator SIGKILL after round $last_closed_1 and its restart (resumed at round $first_closed_2); all ended at round $final_round with identical parameters; in $(e2e_elapsed) s"
+e2e_pass "$WORKERS workers rode out a coordinator SIGKILL after round $last_closed_1 and its restart (resumed at round $first_closed_2); all ended at round $E2E_FINAL_ROUND with identical parameters; in $(e2e_elapsed) s"
