@@ -50,7 +50,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (!coordinator.ok()) return coordinator.status();
   server->coordinator_ = *std::move(coordinator);
   server->service_ = std::make_unique<CoordinatorService>(
-      server->coordinator_.get(), server->metrics_.get());
+      server->coordinator_.get(), options.max_message_bytes,
+      server->metrics_.get());
   if (!options.metrics_listen_address.empty()) {
     if (absl::Status s = server->metrics_->Serve(options.metrics_listen_address,
                                                  server->coordinator_.get());

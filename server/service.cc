@@ -403,6 +403,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(
     policy->set_round_deadline_ms(
         absl::ToInt64Milliseconds(options.policy.round_deadline));
     policy->set_min_quorum(options.policy.min_quorum);
+    policy->set_max_message_bytes(static_cast<uint64_t>(max_message_bytes_));
     response->set_has_state(result->has_state);
     response->set_state_round(result->state_round);
     response->set_num_chunks(result->geometry.num_chunks());

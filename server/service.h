@@ -21,10 +21,13 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   // `coordinator` and `metrics` (may be null) must outlive the service.
   // `metrics` counts payload bytes per job and calls that end with a non-OK
-  // status.
-  explicit CoordinatorService(Coordinator* coordinator,
-                              Metrics* metrics = nullptr)
-      : coordinator_(coordinator), metrics_(metrics) {}
+  // status. `max_message_bytes` is the server's message limit, reported to
+  // members on Join.
+  CoordinatorService(Coordinator* coordinator, int max_message_bytes,
+                     Metrics* metrics = nullptr)
+      : coordinator_(coordinator),
+        max_message_bytes_(max_message_bytes),
+        metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -58,6 +61,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 
  private:
   Coordinator* const coordinator_;
+  const int max_message_bytes_;
   Metrics* const metrics_;
 
   absl::Mutex mu_;

@@ -518,6 +518,22 @@ TEST_F(BadInputTest, GetJobStatus_ReportsMembersAndRounds) {
   EXPECT_EQ(job.recent_rounds(1).close_reason(), v1::CLOSE_REASON_SEED);
 }
 
+TEST_F(BadInputTest, Join_ReportsTheCoordinatorsPolicy) {
+  v1::JoinRequest request;
+  request.set_job_id("job");
+  request.set_member_name("policy");
+  request.set_incarnation(9);
+  FillLayout(layout_, request.mutable_layout());
+  v1::JoinResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->Join(&context, request, &response).ok());
+  EXPECT_EQ(response.policy().max_message_bytes(), 17u << 20);
+  EXPECT_EQ(response.policy().lease_ttl_ms(), 30000u);
+  EXPECT_EQ(response.policy().min_quorum(), 1u);
+  EXPECT_EQ(response.num_chunks(), 3u);
+  EXPECT_EQ(response.num_elements(), 75u);
+}
+
 }  // namespace
 }  // namespace localsgd
 
