@@ -30,68 +30,17 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-900}
 COORDINATOR=$BUILD_DIR/server/localsgd-coordinator
 WORKER=$BUILD_DIR/examples/localsgd-fashion-mnist
 
-log() { echo "[nodes] $*"; }
-die() { echo "[nodes] error: $*" >&2; exit 1; }
-
-for bin in "$COORDINATOR" "$WORKER"; do
-  [[ -x $bin ]] || die "$bin not found; build first (scripts/build.sh, or BUILD_DIR=<dir>)"
-done
+LAUNCH_TAG=nodes
+# shellcheck source=scripts/launch-lib.sh
+source scripts/launch-lib.sh
 ((NODES >= 1 && PROCS >= 1)) || die "NODES and PROCS must be >= 1"
-
-tmp=$(mktemp -d -t localsgd-nodes.XXXXXX)
-coordinator_pid=""
-worker_pids=()
-
-cleanup() {
-  local pid
-  for pid in "${worker_pids[@]}" $coordinator_pid; do
-    kill -TERM -- "-$pid" 2>/dev/null || true
-  done
-  for pid in "${worker_pids[@]}" $coordinator_pid; do
-    for _ in $(seq 50); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$pid" 2>/dev/null || true
-  done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'echo "[nodes] interrupted" >&2; exit 130' INT TERM
-
-# start TAG LOGFILE CMD...: as in scripts/run-demo.sh.
-start() {
-  local tag=$1 logfile=$2
-  shift 2
-  # shellcheck disable=SC2016  # expanded by the inner bash
-  setsid bash -c 'tag=$1 logfile=$2; shift 2
-    exec "$@" > >(tee "$logfile" | sed -u "s/^/[$tag] /") 2>&1' \
-    _ "$tag" "$logfile" "$@" &
-  STARTED_PID=$!
-}
 
 # A free loopback TCP port (the kernel's choice), for a node's store.
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# No metrics endpoint (its default port would clash between runs), where
-# the coordinator has one.
-coordinator_flags=(--listen=127.0.0.1:0 --port_file="$tmp/port")
-if "$COORDINATOR" --help 2>&1 | grep -q -- --metrics_listen; then
-  coordinator_flags+=(--metrics_listen=)
-fi
-start coordinator "$tmp/coordinator.log" \
-  "$COORDINATOR" "${coordinator_flags[@]}"
-coordinator_pid=$STARTED_PID
-port=""
-for _ in $(seq 300); do
-  if [[ -s $tmp/port ]]; then
-    port=$(tr -d '[:space:]' < "$tmp/port")
-    [[ $port =~ ^[0-9]+$ ]] && break
-    port=""
-  fi
-  kill -0 "$coordinator_pid" 2>/dev/null || die "the coordinator exited before listening"
-  sleep 0.1
-done
-[[ -n $port ]] || die "the coordinator did not write its port within 30 s"
+start_coordinator
 
 world=$((NODES * PROCS))
 job="nodes-$$"
@@ -110,24 +59,9 @@ for ((n = 0; n < NODES; n++)); do
   done
 done
 
-failed=0
-for ((r = 0; r < world; r++)); do
-  rc=0
-  wait "${worker_pids[r]}" || rc=$?
-  if ((rc != 0)); then
-    log "rank $r failed (exit status $rc)"
-    failed=1
-  fi
-done
-kill -TERM "$coordinator_pid" 2>/dev/null || true
-for _ in $(seq 300); do kill -0 "$coordinator_pid" 2>/dev/null || break; sleep 0.1; done
-sleep 0.2
-
-echo
-log "summary:"
-for ((r = 0; r < world; r++)); do
-  grep -h " final " "$tmp/worker$r.log" | sed "s/^/[nodes]   /" || true
-done
+wait_workers
+stop_coordinator
+print_finals
 grep -h "round .* closed" "$tmp/coordinator.log" | tail -n 1 | sed "s/^/[nodes]   /" || true
 if ((failed)); then
   log "FAILED: at least one worker failed"
