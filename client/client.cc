@@ -1,5 +1,9 @@
 #include "client/client.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +13,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "glog/logging.h"
 #include "grpcpp/channel.h"
@@ -16,7 +21,9 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
+#include "client/credentials.h"
 #include "src/codec.h"
+#include "src/crc32c.h"
 
 namespace localsgd {
 namespace {
@@ -30,8 +37,11 @@ absl::Status FromGrpc(const grpc::Status& status) {
 bool Retryable(const absl::Status& status) {
   // CANCELLED: a call the server cut off while shutting down (the client's
   // own cancellations return before this is asked).
+  // DATA_LOSS: a chunk was corrupted in transfer (either way); resending
+  // the stream mends it.
   return absl::IsUnavailable(status) || absl::IsAborted(status) ||
-         absl::IsDeadlineExceeded(status) || absl::IsCancelled(status);
+         absl::IsDeadlineExceeded(status) || absl::IsCancelled(status) ||
+         absl::IsDataLoss(status);
 }
 
 // Collects the chunks of one state or result stream into `staging`, each
@@ -46,12 +56,21 @@ class ChunkReceiver {
         staging_(staging),
         got_(geometry.num_chunks(), false) {}
 
-  // INTERNAL for an index out of range or repeated, or a wrong size.
+  // INTERNAL for an index out of range or repeated, or a wrong size;
+  // DATA_LOSS (retryable) for data that does not match its CRC32C.
   absl::Status Add(const v1::Chunk& chunk) {
     const uint32_t i = chunk.index();
     if (i >= got_.size() || got_[i]) {
       return absl::InternalError(
           absl::StrCat(what_, " stream out of order at chunk ", i));
+    }
+    if (!chunk.has_crc32c()) {
+      return absl::InternalError(
+          absl::StrCat(what_, " chunk ", i, " has no crc32c"));
+    }
+    if (Crc32c(0, chunk.data()) != chunk.crc32c()) {
+      return absl::DataLossError(absl::StrCat(
+          what_, " chunk ", i, " does not match its CRC32C; fetching again"));
     }
     absl::Status s =
         DecodeValues(chunk.data(), wire_,
@@ -109,15 +128,27 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 }  // namespace
 
 absl::Status ClientOptions::Validate() const {
-  if (target.empty()) {
-    return absl::InvalidArgumentError("ClientOptions.target is empty");
+  if (target.empty() && replicas.empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.target and ClientOptions.replicas are both empty");
+  }
+  if (resolve_replicas && !replicas.empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.resolve_replicas resolves `target`; it does not go "
+        "with an explicit `replicas` list");
+  }
+  for (const std::string& r : replicas) {
+    if (r.empty()) {
+      return absl::InvalidArgumentError(
+          "ClientOptions.replicas has an empty address");
+    }
   }
   if (job_id.empty()) {
     return absl::InvalidArgumentError("ClientOptions.job_id is empty");
   }
-  if (!(weight > 0) || weight > 1e6) {
+  if (!(weight >= 1e-6) || weight > 1e6) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ClientOptions.weight must be in (0, 1e6]; got ", weight));
+        absl::StrCat("ClientOptions.weight must be in [1e-6, 1e6]; got ", weight));
   }
   if (settings.wire_dtype != DType::kUnspecified &&
       !IsWireDType(settings.wire_dtype)) {
@@ -132,22 +163,338 @@ absl::Status ClientOptions::Validate() const {
         "ClientOptions timeouts and backoffs must be positive, "
         "max_backoff >= initial_backoff");
   }
-  return absl::OkStatus();
+  return ChannelSecurityOf(*this).Validate("ClientOptions.");
 }
 
-class Client::Impl {
+// One coordinator replica: its channel, this process's membership there
+// (member id, heartbeats) and the chunks of the layout it owns. Without
+// sharding the client has exactly one, owning every chunk.
+//
+// Thread-safety: Client drives a replica from one thread at a time (its own
+// in ForEachReplica); the heartbeat thread touches only mu_-guarded fields.
+class Client::Replica {
  public:
-  Impl(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel)
+  Replica(const ClientOptions& options, std::string address,
+          std::shared_ptr<grpc::Channel> channel, uint64_t incarnation)
       : options_(options),
+        address_(std::move(address)),
         channel_(std::move(channel)),
-        stub_(v1::Coordinator::NewStub(channel_)) {
-    absl::BitGen gen;
-    do {
-      incarnation_ = absl::Uniform<uint64_t>(gen);
-    } while (incarnation_ == 0);
+        stub_(v1::Coordinator::NewStub(channel_)),
+        incarnation_(incarnation) {}
+
+  ~Replica() { StopHeartbeats(); }
+
+  const std::string& address() const { return address_; }
+  const JoinInfo& info() const { return info_; }
+  ShardSpec shard() const { return shard_; }
+  RoundId state_round() const { return state_round_; }
+  bool joined() const { return !info_.member_id.empty(); }
+
+  // Joins with `layout` (whole model of `total` elements). `expect_shard`:
+  // the shard this replica held before (a re-join), to check it still does.
+  absl::Status Join(const Layout& layout, uint64_t total,
+                    const ShardSpec* expect_shard) {
+    StopHeartbeats();
+    v1::JoinRequest request;
+    request.set_job_id(options_.job_id);
+    request.set_member_name(options_.member_name);
+    request.set_weight(options_.weight);
+    request.set_incarnation(incarnation_);
+    v1::Layout* l = request.mutable_layout();
+    l->set_fingerprint(layout.fingerprint);
+    for (const TensorSpec& spec : layout.tensors) {
+      v1::TensorSpec* t = l->add_tensors();
+      t->set_name(spec.name);
+      for (int64_t d : spec.shape) t->add_shape(d);
+      t->set_dtype(static_cast<v1::DType>(static_cast<int>(spec.dtype)));
+    }
+    v1::JobSettings* s = request.mutable_settings();
+    s->set_local_sgd_steps(options_.settings.local_sgd_steps);
+    s->set_chunk_elements(options_.settings.chunk_elements);
+    s->set_rendezvous_members(options_.settings.rendezvous_members);
+    s->set_wire_dtype(
+        static_cast<v1::DType>(static_cast<int>(options_.settings.wire_dtype)));
+    s->set_mode(static_cast<v1::AveragingMode>(
+        static_cast<int>(options_.settings.mode)));
+    s->set_nonfinite_policy(static_cast<v1::NonFinitePolicy>(
+        static_cast<int>(options_.settings.nonfinite_policy)));
+
+    v1::JoinResponse response;
+    absl::Status status = WithRetries("Join", [&] {
+      grpc::ClientContext context;
+      SetDeadline(&context, options_.rpc_timeout);
+      return FromGrpc(stub_->Join(&context, request, &response));
+    });
+    if (!status.ok()) return status;
+
+    JoinInfo info;
+    info.member_id = MemberId(response.member_id());
+    info.settings.local_sgd_steps = response.settings().local_sgd_steps();
+    info.settings.chunk_elements = response.settings().chunk_elements();
+    info.settings.rendezvous_members = response.settings().rendezvous_members();
+    info.settings.wire_dtype =
+        static_cast<DType>(response.settings().wire_dtype());
+    info.settings.mode = static_cast<AveragingMode>(response.settings().mode());
+    info.settings.nonfinite_policy =
+        static_cast<NonFinitePolicy>(response.settings().nonfinite_policy());
+    info.lease_ttl = absl::Milliseconds(response.policy().lease_ttl_ms());
+    info.has_state = response.has_state();
+    info.state_round = response.state_round();
+    info.num_chunks = response.num_chunks();
+    info.num_elements = response.num_elements();
+    if (!IsWireDType(info.settings.wire_dtype) ||
+        info.settings.chunk_elements == 0 || info.num_chunks == 0 ||
+        info.lease_ttl <= absl::ZeroDuration()) {
+      return absl::InternalError(absl::StrCat(
+          "coordinator ", address_,
+          ": Join response is malformed (wire dtype, chunk size or lease); "
+          "is it a compatible version?"));
+    }
+    ShardSpec shard{response.shard_index(),
+                    std::max<uint32_t>(response.shard_count(), 1)};
+    if (shard.index >= shard.count) {
+      return absl::InternalError(absl::StrCat(
+          "coordinator ", address_, " says it is shard ", shard.index, " of ",
+          shard.count));
+    }
+    if (expect_shard != nullptr && !(shard == *expect_shard)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "coordinator ", address_, " was shard ", expect_shard->index, " of ",
+          expect_shard->count, " and now says it is shard ", shard.index,
+          " of ", shard.count, "; were the replicas restarted with other "
+          "--shard_index/--shard_count?"));
+    }
+    const uint64_t want =
+        ShardElements(total, info.settings.chunk_elements, shard);
+    if (info.num_elements != want) {
+      return absl::InternalError(absl::StrCat(
+          "coordinator ", address_, " (shard ", shard.index, " of ",
+          shard.count, ") holds ", info.num_elements, " elements of the ",
+          total, "-element layout; its chunks of ",
+          info.settings.chunk_elements, " make ", want));
+    }
+    info_ = info;
+    shard_ = shard;
+    global_ = ChunkGeometry(total, info.settings.chunk_elements);
+    local_ = ChunkGeometry(info.num_elements, info.settings.chunk_elements);
+    state_round_ = info.state_round;
+    StartHeartbeats(info_.member_id, info_.lease_ttl / 3);
+    LOG(INFO) << "joined job " << options_.job_id << " at " << address_
+              << (shard.count > 1 ? absl::StrCat(" (shard ", shard.index,
+                                                 " of ", shard.count, ")")
+                                  : std::string())
+              << " as " << options_.member_name << " ("
+              << info_.member_id.str() << "); "
+              << (info_.has_state
+                      ? absl::StrCat("state at round ", info_.state_round)
+                      : std::string("no state yet"));
+    return absl::OkStatus();
   }
 
-  ~Impl() { StopHeartbeats(); }
+  // Seeds this replica's chunks of `params` or fetches them.
+  absl::Status Initialize(const Layout& layout, absl::Span<float> params) {
+    if (info_.has_state) return FetchState(layout, params).status();
+    absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, 0, params);
+    if (!outcome.ok()) return outcome.status();
+    LOG(INFO) << (outcome->contributed ? "seeded" : "adopted the seed of")
+              << " job " << options_.job_id << " at " << address_
+              << " (state round " << outcome->round << ")";
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<RoundId> FetchState(const Layout& layout,
+                                     absl::Span<float> params) {
+    staging_.resize(local_.num_elements());
+    RoundId round = 0;
+    absl::Status status = WithRetries("FetchState", [&]() -> absl::Status {
+      v1::FetchStateRequest request;
+      request.set_job_id(options_.job_id);
+      request.set_member_id(info_.member_id.str());
+      request.set_layout_fingerprint(layout.fingerprint);
+      grpc::ClientContext context;
+      SetDeadline(&context, options_.sync_timeout);
+      auto reader = stub_->FetchState(&context, request);
+      v1::FetchStateResponse response;
+      ChunkReceiver chunks("FetchState", local_, info_.settings.wire_dtype,
+                           absl::MakeSpan(staging_));
+      bool header = false;
+      absl::Status error;
+      while (error.ok() && reader->Read(&response)) {
+        if (response.has_header()) {
+          header = true;
+          round = response.header().round();
+          if (response.header().num_chunks() != local_.num_chunks()) {
+            error = absl::InternalError(
+                "FetchState header has the wrong chunk count");
+          }
+        } else if (!header) {
+          error =
+              absl::InternalError("FetchState sent a chunk before its header");
+        } else {
+          error = chunks.Add(response.chunk());
+        }
+      }
+      if (absl::Status s = FinishStream(context, *reader, error); !s.ok()) {
+        return s;
+      }
+      return chunks.CheckComplete();
+    });
+    if (!status.ok()) return status;
+    Scatter(params);
+    state_round_ = round;
+    return round;
+  }
+
+  // Client::Sync for this replica's chunks, re-joining if needed.
+  absl::StatusOr<SyncOutcome> Sync(const Layout& layout,
+                                   absl::Span<float> params) {
+    absl::StatusOr<SyncOutcome> outcome =
+        SyncRound(layout, state_round_ + 1, params);
+    // NOT_FOUND: the coordinator forgot the member (lease, restart) or the
+    // job (restart without state). FAILED_PRECONDITION: the job has no state
+    // or is behind this member. Joining again mends both.
+    if (absl::IsNotFound(outcome.status()) ||
+        absl::IsFailedPrecondition(outcome.status())) {
+      LOG(WARNING) << "job " << options_.job_id << " at " << address_ << ": "
+                   << outcome.status().message() << "; joining again";
+      outcome = Rejoin(layout, params);
+    }
+    return outcome;
+  }
+
+  absl::Status Leave() {
+    StopHeartbeats();
+    if (info_.member_id.empty()) return absl::OkStatus();
+    v1::LeaveRequest request;
+    request.set_job_id(options_.job_id);
+    request.set_member_id(info_.member_id.str());
+    v1::LeaveResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(5)));
+    absl::Status status =
+        FromGrpc(stub_->Leave(&context, request, &response));
+    info_.member_id = MemberId();
+    if (status.ok()) {
+      LOG(INFO) << "left job " << options_.job_id << " at " << address_;
+    }
+    return status;
+  }
+
+ private:
+  // Elements of `params` that the replica's chunk `j` covers.
+  absl::Span<float> Slice(absl::Span<float> params, uint32_t j) const {
+    const uint32_t g = j * shard_.count + shard_.index;
+    return params.subspan(global_.Offset(g), global_.Size(g));
+  }
+  // Copies the staged result into the replica's chunks of `params`.
+  void Scatter(absl::Span<float> params) const {
+    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+      const absl::Span<const float> from =
+          absl::MakeConstSpan(staging_).subspan(local_.Offset(j),
+                                                local_.Size(j));
+      std::copy(from.begin(), from.end(), Slice(params, j).begin());
+    }
+  }
+
+  absl::StatusOr<SyncOutcome> Rejoin(const Layout& layout,
+                                     absl::Span<float> params) {
+    const RoundId trained_from = state_round_;
+    const ShardSpec shard = shard_;
+    if (absl::Status s = Join(layout, global_.num_elements(), &shard);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<SyncOutcome> outcome;
+    if (!info_.has_state) {
+      // The coordinator lost the job: re-seed it with these parameters (or
+      // adopt another member's re-seed).
+      outcome = SyncRound(layout, 0, params);
+    } else if (info_.state_round <= trained_from) {
+      // The job's state is not newer than the one `params` grew from: they
+      // are a valid contribution to its next round.
+      outcome = SyncRound(layout, info_.state_round + 1, params);
+    } else {
+      absl::StatusOr<RoundId> round = FetchState(layout, params);
+      if (!round.ok()) return round.status();
+      outcome = SyncOutcome();
+      outcome->round = *round;
+      outcome->late = true;
+    }
+    if (outcome.ok()) {
+      outcome->rejoined = true;
+      LOG(INFO) << "job " << options_.job_id << " at " << address_
+                << ": joined again; now at round " << outcome->round
+                << (outcome->contributed ? " (contributed)" : " (adopted)");
+    }
+    return outcome;
+  }
+
+  // Sends the replica's chunks of `params` for `round` (0: seed) and stores
+  // the result in them.
+  absl::StatusOr<SyncOutcome> SyncRound(const Layout& layout, RoundId round,
+                                        absl::Span<float> params) {
+    const DType wire = info_.settings.wire_dtype;
+    // The result lands in a staging buffer and is copied into `params` only
+    // when complete: a retry must resend the member's own parameters.
+    staging_.resize(local_.num_elements());
+    SyncOutcome outcome;
+    absl::Status status = WithRetries(
+        absl::StrCat("Sync of round ", round), [&]() -> absl::Status {
+          outcome = SyncOutcome();
+          grpc::ClientContext context;
+          SetDeadline(&context, options_.sync_timeout);
+          auto stream = stub_->Sync(&context);
+          v1::SyncRequest request;
+          v1::SyncHeader* header = request.mutable_header();
+          header->set_job_id(options_.job_id);
+          header->set_member_id(info_.member_id.str());
+          header->set_round(round);
+          header->set_layout_fingerprint(layout.fingerprint);
+          bool writing = stream->Write(request);
+          for (uint32_t c = 0; writing && c < local_.num_chunks(); ++c) {
+            v1::Chunk* chunk = request.mutable_chunk();
+            chunk->set_index(c);
+            const absl::Span<const float> values = Slice(params, c);
+            std::string* data = chunk->mutable_data();
+            data->resize(WireBytes(wire, values.size()));
+            EncodeValuesTo(values, wire, data->data());
+            chunk->set_crc32c(Crc32c(0, *data));
+            outcome.bytes_sent += data->size();
+            writing = stream->Write(request);
+          }
+          if (writing) stream->WritesDone();
+
+          v1::SyncResponse response;
+          ChunkReceiver chunks("Sync result", local_, wire,
+                               absl::MakeSpan(staging_));
+          bool have_header = false;
+          absl::Status error;
+          while (error.ok() && stream->Read(&response)) {
+            if (response.has_result()) {
+              const v1::SyncResult& r = response.result();
+              have_header = true;
+              outcome.round = r.round();
+              outcome.contributed = r.contributed();
+              outcome.late = r.late();
+              outcome.contributors = r.contributors();
+              outcome.contributor_weight = r.contributor_weight();
+            } else if (!have_header) {
+              error = absl::InternalError("Sync sent a chunk before its result");
+            } else {
+              error = chunks.Add(response.chunk());
+            }
+          }
+          outcome.bytes_received = chunks.bytes();
+          if (absl::Status s = FinishStream(context, *stream, error); !s.ok()) {
+            return s;
+          }
+          return chunks.CheckComplete();
+        });
+    if (!status.ok()) return status;
+    Scatter(params);
+    state_round_ = outcome.round;
+    return outcome;
+  }
 
   // Runs `attempt` until it succeeds, fails with a code retrying cannot mend,
   // or max_retry_time has passed; exponential backoff with jitter.
@@ -161,7 +508,8 @@ class Client::Impl {
       if (absl::Now() + backoff > give_up) {
         return absl::Status(
             status.code(),
-            absl::StrCat(what, " failed after ", n, " attempts over ",
+            absl::StrCat(what, " at ", address_, " failed after ", n,
+                         " attempts over ",
                          absl::FormatDuration(options_.max_retry_time), ": ",
                          status.message()));
       }
@@ -170,8 +518,8 @@ class Client::Impl {
         absl::MutexLock lock(&mu_);
         jitter = absl::Uniform(gen_, 0.8, 1.2);
       }
-      LOG(WARNING) << what << " attempt " << n << " failed (" << status
-                   << "); retrying in "
+      LOG(WARNING) << what << " at " << address_ << " attempt " << n
+                   << " failed (" << status << "); retrying in "
                    << absl::FormatDuration(backoff * jitter);
       const absl::Time wake = absl::Now() + backoff * jitter;
       if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
@@ -203,10 +551,6 @@ class Client::Impl {
     if (heartbeat_.joinable()) heartbeat_.join();
   }
 
-  v1::Coordinator::Stub* stub() { return stub_.get(); }
-  uint64_t incarnation() const { return incarnation_; }
-
- private:
   void HeartbeatLoop(absl::Duration interval) {
     absl::MutexLock lock(&mu_);
     while (true) {
@@ -222,17 +566,25 @@ class Client::Impl {
       const grpc::Status status =
           stub_->Heartbeat(&context, request, &response);
       if (!status.ok()) {
-        LOG(WARNING) << "heartbeat for job " << options_.job_id
-                     << " failed: " << status.error_message();
+        LOG(WARNING) << "heartbeat for job " << options_.job_id << " at "
+                     << address_ << " failed: " << status.error_message();
       }
       mu_.Lock();
     }
   }
 
   const ClientOptions& options_;
+  const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
-  uint64_t incarnation_ = 0;
+  const uint64_t incarnation_;
+  JoinInfo info_;
+  ShardSpec shard_;
+  ChunkGeometry global_;  // the whole layout
+  ChunkGeometry local_;   // this replica's chunks, back to back
+  RoundId state_round_ = 0;
+  // Receives results before they replace the caller's parameters; reused.
+  std::vector<float> staging_;
   std::thread heartbeat_;
 
   absl::Mutex mu_;
@@ -241,9 +593,65 @@ class Client::Impl {
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
 };
 
+absl::StatusOr<std::vector<std::string>> ResolveReplicaAddresses(
+    absl::string_view host_port) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == absl::string_view::npos || colon + 1 == host_port.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", host_port, "' has no port; replicas resolve from host:port"));
+  }
+  std::string host(host_port.substr(0, colon));
+  const std::string port(host_port.substr(colon + 1));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &result);
+      rc != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot resolve '", host_port, "': ", gai_strerror(rc)));
+  }
+  std::vector<std::string> out;
+  for (addrinfo* a = result; a != nullptr; a = a->ai_next) {
+    char ip[INET6_ADDRSTRLEN] = {0};
+    if (a->ai_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr,
+                ip, sizeof(ip));
+      out.push_back(absl::StrCat(ip, ":", port));
+    } else if (a->ai_family == AF_INET6) {
+      inet_ntop(AF_INET6,
+                &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, ip,
+                sizeof(ip));
+      out.push_back(absl::StrCat("[", ip, "]:", port));
+    }
+  }
+  freeaddrinfo(result);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  if (out.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("'", host_port, "' resolves to no address"));
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   if (options.member_name.empty()) options.member_name = DefaultMemberName();
+  std::vector<std::string> addresses = options.replicas;
+  if (options.resolve_replicas) {
+    absl::StatusOr<std::vector<std::string>> resolved =
+        ResolveReplicaAddresses(options.target);
+    if (!resolved.ok()) return resolved.status();
+    addresses = *std::move(resolved);
+    LOG(INFO) << options.target << " resolves to " << addresses.size()
+              << " coordinator replicas: " << absl::StrJoin(addresses, ", ");
+  }
+  if (addresses.empty()) addresses.push_back(options.target);
+
   grpc::ChannelArguments args;
   // Results come back in chunks of the job's size; allow the largest the
   // coordinator may use, not INT_MAX.
@@ -255,286 +663,191 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(
-      options.target, grpc::InsecureChannelCredentials(), args);
-  auto client =
-      std::unique_ptr<Client>(new Client(std::move(options), nullptr));
-  client->impl_ = std::make_unique<Impl>(client->options_, std::move(channel));
+  uint64_t incarnation = 0;
+  {
+    absl::BitGen gen;
+    while (incarnation == 0) incarnation = absl::Uniform<uint64_t>(gen);
+  }
+  auto client = std::unique_ptr<Client>(new Client(std::move(options)));
+  const ChannelSecurity security = ChannelSecurityOf(client->options_);
+  for (std::string& address : addresses) {
+    // TLS, token: credentials.h. With several replicas, one channel (one
+    // connection) each: they are different servers.
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        CreateSecureChannel(address, security, args);
+    if (!channel.ok()) return channel.status();
+    client->replicas_.push_back(std::make_unique<Replica>(
+        client->options_, std::move(address), *std::move(channel),
+        incarnation));
+  }
   return client;
 }
 
-Client::Client(ClientOptions options, std::unique_ptr<Impl> impl)
-    : options_(std::move(options)), impl_(std::move(impl)) {}
+Client::Client(ClientOptions options) : options_(std::move(options)) {}
 
 Client::~Client() {
-  if (!info_.member_id.empty()) {
+  if (joined_) {
     absl::Status s = Leave();
     if (!s.ok()) LOG(WARNING) << "leaving job " << options_.job_id << ": " << s;
   }
 }
 
+absl::Status Client::ForEachReplica(
+    const std::function<absl::Status(Replica&)>& fn) {
+  const size_t n = replicas_.size();
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n - 1);
+  for (size_t i = 1; i < n; ++i) {
+    threads.emplace_back([&, i] { status[i] = fn(*replicas_[i]); });
+  }
+  status[0] = fn(*replicas_[0]);
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < n; ++i) {
+    if (status[i].ok()) continue;
+    if (n == 1) return status[i];
+    return absl::Status(status[i].code(),
+                        absl::StrCat("coordinator replica ",
+                                     replicas_[i]->address(), ": ",
+                                     status[i].message()));
+  }
+  return absl::OkStatus();
+}
+
+RoundId Client::state_round() const {
+  RoundId round = replicas_[0]->state_round();
+  for (const auto& r : replicas_) round = std::min(round, r->state_round());
+  return round;
+}
+
 absl::Status Client::Join(const Layout& layout) {
-  impl_->StopHeartbeats();
-  v1::JoinRequest request;
-  request.set_job_id(options_.job_id);
-  request.set_member_name(options_.member_name);
-  request.set_weight(options_.weight);
-  request.set_incarnation(impl_->incarnation());
-  v1::Layout* l = request.mutable_layout();
-  l->set_fingerprint(layout.fingerprint);
-  for (const TensorSpec& spec : layout.tensors) {
-    v1::TensorSpec* t = l->add_tensors();
-    t->set_name(spec.name);
-    for (int64_t d : spec.shape) t->add_shape(d);
-    t->set_dtype(static_cast<v1::DType>(static_cast<int>(spec.dtype)));
+  absl::StatusOr<uint64_t> total = ValidateLayout(layout, ~uint64_t{0});
+  if (!total.ok()) return total.status();
+  if (absl::Status s = ForEachReplica([&](Replica& r) {
+        return r.Join(layout, *total, /*expect_shard=*/nullptr);
+      });
+      !s.ok()) {
+    return s;
   }
-  v1::JobSettings* s = request.mutable_settings();
-  s->set_local_sgd_steps(options_.settings.local_sgd_steps);
-  s->set_chunk_elements(options_.settings.chunk_elements);
-  s->set_rendezvous_members(options_.settings.rendezvous_members);
-  s->set_wire_dtype(
-      static_cast<v1::DType>(static_cast<int>(options_.settings.wire_dtype)));
-  s->set_mode(
-      static_cast<v1::AveragingMode>(static_cast<int>(options_.settings.mode)));
-
-  v1::JoinResponse response;
-  absl::Status status = impl_->WithRetries("Join", [&] {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
-    return FromGrpc(impl_->stub()->Join(&context, request, &response));
-  });
-  if (!status.ok()) return status;
-
-  JoinInfo info;
-  info.member_id = MemberId(response.member_id());
-  info.settings.local_sgd_steps = response.settings().local_sgd_steps();
-  info.settings.chunk_elements = response.settings().chunk_elements();
-  info.settings.rendezvous_members = response.settings().rendezvous_members();
-  info.settings.wire_dtype =
-      static_cast<DType>(response.settings().wire_dtype());
-  info.settings.mode = static_cast<AveragingMode>(response.settings().mode());
-  info.lease_ttl = absl::Milliseconds(response.policy().lease_ttl_ms());
-  info.has_state = response.has_state();
-  info.state_round = response.state_round();
-  info.num_chunks = response.num_chunks();
-  info.num_elements = response.num_elements();
-  if (!IsWireDType(info.settings.wire_dtype) ||
-      info.settings.chunk_elements == 0 || info.num_chunks == 0 ||
-      info.lease_ttl <= absl::ZeroDuration()) {
-    return absl::InternalError(
-        "coordinator's Join response is malformed (wire dtype, chunk size or "
-        "lease); is it a compatible version?");
+  joined_ = true;
+  layout_ = layout;
+  // The replicas must be the shards 0..S-1 of S, and agree on the settings.
+  const size_t n = replicas_.size();
+  std::vector<std::string> owner(n);
+  for (const auto& r : replicas_) {
+    const ShardSpec shard = r->shard();
+    if (shard.count != n) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "coordinator ", r->address(), " is shard ", shard.index, " of ",
+          shard.count, " but the client was given ", n,
+          " replica(s); list every replica (--shard_count says how many)"));
+    }
+    if (!owner[shard.index].empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "coordinators ", owner[shard.index], " and ", r->address(),
+          " are both shard ", shard.index, " of ", n,
+          "; give each replica its own --shard_index"));
+    }
+    owner[shard.index] = r->address();
+    const JobSettings& a = r->info().settings;
+    const JobSettings& b = replicas_[0]->info().settings;
+    if (a.chunk_elements != b.chunk_elements ||
+        a.wire_dtype != b.wire_dtype) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "coordinator replicas ", replicas_[0]->address(), " and ",
+          r->address(), " hold job ", options_.job_id,
+          " with different chunk sizes or wire dtypes; start the replicas "
+          "with the same settings"));
+    }
   }
-  info_ = info;
-  state_round_ = info.state_round;
-  if (&layout != &layout_) layout_ = layout;
-  impl_->StartHeartbeats(info_.member_id, info_.lease_ttl / 3);
-  LOG(INFO) << "joined job " << options_.job_id << " as "
-            << options_.member_name << " (" << info_.member_id.str() << "); "
-            << (info_.has_state
-                    ? absl::StrCat("state at round ", info_.state_round)
-                    : std::string("no state yet"));
+  info_ = replicas_[0]->info();
+  info_.num_elements = *total;
+  info_.num_chunks = static_cast<uint32_t>(
+      ChunkGeometry(*total, info_.settings.chunk_elements).num_chunks());
+  for (const auto& r : replicas_) {
+    info_.lease_ttl = std::min(info_.lease_ttl, r->info().lease_ttl);
+    info_.has_state = info_.has_state && r->info().has_state;
+    info_.state_round = std::min(info_.state_round, r->info().state_round);
+  }
   return absl::OkStatus();
 }
 
 absl::Status Client::Initialize(absl::Span<float> params) {
-  if (info_.member_id.empty()) {
-    return absl::FailedPreconditionError("Initialize before Join");
+  if (!joined_) return absl::FailedPreconditionError("Initialize before Join");
+  if (params.size() != info_.num_elements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("params has ", params.size(),
+                     " elements; the job's layout has ", info_.num_elements));
   }
-  if (info_.has_state) return FetchState(params).status();
-  // Seed; if another member seeded first, this adopts its seed.
-  absl::StatusOr<SyncOutcome> outcome = SyncRound(0, params);
-  if (!outcome.ok()) return outcome.status();
-  LOG(INFO) << (outcome->contributed ? "seeded" : "adopted the seed of")
-            << " job " << options_.job_id << " (state round " << outcome->round
-            << ")";
-  return absl::OkStatus();
+  // Seed or fetch each replica's chunks (a replica that lost its state is
+  // re-seeded with these parameters while the others fetch theirs).
+  return ForEachReplica(
+      [&](Replica& r) { return r.Initialize(layout_, params); });
 }
 
 absl::StatusOr<RoundId> Client::FetchState(absl::Span<float> params) {
-  if (info_.member_id.empty()) {
-    return absl::FailedPreconditionError("FetchState before Join");
-  }
+  if (!joined_) return absl::FailedPreconditionError("FetchState before Join");
   if (params.size() != info_.num_elements) {
     return absl::InvalidArgumentError(
         absl::StrCat("params has ", params.size(),
                      " elements; the job's layout has ", info_.num_elements));
   }
-  const ChunkGeometry geometry(info_.num_elements,
-                               info_.settings.chunk_elements);
-  const DType wire = info_.settings.wire_dtype;
-  std::vector<float>& staging = staging_;
-  staging.resize(params.size());
-  RoundId round = 0;
-  absl::Status status = impl_->WithRetries("FetchState", [&]() -> absl::Status {
-    v1::FetchStateRequest request;
-    request.set_job_id(options_.job_id);
-    request.set_member_id(info_.member_id.str());
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.sync_timeout);
-    auto reader = impl_->stub()->FetchState(&context, request);
-    v1::FetchStateResponse response;
-    ChunkReceiver chunks("FetchState", geometry, wire, absl::MakeSpan(staging));
-    bool header = false;
-    absl::Status error;
-    while (error.ok() && reader->Read(&response)) {
-      if (response.has_header()) {
-        header = true;
-        round = response.header().round();
-        if (response.header().num_chunks() != geometry.num_chunks()) {
-          error = absl::InternalError(
-              "FetchState header has the wrong chunk count");
-        }
-      } else if (!header) {
-        error =
-            absl::InternalError("FetchState sent a chunk before its header");
-      } else {
-        error = chunks.Add(response.chunk());
-      }
-    }
-    if (absl::Status s = FinishStream(context, *reader, error); !s.ok()) {
-      return s;
-    }
-    return chunks.CheckComplete();
-  });
-  if (!status.ok()) return status;
-  std::copy(staging.begin(), staging.end(), params.begin());
-  state_round_ = round;
-  return round;
+  if (absl::Status s = ForEachReplica(
+          [&](Replica& r) { return r.FetchState(layout_, params).status(); });
+      !s.ok()) {
+    return s;
+  }
+  return state_round();
 }
 
 absl::StatusOr<SyncOutcome> Client::Sync(absl::Span<float> params) {
-  if (info_.member_id.empty()) {
-    return absl::FailedPreconditionError("Sync before Join");
-  }
-  absl::StatusOr<SyncOutcome> outcome = SyncRound(state_round_ + 1, params);
-  // NOT_FOUND: the coordinator forgot the member (lease, restart) or the job
-  // (restart without state). FAILED_PRECONDITION: the job has no state or is
-  // behind this member. Joining again mends both.
-  if (absl::IsNotFound(outcome.status()) ||
-      absl::IsFailedPrecondition(outcome.status())) {
-    LOG(WARNING) << "job " << options_.job_id << ": "
-                 << outcome.status().message() << "; joining again";
-    outcome = Rejoin(params);
-  }
-  return outcome;
-}
-
-absl::StatusOr<SyncOutcome> Client::Rejoin(absl::Span<float> params) {
-  const RoundId trained_from = state_round_;
-  if (absl::Status s = Join(layout_); !s.ok()) return s;
-  absl::StatusOr<SyncOutcome> outcome;
-  if (!info_.has_state) {
-    // The coordinator lost the job: re-seed it with these parameters (or
-    // adopt another member's re-seed).
-    outcome = SyncRound(0, params);
-  } else if (info_.state_round <= trained_from) {
-    // The job's state is not newer than the one `params` grew from: they are
-    // a valid contribution to its next round.
-    outcome = SyncRound(info_.state_round + 1, params);
-  } else {
-    absl::StatusOr<RoundId> round = FetchState(params);
-    if (!round.ok()) return round.status();
-    outcome = SyncOutcome();
-    outcome->round = *round;
-    outcome->late = true;
-  }
-  if (outcome.ok()) {
-    outcome->rejoined = true;
-    LOG(INFO) << "job " << options_.job_id << ": joined again; now at round "
-              << outcome->round
-              << (outcome->contributed ? " (contributed)" : " (adopted)");
-  }
-  return outcome;
-}
-
-absl::StatusOr<SyncOutcome> Client::SyncRound(RoundId round,
-                                              absl::Span<float> params) {
+  if (!joined_) return absl::FailedPreconditionError("Sync before Join");
   if (params.size() != info_.num_elements) {
     return absl::InvalidArgumentError(
         absl::StrCat("params has ", params.size(),
                      " elements; the job's layout has ", info_.num_elements));
   }
-  const ChunkGeometry geometry(info_.num_elements,
-                               info_.settings.chunk_elements);
-  const DType wire = info_.settings.wire_dtype;
-  // The result lands in a staging buffer and is copied into `params` only
-  // when complete: a retry must resend the member's own parameters.
-  std::vector<float>& staging = staging_;
-  staging.resize(params.size());
-  SyncOutcome outcome;
-  absl::Status status = impl_->WithRetries(
-      absl::StrCat("Sync of round ", round), [&]() -> absl::Status {
-        outcome = SyncOutcome();
-        grpc::ClientContext context;
-        SetDeadline(&context, options_.sync_timeout);
-        auto stream = impl_->stub()->Sync(&context);
-        v1::SyncRequest request;
-        v1::SyncHeader* header = request.mutable_header();
-        header->set_job_id(options_.job_id);
-        header->set_member_id(info_.member_id.str());
-        header->set_round(round);
-        bool writing = stream->Write(request);
-        for (uint32_t c = 0; writing && c < geometry.num_chunks(); ++c) {
-          v1::Chunk* chunk = request.mutable_chunk();
-          chunk->set_index(c);
-          const auto values =
-              absl::MakeConstSpan(params.data(), params.size())
-                  .subspan(geometry.Offset(c), geometry.Size(c));
-          std::string* data = chunk->mutable_data();
-          data->resize(WireBytes(wire, values.size()));
-          EncodeValuesTo(values, wire, data->data());
-          outcome.bytes_sent += data->size();
-          writing = stream->Write(request);
-        }
-        if (writing) stream->WritesDone();
-
-        v1::SyncResponse response;
-        ChunkReceiver chunks("Sync result", geometry, wire,
-                             absl::MakeSpan(staging));
-        bool have_header = false;
-        absl::Status error;
-        while (error.ok() && stream->Read(&response)) {
-          if (response.has_result()) {
-            const v1::SyncResult& r = response.result();
-            have_header = true;
-            outcome.round = r.round();
-            outcome.contributed = r.contributed();
-            outcome.late = r.late();
-            outcome.contributors = r.contributors();
-            outcome.contributor_weight = r.contributor_weight();
-          } else if (!have_header) {
-            error = absl::InternalError("Sync sent a chunk before its result");
-          } else {
-            error = chunks.Add(response.chunk());
-          }
-        }
-        outcome.bytes_received = chunks.bytes();
-        if (absl::Status s = FinishStream(context, *stream, error); !s.ok()) {
-          return s;
-        }
-        return chunks.CheckComplete();
+  std::vector<SyncOutcome> outcomes(replicas_.size());
+  std::vector<Replica*> index;
+  for (const auto& r : replicas_) index.push_back(r.get());
+  if (absl::Status s = ForEachReplica([&](Replica& r) -> absl::Status {
+        const size_t i =
+            std::find(index.begin(), index.end(), &r) - index.begin();
+        absl::StatusOr<SyncOutcome> o = r.Sync(layout_, params);
+        if (!o.ok()) return o.status();
+        outcomes[i] = *o;
+        return absl::OkStatus();
       });
-  if (!status.ok()) return status;
-  std::copy(staging.begin(), staging.end(), params.begin());
-  state_round_ = outcome.round;
-  return outcome;
+      !s.ok()) {
+    return s;
+  }
+  // A replica may have re-joined under a new member id.
+  info_.member_id = replicas_[0]->info().member_id;
+  // One outcome for the whole model: replicas agree unless one restarted.
+  SyncOutcome all = outcomes[0];
+  for (size_t i = 1; i < outcomes.size(); ++i) {
+    const SyncOutcome& o = outcomes[i];
+    all.round = std::min(all.round, o.round);
+    all.contributed = all.contributed && o.contributed;
+    all.late = all.late || o.late;
+    all.contributors = std::min(all.contributors, o.contributors);
+    all.contributor_weight =
+        std::min(all.contributor_weight, o.contributor_weight);
+    all.bytes_sent += o.bytes_sent;
+    all.bytes_received += o.bytes_received;
+    all.rejoined = all.rejoined || o.rejoined;
+  }
+  return all;
 }
 
 absl::Status Client::Leave() {
-  impl_->StopHeartbeats();
-  if (info_.member_id.empty()) return absl::OkStatus();
-  v1::LeaveRequest request;
-  request.set_job_id(options_.job_id);
-  request.set_member_id(info_.member_id.str());
-  v1::LeaveResponse response;
-  grpc::ClientContext context;
-  SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(5)));
-  absl::Status status =
-      FromGrpc(impl_->stub()->Leave(&context, request, &response));
-  info_.member_id = MemberId();
-  if (status.ok()) LOG(INFO) << "left job " << options_.job_id;
-  return status;
+  absl::Status first;
+  for (const auto& r : replicas_) {
+    absl::Status s = r->Leave();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  joined_ = false;
+  return first;
 }
 
 }  // namespace localsgd

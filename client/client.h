@@ -22,6 +22,7 @@
 #define LOCALSGD_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,8 +38,20 @@ namespace localsgd {
 
 struct ClientOptions {
   // gRPC target of the coordinator, e.g. "localhost:50051" or
-  // "dns:///svc:50051".
+  // "dns:///svc:50051". Ignored when `replicas` is set.
   std::string target;
+  // Sharded coordinators (docs/design.md "Scale out"): the address of every
+  // replica, in any order. Each replica owns the chunks i with i mod S ==
+  // its shard index (it says which at Join; --shard_index/--shard_count);
+  // the client syncs with all of them in parallel. Empty: `target` alone.
+  // In Kubernetes list the StatefulSet pods' stable names
+  // (coordinator-0.coordinator:50051, ...), or see resolve_replicas.
+  std::vector<std::string> replicas;
+  // Take the replicas from DNS: `target` ("host:port") is resolved once, at
+  // Create, and every address it resolves to is a replica (a headless
+  // Service). A replica that comes back under a new address is not found
+  // again: prefer stable per-replica names in `replicas`.
+  bool resolve_replicas = false;
   // Job to join; created by its first member.
   std::string job_id;
   // Member name for logs and status; default "<hostname>/<pid>".
@@ -59,7 +72,25 @@ struct ClientOptions {
   absl::Duration max_backoff = absl::Seconds(1);
   absl::Duration max_retry_time = absl::Minutes(1);
 
-  // INVALID_ARGUMENT on empty target/job_id or a weight that is not > 0.
+  // Transport security and the job's token (client/credentials.h,
+  // docs/security.md). All empty: plaintext without a token.
+  // PEM CA bundle that signed the coordinator's certificate; non-empty: TLS.
+  std::string tls_ca_file;
+  // PEM client certificate and unencrypted key for mutual TLS (both or
+  // neither; need tls_ca_file).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Name to check in the coordinator's certificate instead of the target's
+  // host (GRPC_SSL_TARGET_NAME_OVERRIDE_ARG); needs tls_ca_file.
+  std::string tls_server_name;
+  // The job's bearer token, sent as `authorization: Bearer <token>` on every
+  // call; or a file that holds it. At most one of the two.
+  std::string token;
+  std::string token_file;
+
+  // INVALID_ARGUMENT on empty target/job_id or a weight that is not > 0, or
+  // TLS / token fields that do not go together. Files are read by
+  // Client::Create.
   absl::Status Validate() const;
 };
 
@@ -139,29 +170,38 @@ class Client {
   // Ends membership at once and stops heartbeats. Idempotent.
   absl::Status Leave();
 
-  // Valid after Join.
+  // Valid after Join. With several replicas: the member id and settings of
+  // shard 0's replica, the whole layout's chunks and elements, the shortest
+  // lease, and whether every replica had state.
   const JoinInfo& info() const { return info_; }
-  // Round of the state the parameters hold (after Initialize / Sync).
-  RoundId state_round() const { return state_round_; }
+  // Round of the state the parameters hold (after Initialize / Sync); with
+  // several replicas, the oldest of their rounds (they agree unless a
+  // replica lost its state).
+  RoundId state_round() const;
+  // Coordinator replicas (1 without sharding).
+  size_t num_replicas() const { return replicas_.size(); }
   const ClientOptions& options() const { return options_; }
 
  private:
-  class Impl;
-  explicit Client(ClientOptions options, std::unique_ptr<Impl> impl);
-  // Sends `params` for `round` (0: seed) and stores the result in them.
-  absl::StatusOr<SyncOutcome> SyncRound(RoundId round,
-                                        absl::Span<float> params);
-  // Joins again after losing membership; see Sync.
-  absl::StatusOr<SyncOutcome> Rejoin(absl::Span<float> params);
+  class Replica;
+  explicit Client(ClientOptions options);
+  // Runs `fn` for every replica, in parallel (replica 0 on this thread);
+  // returns the first error, naming the replica when there are several.
+  absl::Status ForEachReplica(
+      const std::function<absl::Status(Replica&)>& fn);
 
   ClientOptions options_;
-  std::unique_ptr<Impl> impl_;
-  // Receives results before they replace the caller's parameters; reused.
-  std::vector<float> staging_;
+  std::vector<std::unique_ptr<Replica>> replicas_;
   JoinInfo info_;
-  RoundId state_round_ = 0;
   Layout layout_;  // as given to Join, for joining again
+  bool joined_ = false;
 };
+
+// The addresses `host:port` resolves to, as "ip:port" / "[ipv6]:port", sorted
+// and without duplicates (ClientOptions::resolve_replicas). UNAVAILABLE if
+// the name does not resolve; INVALID_ARGUMENT if it has no port.
+absl::StatusOr<std::vector<std::string>> ResolveReplicaAddresses(
+    absl::string_view host_port);
 
 }  // namespace localsgd
 

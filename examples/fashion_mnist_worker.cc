@@ -57,6 +57,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/local_sgd.h"
@@ -64,7 +65,11 @@
 #include "examples/fashion_mnist.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051",
-          "gRPC target of the localsgd coordinator (host:port)");
+          "gRPC target of the localsgd coordinator (host:port); for sharded "
+          "coordinators a comma-separated list of every replica");
+ABSL_FLAG(bool, resolve_replicas, false,
+          "Sharded coordinators behind one DNS name (a headless Service): "
+          "every address --coordinator resolves to is a replica");
 ABSL_FLAG(std::string, job, "fashion-mnist",
           "Job id; all workers of one training run use the same");
 ABSL_FLAG(int32_t, rank, 0, "This worker's rank, in [0, --world)");
@@ -132,6 +137,18 @@ ABSL_FLAG(std::string, node_store, "",
           "it); empty: $LOCALSGD_NODE_STORE, else $MASTER_ADDR:$MASTER_PORT");
 ABSL_FLAG(int32_t, node_timeout_seconds, 300,
           "Timeout of the node group's rendezvous and collectives");
+// Transport security and the job's token (docs/security.md).
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle that signed the coordinator's certificate; set: TLS");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate for mutual TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name to check in the coordinator's certificate instead of the "
+          "--coordinator host");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the job's bearer token (for a coordinator with "
+          "--token_file)");
 
 namespace localsgd {
 namespace examples {
@@ -506,6 +523,10 @@ absl::Status Run(const Config& c) {
   if (!c.no_sync && node_group.rank() == 0) {
     ClientOptions options;
     options.target = c.coordinator;
+    if (absl::StrContains(c.coordinator, ',')) {
+      options.replicas = absl::StrSplit(c.coordinator, ',', absl::SkipEmpty());
+    }
+    options.resolve_replicas = absl::GetFlag(FLAGS_resolve_replicas);
     options.job_id = c.job;
     options.member_name =
         node_group.valid()
@@ -516,6 +537,11 @@ absl::Status Run(const Config& c) {
     options.settings.wire_dtype = c.wire_dtype;
     options.settings.rendezvous_members = static_cast<uint32_t>(c.rendezvous);
     options.settings.chunk_elements = static_cast<uint32_t>(c.chunk_elements);
+    options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+    options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+    options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+    options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+    options.token_file = absl::GetFlag(FLAGS_token_file);
     absl::StatusOr<std::unique_ptr<Client>> created = Client::Create(options);
     if (!created.ok()) return created.status();
     client = std::move(*created);

@@ -17,6 +17,11 @@ PKGS=(
   # 1.20) and Node.js with npm (Debian's npm conflicts with NodeSource's
   # nodejs); they are not installed here, and those tests skip without them.
   python3-grpcio python3-protobuf python3-yaml
+  # tests/fuzz: libFuzzer targets, built with clang (scripts/fuzz.sh).
+  clang libclang-rt-14-dev
+  # tests/security: certificates made at test time (openssl CLI); libcrypto
+  # headers for token digests (server/auth.cc).
+  openssl libssl-dev
 )
 if [[ "${LOCALSGD_WITH_PEER:-0}" == 1 ]]; then PKGS+=(python3-torch); fi
 

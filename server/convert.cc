@@ -1,6 +1,7 @@
 #include "server/convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/auth.h"
 
 namespace localsgd {
 
@@ -77,6 +78,21 @@ absl::StatusOr<JobSettings> SettingsFromProto(const v1::JobSettings& proto) {
       DTypeFromProto(proto.wire_dtype(), "settings.wire_dtype");
   if (!dtype.ok()) return dtype.status();
   settings.wire_dtype = *dtype;
+  switch (proto.nonfinite_policy()) {
+    case v1::NON_FINITE_POLICY_UNSPECIFIED:
+      settings.nonfinite_policy = NonFinitePolicy::kUnspecified;
+      break;
+    case v1::NON_FINITE_POLICY_REJECT:
+      settings.nonfinite_policy = NonFinitePolicy::kReject;
+      break;
+    case v1::NON_FINITE_POLICY_DROP:
+      settings.nonfinite_policy = NonFinitePolicy::kDrop;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("settings.nonfinite_policy has unknown value ",
+                       proto.nonfinite_policy()));
+  }
   switch (proto.mode()) {
     case v1::AVERAGING_MODE_UNSPECIFIED:
       settings.mode = AveragingMode::kUnspecified;
@@ -98,6 +114,8 @@ void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto) {
   proto->set_wire_dtype(DTypeToProto(settings.wire_dtype));
   proto->set_mode(
       static_cast<v1::AveragingMode>(static_cast<int>(settings.mode)));
+  proto->set_nonfinite_policy(static_cast<v1::NonFinitePolicy>(
+      static_cast<int>(settings.nonfinite_policy)));
 }
 
 absl::StatusOr<MemberId> ParseMemberId(const std::string& hex) {
@@ -137,7 +155,9 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
   proto->set_layout_fingerprint(s.layout.fingerprint);
   for (const MemberInfo& m : s.members) {
     v1::MemberStatus* p = proto->add_members();
-    p->set_member_id(m.id.str());
+    // Not the member id: whoever reads status could act as the member with
+    // it. A reference that tells members apart instead (auth.h MemberRef).
+    p->set_member_ref(MemberRef(m.id));
     p->set_member_name(m.name);
     p->set_weight(m.weight);
     p->set_incarnation(m.incarnation);

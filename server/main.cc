@@ -16,6 +16,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
@@ -52,12 +53,51 @@ ABSL_FLAG(uint32_t, chunk_elements, 256 * 1024,
           "ask for another size).");
 ABSL_FLAG(std::string, wire_dtype, "float32",
           "Default wire dtype for new jobs: float32 or bfloat16.");
+ABSL_FLAG(std::string, nonfinite_policy, "reject",
+          "Default for new jobs of what a chunk with a NaN or infinity does: "
+          "reject (the Sync fails with INVALID_ARGUMENT) or drop (the member "
+          "is dropped from that round).");
+ABSL_FLAG(uint32_t, shard_count, 1,
+          "Sharded coordinators: the number of replicas that share every job "
+          "(chunk i of a layout goes to replica i mod shard_count). Clients "
+          "list every replica. 1: this coordinator owns every chunk.");
+ABSL_FLAG(std::string, shard_index, "0",
+          "This replica's shard, in [0, shard_count); or 'ordinal' to take "
+          "the number after the last '-' of the host name (a StatefulSet "
+          "pod's ordinal).");
 ABSL_FLAG(uint32_t, max_jobs, 64, "Most jobs this coordinator holds.");
 ABSL_FLAG(uint32_t, max_members_per_job, 1024, "Most members in one job.");
 ABSL_FLAG(uint64_t, max_model_elements, uint64_t{2} << 30,
           "Largest model of a job, in elements (fp32 parameters).");
 ABSL_FLAG(int32_t, max_message_bytes, 17 << 20,
           "Largest gRPC message accepted or sent; bounds the chunk size.");
+ABSL_FLAG(uint32_t, max_streams_per_member, 4,
+          "Most Sync and FetchState streams one member may have open at "
+          "once; more get RESOURCE_EXHAUSTED. 0: no limit.");
+ABSL_FLAG(double, max_join_rate, 10,
+          "Join calls per second allowed per (job, member name), as a token "
+          "bucket holding --join_burst; more get RESOURCE_EXHAUSTED. 0: no "
+          "limit.");
+ABSL_FLAG(uint32_t, join_burst, 20,
+          "Join calls one (job, member name) may make at once before "
+          "--max_join_rate applies.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) of the coordinator. With --tls_key: gRPC "
+          "over TLS. Empty: plaintext (logged as a WARNING at start). The "
+          "metrics endpoint stays plaintext. See docs/security.md.");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM private key of --tls_cert (unencrypted).");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle for mutual TLS: only clients with a certificate "
+          "signed by it get in, and members are bound to their "
+          "certificate's subject. Needs --tls_cert. Empty: no client "
+          "certificates asked for.");
+ABSL_FLAG(std::string, token_file, "",
+          "Per-job bearer tokens, one '<job_id> <token>' or '<job_id> "
+          "sha256:<64 hex>' per line (# comments). Once set, every call needs "
+          "'authorization: Bearer <token>' with its job's token, and jobs not "
+          "in the file are refused. Reloaded on SIGHUP (a bad file keeps the "
+          "old tokens). Empty: no tokens.");
 ABSL_FLAG(uint32_t, recent_rounds, 100,
           "Closed rounds kept per job for status and late members.");
 ABSL_FLAG(std::string, state_dir, "",
@@ -145,6 +185,11 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.metrics_listen_address = absl::GetFlag(FLAGS_metrics_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.token_file = absl::GetFlag(FLAGS_token_file);
+  options.max_streams_per_member = absl::GetFlag(FLAGS_max_streams_per_member);
   localsgd::CoordinatorOptions& c = options.coordinator;
   c.policy.lease_ttl = absl::GetFlag(FLAGS_lease_ttl);
   c.policy.round_deadline = absl::GetFlag(FLAGS_round_deadline);
@@ -161,8 +206,36 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--wire_dtype must be float32 or bfloat16; got '", wire, "'"));
   }
+  const std::string nonfinite = absl::GetFlag(FLAGS_nonfinite_policy);
+  if (nonfinite == "reject") {
+    c.default_settings.nonfinite_policy = localsgd::NonFinitePolicy::kReject;
+  } else if (nonfinite == "drop") {
+    c.default_settings.nonfinite_policy = localsgd::NonFinitePolicy::kDrop;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nonfinite_policy must be reject or drop; got '", nonfinite, "'"));
+  }
+  c.shard.count = absl::GetFlag(FLAGS_shard_count);
+  {
+    std::string index = absl::GetFlag(FLAGS_shard_index);
+    std::string from = "--shard_index";
+    if (index == "ordinal") {
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      const std::string name(host);
+      index = name.substr(name.rfind('-') + 1);
+      from = absl::StrCat("the ordinal of host name '", name, "'");
+    }
+    if (!absl::SimpleAtoi(index, &c.shard.index)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          from, " is not a shard index (a number or 'ordinal'): '", index,
+          "'"));
+    }
+  }
   c.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   c.max_model_elements = absl::GetFlag(FLAGS_max_model_elements);
+  c.max_join_rate = absl::GetFlag(FLAGS_max_join_rate);
+  c.join_burst = absl::GetFlag(FLAGS_join_burst);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   return options;
@@ -179,7 +252,9 @@ int main(int argc, char** argv) {
       "Every flag can also be set by an environment variable: LOCALSGD_ and "
       "the flag name in upper case (--state_dir: LOCALSGD_STATE_DIR, "
       "--lease_ttl: LOCALSGD_LEASE_TTL). The command line wins over the "
-      "environment.");
+      "environment.\n"
+      "Signals: SIGTERM/SIGINT drain and exit (--shutdown_grace); SIGHUP "
+      "reloads --token_file.");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "server/main.cc");
@@ -195,12 +270,14 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
 
-  // Block the shutdown signals in every thread (gRPC's included, which are
-  // created below) and take them synchronously in main.
+  // Block the shutdown signals (and SIGHUP, the token reload) in every
+  // thread (gRPC's included, which are created below) and take them
+  // synchronously in main.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<localsgd::ServerOptions> options = OptionsFromFlags();
@@ -228,7 +305,13 @@ int main(int argc, char** argv) {
   }
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  // SIGHUP reloads the token file, here in main: a plain thread, where file
+  // I/O is fine (gRPC handlers never wait for it; they see the old tokens or
+  // the new ones, whole).
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    LOG(INFO) << "received SIGHUP; reloading --token_file";
+    (void)(*server)->ReloadCredentials();  // logs the outcome
+  }
   LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
             << "; draining";
   (*server)->Drain(absl::GetFlag(FLAGS_shutdown_grace));

@@ -24,7 +24,68 @@ absl::Status ServerOptions::Validate() const {
   if (tick_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("tick_interval must be positive");
   }
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together: give both (TLS) or neither "
+        "(plaintext)");
+  }
+  if (!tls_client_ca_file.empty() && tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca (mutual TLS) needs --tls_cert and --tls_key");
+  }
   return absl::OkStatus();
+}
+
+namespace {
+
+// The listening port's credentials: TLS (mutual with a client CA) from the
+// PEM files, read and checked now so that a bad file stops the start with a
+// message naming it; else plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert_file.empty()) {
+    LOG(WARNING) << "plaintext gRPC: no transport security (no --tls_cert / "
+                    "--tls_key); anyone on the network can read and alter "
+                    "the traffic. Fine on loopback or a trusted network "
+                    "only; see docs/security.md";
+    return grpc::InsecureServerCredentials();
+  }
+  absl::StatusOr<std::string> cert = ReadPemFile(
+      options.tls_cert_file, "--tls_cert", PemKind::kCertificates);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key =
+      ReadPemFile(options.tls_key_file, "--tls_key", PemKind::kPrivateKey);
+  if (!key.ok()) return key.status();
+  if (absl::Status s = CheckKeyMatchesCertificate(*cert, *key, "--tls_cert",
+                                                  "--tls_key");
+      !s.ok()) {
+    return s;
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!options.tls_client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadPemFile(
+        options.tls_client_ca_file, "--tls_client_ca", PemKind::kCertificates);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+    ssl.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    LOG(INFO) << "mutual TLS: clients need a certificate signed by "
+              << options.tls_client_ca_file;
+  } else {
+    ssl.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+    LOG(INFO) << "TLS with " << options.tls_cert_file
+              << "; clients are not asked for certificates";
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+absl::Status CoordinatorServer::ReloadCredentials() {
+  absl::Status s = authenticator_->Reload();
+  if (!s.ok()) LOG(ERROR) << "reloading the token file failed: " << s;
+  return s;
 }
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
@@ -49,9 +110,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       Coordinator::Create(options.coordinator);
   if (!coordinator.ok()) return coordinator.status();
   server->coordinator_ = *std::move(coordinator);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(options);
+  if (!credentials.ok()) return credentials.status();
+  absl::StatusOr<std::unique_ptr<Authenticator>> authenticator =
+      Authenticator::Create(options.token_file);
+  if (!authenticator.ok()) return authenticator.status();
+  server->authenticator_ = *std::move(authenticator);
   server->service_ = std::make_unique<CoordinatorService>(
       server->coordinator_.get(), options.max_message_bytes,
-      server->metrics_.get());
+      server->metrics_.get(), server->authenticator_.get(),
+      options.max_streams_per_member);
   if (!options.metrics_listen_address.empty()) {
     if (absl::Status s = server->metrics_->Serve(options.metrics_listen_address,
                                                  server->coordinator_.get());
@@ -63,8 +132,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen_address, *credentials,
+                           &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
@@ -83,8 +152,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   health->SetServingStatus(kLivenessService, true);
   server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
   LOG(INFO) << "coordinator listening on " << options.listen_address
-            << " (port " << server->port_
-            << "); plaintext: no transport security";
+            << " (port " << server->port_ << "); "
+            << (options.tls_cert_file.empty()        ? "plaintext"
+                : options.tls_client_ca_file.empty() ? "TLS"
+                                                     : "mutual TLS")
+            << (server->authenticator_->tokens_enabled()
+                    ? ", per-job tokens required"
+                    : ", no per-job tokens")
+            << (options.metrics_listen_address.empty()
+                    ? ""
+                    : "; the metrics endpoint is plaintext HTTP");
   return server;
 }
 

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
+#include "server/auth.h"
 #include "server/metrics.h"
 #include "server/service.h"
 #include "src/coordinator.h"
@@ -43,6 +44,21 @@ struct ServerOptions {
   // (the counters are kept all the same).
   std::string metrics_listen_address;
 
+  // Transport security (docs/security.md). PEM files, read once at Start.
+  // Both empty: plaintext, with a WARNING in the log. The metrics endpoint
+  // stays plaintext either way.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Mutual TLS: only clients whose certificate this CA bundle signed get in.
+  // Requires tls_cert_file.
+  std::string tls_client_ca_file;
+  // Per-job bearer tokens (format: server/auth.h). Empty: none; any caller
+  // may act on any job.
+  std::string token_file;
+  // Most Sync + FetchState streams one member may have open at once
+  // (RESOURCE_EXHAUSTED beyond). 0: no limit.
+  uint32_t max_streams_per_member = 4;
+
   absl::Status Validate() const;
 };
 
@@ -64,6 +80,12 @@ class CoordinatorServer {
   // The bound metrics port; 0 without a metrics endpoint.
   int metrics_port() const { return metrics_->port(); }
   Coordinator* coordinator() { return coordinator_.get(); }
+  const Authenticator* authenticator() const { return authenticator_.get(); }
+
+  // Reads the token file again (what SIGHUP does). On error the tokens
+  // loaded before stay in force and the error is returned (and logged).
+  // OK without a token file. Thread-safe.
+  absl::Status ReloadCredentials();
   Metrics* metrics() { return metrics_.get(); }
 
   // A graceful shutdown (SIGTERM). Readiness goes NOT_SERVING at once
@@ -105,6 +127,7 @@ class CoordinatorServer {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<CheckpointStore> store_;  // outlives coordinator_
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<Authenticator> authenticator_;  // outlives service_
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

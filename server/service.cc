@@ -10,6 +10,7 @@
 #include "glog/logging.h"
 #include "server/convert.h"
 #include "src/codec.h"
+#include "src/crc32c.h"
 
 namespace localsgd {
 namespace {
@@ -65,6 +66,45 @@ void EncodeStateChunk(const StateSnapshot& state, const ChunkGeometry& geometry,
   std::string* data = chunk->mutable_data();
   data->resize(WireBytes(wire_dtype, values.size()));
   EncodeValuesTo(values, wire_dtype, data->data());
+  // Every member receives the same bytes: their checksum is computed once.
+  chunk->set_crc32c(state.WireCrc(index, [&] { return Crc32c(0, *data); }));
+}
+
+// The layout fingerprint a Sync header or FetchState request names must be
+// the job's: a member whose model changed under it must not mix it in.
+absl::Status CheckFingerprint(const Job& job, uint64_t fingerprint,
+                              absl::string_view what) {
+  if (fingerprint == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has no layout_fingerprint; send the fingerprint of the "
+              "layout the member joined with"));
+  }
+  if (fingerprint != job.layout().fingerprint) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " names layout fingerprint ",
+        absl::Hex(fingerprint, absl::kZeroPad16), " but job '", job.id(),
+        "' averages layout ",
+        absl::Hex(job.layout().fingerprint, absl::kZeroPad16),
+        "; the member's model is not the job's (did it change?)"));
+  }
+  return absl::OkStatus();
+}
+
+// A chunk's checksum, checked before its data goes anywhere.
+absl::Status CheckChunkCrc(const v1::Chunk& chunk, absl::string_view what) {
+  if (!chunk.has_crc32c()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " chunk ", chunk.index(), " has no crc32c"));
+  }
+  const uint32_t crc = Crc32c(0, chunk.data());
+  if (crc != chunk.crc32c()) {
+    return absl::DataLossError(absl::StrCat(
+        what, " chunk ", chunk.index(), " is corrupt: its data has CRC32C ",
+        absl::Hex(crc, absl::kZeroPad8), ", the chunk says ",
+        absl::Hex(chunk.crc32c(), absl::kZeroPad8),
+        "; nothing of it was counted, resend it"));
+  }
+  return absl::OkStatus();
 }
 
 // One Sync stream. Reads the header and the chunks, feeding them to the
@@ -80,8 +120,11 @@ class SyncReactor final
     : public grpc::ServerBidiReactor<v1::SyncRequest, v1::SyncResponse> {
  public:
   SyncReactor(CoordinatorService* service, Coordinator* coordinator,
-              Metrics* metrics)
-      : service_(service), coordinator_(coordinator), metrics_(metrics) {
+              Metrics* metrics, CallerCredentials caller)
+      : service_(service),
+        coordinator_(coordinator),
+        metrics_(metrics),
+        caller_(std::move(caller)) {
     service_->StreamStarted();
     StartRead(&request_);
   }
@@ -170,10 +213,23 @@ class SyncReactor final
       }
       header_seen_ = true;
     }
+    // --- security: credentials, member binding, stream limit (auth.h).
+    if (absl::Status s = service_->AdmitStream(caller_, header.job_id(),
+                                               header.member_id(),
+                                               &stream_slot_);
+        !s.ok()) {
+      return s;
+    }
     MemberId member;
     std::shared_ptr<Job> job;
     if (absl::Status s = Resolve(coordinator_, header.job_id(),
                                  header.member_id(), &job, &member);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckFingerprint(
+            *job, header.layout_fingerprint(),
+            absl::StrCat("Sync header for round ", header.round()));
         !s.ok()) {
       return s;
     }
@@ -216,6 +272,11 @@ class SyncReactor final
     if (session == nullptr) {
       return absl::InvalidArgumentError(
           "Sync stream sent a chunk before its header");
+    }
+    if (absl::Status s = CheckChunkCrc(
+            chunk, absl::StrCat("Sync round ", session->round()));
+        !s.ok()) {
+      return s;
     }
     // Only this reactor's read path touches the session's chunk state, and
     // reads are sequential.
@@ -278,6 +339,10 @@ class SyncReactor final
   Coordinator* const coordinator_;
   Metrics* const metrics_;   // may be null
   v1::SyncRequest request_;  // read path only
+  // --- security: the call's credentials, and its stream slot (taken in
+  // OnHeader, read path only; released when the reactor is deleted).
+  const CallerCredentials caller_;
+  CoordinatorService::StreamSlot stream_slot_;
 
   absl::Mutex mu_;
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
@@ -300,12 +365,25 @@ class FetchStateReactor final
     : public grpc::ServerWriteReactor<v1::FetchStateResponse> {
  public:
   FetchStateReactor(CoordinatorService* service, Coordinator* coordinator,
-                    Metrics* metrics, const v1::FetchStateRequest& request)
+                    Metrics* metrics, const v1::FetchStateRequest& request,
+                    const CallerCredentials& caller)
       : service_(service), metrics_(metrics) {
     service_->StreamStarted();
     MemberId member;
+    // --- security: credentials, member binding, stream limit (auth.h).
+    if (absl::Status a = service_->AdmitStream(caller, request.job_id(),
+                                               request.member_id(),
+                                               &stream_slot_);
+        !a.ok()) {
+      Done(ToGrpcStatus(a));
+      return;
+    }
     absl::Status s = Resolve(coordinator, request.job_id(), request.member_id(),
                              &job_, &member);
+    if (s.ok()) {
+      s = CheckFingerprint(*job_, request.layout_fingerprint(),
+                           "FetchState request");
+    }
     if (s.ok()) {
       counters_ = CountersFor(metrics_, *job_);
       absl::StatusOr<std::shared_ptr<const StateSnapshot>> state =
@@ -357,6 +435,7 @@ class FetchStateReactor final
   CoordinatorService* const service_;
   Metrics* const metrics_;  // may be null
   ByteCounters counters_;
+  CoordinatorService::StreamSlot stream_slot_;  // --- security
   std::shared_ptr<Job> job_;
   std::shared_ptr<const StateSnapshot> state_;
   v1::FetchStateResponse response_;
@@ -381,6 +460,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(
     v1::JoinResponse* response) {
   absl::Status status = [&]() -> absl::Status {
     JoinRequestParams params;
+    // --- security: the job's token; the member is bound to the caller.
+    absl::StatusOr<Principal> principal =
+        AuthorizeCall(CallerFromContext(*context), request->job_id());
+    if (!principal.ok()) return principal.status();
+    params.principal = principal->BindingKey();
     params.member_name = request->member_name();
     params.weight = request->weight();
     params.incarnation = request->incarnation();
@@ -408,6 +492,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(
     response->set_state_round(result->state_round);
     response->set_num_chunks(result->geometry.num_chunks());
     response->set_num_elements(result->geometry.num_elements());
+    response->set_shard_index(options.shard.index);
+    response->set_shard_count(options.shard.count);
     return absl::OkStatus();
   }();
   if (!status.ok()) {
@@ -421,6 +507,13 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(
 grpc::ServerUnaryReactor* CoordinatorService::Leave(
     grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
     v1::LeaveResponse* response) {
+  // --- security: the job's token and the member's binding.
+  if (absl::Status s =
+          AuthorizeMemberCall(CallerFromContext(*context), request->job_id(),
+                              request->member_id());
+      !s.ok()) {
+    return FinishUnary(context, metrics_, "Leave", s);
+  }
   std::shared_ptr<Job> job;
   MemberId member;
   absl::Status status = Resolve(coordinator_, request->job_id(),
@@ -432,6 +525,13 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
     grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
+  // --- security: the job's token and the member's binding.
+  if (absl::Status s =
+          AuthorizeMemberCall(CallerFromContext(*context), request->job_id(),
+                              request->member_id());
+      !s.ok()) {
+    return FinishUnary(context, metrics_, "Heartbeat", s);
+  }
   std::shared_ptr<Job> job;
   MemberId member;
   absl::Status status = Resolve(coordinator_, request->job_id(),
@@ -449,13 +549,15 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
 
 grpc::ServerBidiReactor<v1::SyncRequest, v1::SyncResponse>*
 CoordinatorService::Sync(grpc::CallbackServerContext* context) {
-  return new SyncReactor(this, coordinator_, metrics_);
+  return new SyncReactor(this, coordinator_, metrics_,
+                         CallerFromContext(*context));
 }
 
 grpc::ServerWriteReactor<v1::FetchStateResponse>*
 CoordinatorService::FetchState(grpc::CallbackServerContext* context,
                                const v1::FetchStateRequest* request) {
-  return new FetchStateReactor(this, coordinator_, metrics_, *request);
+  return new FetchStateReactor(this, coordinator_, metrics_, *request,
+                               CallerFromContext(*context));
 }
 
 void CoordinatorService::StreamStarted() {
@@ -466,6 +568,78 @@ void CoordinatorService::StreamStarted() {
 void CoordinatorService::StreamDone() {
   absl::MutexLock lock(&mu_);
   --streams_;
+}
+
+// --- Security and per-member limits.
+
+absl::StatusOr<Principal> CoordinatorService::AuthorizeCall(
+    const CallerCredentials& caller, const std::string& job_id) const {
+  if (authenticator_ == nullptr) return Principal{"", caller.peer};
+  return authenticator_->Authorize(caller, job_id);
+}
+
+absl::Status CoordinatorService::AuthorizeMemberCall(
+    const CallerCredentials& caller, const std::string& job_id,
+    const std::string& member_hex) const {
+  absl::StatusOr<Principal> principal = AuthorizeCall(caller, job_id);
+  if (!principal.ok()) return principal.status();
+  // The binding lives with the member in the core (MemberInfo::principal),
+  // so it goes when the member leaves or loses its lease. An empty key means
+  // neither tokens nor client certificates are in use: every member's key
+  // is empty then, and there is nothing to look up.
+  const std::string key = principal->BindingKey();
+  if (key.empty()) return absl::OkStatus();
+  std::shared_ptr<Job> job;
+  MemberId member;
+  if (!Resolve(coordinator_, job_id, member_hex, &job, &member).ok()) {
+    return absl::OkStatus();  // the call reports it
+  }
+  return job->CheckPrincipal(member, key);
+}
+
+absl::Status CoordinatorService::AdmitStream(const CallerCredentials& caller,
+                                             const std::string& job_id,
+                                             const std::string& member_hex,
+                                             StreamSlot* slot) {
+  if (absl::Status s = AuthorizeMemberCall(caller, job_id, member_hex);
+      !s.ok()) {
+    return s;
+  }
+  if (max_streams_per_member_ == 0) return absl::OkStatus();
+  slot->Release();  // before mu_: it takes mu_ itself
+  absl::MutexLock lock(&mu_);
+  std::pair<std::string, std::string> key(job_id, member_hex);
+  uint32_t& open = member_streams_[key];
+  if (open >= max_streams_per_member_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this member of job '", job_id, "' has ", open,
+        " Sync/FetchState streams open, the limit (--max_streams_per_member=",
+        max_streams_per_member_, "); finish or cancel one first"));
+  }
+  ++open;
+  slot->service_ = this;
+  slot->key_ = std::move(key);
+  return absl::OkStatus();
+}
+
+CoordinatorService::StreamSlot& CoordinatorService::StreamSlot::operator=(
+    StreamSlot&& other) noexcept {
+  if (this != &other) {
+    Release();
+    service_ = std::exchange(other.service_, nullptr);
+    key_ = std::move(other.key_);
+  }
+  return *this;
+}
+
+void CoordinatorService::StreamSlot::Release() {
+  if (service_ == nullptr) return;
+  absl::MutexLock lock(&service_->mu_);
+  auto it = service_->member_streams_.find(key_);
+  if (it != service_->member_streams_.end() && --it->second == 0) {
+    service_->member_streams_.erase(it);
+  }
+  service_ = nullptr;
 }
 
 bool CoordinatorService::AwaitNoStreams(absl::Time deadline) {
@@ -483,6 +657,16 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(
   const uint32_t max_rounds =
       request->max_rounds() == 0 ? 10 : std::min(request->max_rounds(), 100u);
   const absl::Time now = absl::Now();
+  // --- security: with tokens, a job is visible only with its token.
+  const CallerCredentials caller = CallerFromContext(*context);
+  if (absl::Status s = request->job_id().empty()
+                           ? (authenticator_ == nullptr
+                                  ? absl::OkStatus()
+                                  : authenticator_->Authenticate(caller))
+                           : AuthorizeCall(caller, request->job_id()).status();
+      !s.ok()) {
+    return FinishUnary(context, metrics_, "GetJobStatus", s);
+  }
   if (!request->job_id().empty()) {
     absl::StatusOr<std::shared_ptr<Job>> job =
         coordinator_->FindJob(request->job_id());
@@ -492,6 +676,10 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(
     JobStatusToProto((*job)->Status(max_rounds), now, response->add_jobs());
   } else {
     for (const auto& job : coordinator_->Jobs()) {
+      if (authenticator_ != nullptr &&
+          !authenticator_->MayAccess(caller, job->id())) {
+        continue;  // --- security: not the caller's job
+      }
       JobStatusToProto(job->Status(max_rounds), now, response->add_jobs());
     }
   }

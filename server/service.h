@@ -7,11 +7,15 @@
 #define LOCALSGD_SERVER_SERVICE_H_
 
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
+#include "server/auth.h"
 #include "server/metrics.h"
 #include "src/coordinator.h"
 
@@ -19,15 +23,22 @@ namespace localsgd {
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  // `coordinator` and `metrics` (may be null) must outlive the service.
-  // `metrics` counts payload bytes per job and calls that end with a non-OK
-  // status. `max_message_bytes` is the server's message limit, reported to
-  // members on Join.
+  // `coordinator`, `metrics` and `authenticator` (both may be null) must
+  // outlive the service. `metrics` counts payload bytes per job and calls
+  // that end with a non-OK status. `max_message_bytes` is the server's
+  // message limit, reported to members on Join. `authenticator` checks each
+  // call's token and member binding (null: every call is allowed);
+  // `max_streams_per_member` bounds the Sync and FetchState streams one
+  // member has open at once (0: no limit).
   CoordinatorService(Coordinator* coordinator, int max_message_bytes,
-                     Metrics* metrics = nullptr)
+                     Metrics* metrics = nullptr,
+                     const Authenticator* authenticator = nullptr,
+                     uint32_t max_streams_per_member = 0)
       : coordinator_(coordinator),
         max_message_bytes_(max_message_bytes),
-        metrics_(metrics) {}
+        metrics_(metrics),
+        authenticator_(authenticator),
+        max_streams_per_member_(max_streams_per_member) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -59,13 +70,53 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   void StreamStarted();
   void StreamDone();
 
+  // --- Security and per-member limits (server/auth.h, docs/security.md).
+
+  // One open stream of one member, counted against max_streams_per_member
+  // until destroyed. Movable; default: counts nothing.
+  class StreamSlot {
+   public:
+    StreamSlot() = default;
+    StreamSlot(StreamSlot&& other) noexcept { *this = std::move(other); }
+    StreamSlot& operator=(StreamSlot&& other) noexcept;
+    ~StreamSlot() { Release(); }
+
+   private:
+    friend class CoordinatorService;
+    void Release();
+    CoordinatorService* service_ = nullptr;
+    std::pair<std::string, std::string> key_;  // job id, member id
+  };
+
+  // Authorizes a call for `job_id` (UNAUTHENTICATED / PERMISSION_DENIED, see
+  // Authenticator::Authorize).
+  absl::StatusOr<Principal> AuthorizeCall(const CallerCredentials& caller,
+                                          const std::string& job_id) const;
+  // AuthorizeCall, then PERMISSION_DENIED if `member_hex` names a member of
+  // the job bound to other credentials (Job::CheckPrincipal). An unknown job
+  // or member is left to the call to report.
+  absl::Status AuthorizeMemberCall(const CallerCredentials& caller,
+                                   const std::string& job_id,
+                                   const std::string& member_hex) const;
+  // AuthorizeMemberCall, then takes a stream slot of the member into `slot`:
+  // RESOURCE_EXHAUSTED if it has max_streams_per_member open already.
+  absl::Status AdmitStream(const CallerCredentials& caller,
+                           const std::string& job_id,
+                           const std::string& member_hex, StreamSlot* slot);
+
  private:
   Coordinator* const coordinator_;
   const int max_message_bytes_;
   Metrics* const metrics_;
 
+  const Authenticator* const authenticator_;  // may be null
+  const uint32_t max_streams_per_member_;     // 0: no limit
+
   absl::Mutex mu_;
   int streams_ ABSL_GUARDED_BY(mu_) = 0;
+  // Open streams per (job id, member id), for max_streams_per_member.
+  absl::flat_hash_map<std::pair<std::string, std::string>, uint32_t>
+      member_streams_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace localsgd

@@ -12,130 +12,27 @@
 #include <limits>
 #include <utility>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <nmmintrin.h>
-#define LOCALSGD_CRC32C_SSE42 1
-#endif
-
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "src/coordinator.h"
+#include "src/crc32c.h"
 
 namespace localsgd {
 namespace checkpoint_internal {
 namespace {
-
-constexpr uint32_t kCastagnoli = 0x82F63B78u;
-
-struct Crc32cTables {
-  uint32_t t[8][256];
-};
-
-// t[0] is the classic byte-at-a-time table; t[s][b] is the CRC of byte b
-// followed by s zero bytes, which lets the loop fold 8 bytes per step
-// ("slicing-by-8").
-constexpr Crc32cTables MakeCrc32cTables() {
-  Crc32cTables tables{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t crc = i;
-    for (int k = 0; k < 8; ++k)
-      crc = (crc >> 1) ^ ((crc & 1) ? kCastagnoli : 0);
-    tables.t[0][i] = crc;
-  }
-  for (int s = 1; s < 8; ++s) {
-    for (uint32_t i = 0; i < 256; ++i) {
-      const uint32_t prev = tables.t[s - 1][i];
-      tables.t[s][i] = (prev >> 8) ^ tables.t[0][prev & 0xff];
-    }
-  }
-  return tables;
-}
-
-constexpr Crc32cTables kTables = MakeCrc32cTables();
 
 inline uint32_t LoadLe32(const unsigned char* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
          static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
 }
 
-#ifdef LOCALSGD_CRC32C_SSE42
-// The SSE4.2 crc32 instruction computes exactly CRC32C. One dependent chain
-// of 8-byte steps runs at several GB/s, well above what the disk takes.
-__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t l,
-                                                       const unsigned char* p,
-                                                       size_t n) {
-  while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
-    l = _mm_crc32_u8(l, *p++);
-    --n;
-  }
-  uint64_t l64 = l;
-  while (n >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);  // x86 is little-endian, as the CRC wants
-    l64 = _mm_crc32_u64(l64, v);
-    p += 8;
-    n -= 8;
-  }
-  l = static_cast<uint32_t>(l64);
-  while (n > 0) {
-    l = _mm_crc32_u8(l, *p++);
-    --n;
-  }
-  return l;
-}
-#endif
-
 }  // namespace
-
-uint32_t Crc32cPortable(uint32_t crc, absl::string_view data) {
-  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
-  size_t n = data.size();
-  const auto& t = kTables.t;
-  uint32_t l = crc ^ 0xffffffffu;
-  while (n >= 8) {
-    const uint32_t lo = l ^ LoadLe32(p);
-    const uint32_t hi = LoadLe32(p + 4);
-    l = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^
-        t[4][lo >> 24] ^ t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^
-        t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
-    p += 8;
-    n -= 8;
-  }
-  while (n > 0) {
-    l = t[0][(l ^ *p++) & 0xff] ^ (l >> 8);
-    --n;
-  }
-  return l ^ 0xffffffffu;
-}
-
-bool Crc32cHasHardware() {
-#ifdef LOCALSGD_CRC32C_SSE42
-  static const bool has = __builtin_cpu_supports("sse4.2");
-  return has;
-#else
-  return false;
-#endif
-}
-
-uint32_t Crc32c(uint32_t crc, absl::string_view data) {
-#ifdef LOCALSGD_CRC32C_SSE42
-  if (Crc32cHasHardware()) {
-    return Crc32cSse42(crc ^ 0xffffffffu,
-                       reinterpret_cast<const unsigned char*>(data.data()),
-                       data.size()) ^
-           0xffffffffu;
-  }
-#endif
-  return Crc32cPortable(crc, data);
-}
-
 }  // namespace checkpoint_internal
 
 namespace {
 
-using checkpoint_internal::Crc32c;
 
 constexpr char kMagic[8] = {'L', 'S', 'G', 'D', 'C', 'K', 'P', 'T'};
 constexpr size_t kPrefixBytes = 24;  // magic, version, H, file length
@@ -204,10 +101,6 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values) {
   if (!elements.ok()) {
     return absl::StrCat("invalid layout: ", elements.status().message());
   }
-  if (*elements != num_values) {
-    return absl::StrCat("values count ", num_values, " != layout elements ",
-                        *elements);
-  }
   if (!IsWireDType(c.settings.wire_dtype)) {
     return absl::StrCat("unknown wire dtype ",
                         static_cast<int>(c.settings.wire_dtype));
@@ -216,8 +109,24 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values) {
     return absl::StrCat("unknown averaging mode ",
                         static_cast<int>(c.settings.mode));
   }
+  if (c.settings.nonfinite_policy != NonFinitePolicy::kReject &&
+      c.settings.nonfinite_policy != NonFinitePolicy::kDrop) {
+    return absl::StrCat("unknown non-finite policy ",
+                        static_cast<int>(c.settings.nonfinite_policy));
+  }
   if (c.settings.chunk_elements < 1) {
     return "chunk_elements is 0";
+  }
+  if (c.shard.count < 1 || c.shard.index >= c.shard.count) {
+    return absl::StrCat("invalid shard ", c.shard.index, " of ", c.shard.count);
+  }
+  const uint64_t shard_elements =
+      ShardElements(*elements, c.settings.chunk_elements, c.shard);
+  if (shard_elements != num_values) {
+    return absl::StrCat("values count ", num_values,
+                        c.shard.count > 1 ? " != the shard's elements "
+                                          : " != layout elements ",
+                        shard_elements);
   }
   return "";
 }
@@ -233,6 +142,7 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values) {
   PutU32(&h, static_cast<uint32_t>(c.settings.wire_dtype));
   PutU32(&h, static_cast<uint32_t>(c.settings.mode));
   PutU32(&h, c.settings.rendezvous_members);
+  PutU32(&h, static_cast<uint32_t>(c.settings.nonfinite_policy));
   PutU64(&h, c.layout.fingerprint);
   PutU32(&h, static_cast<uint32_t>(c.layout.tensors.size()));
   for (const TensorSpec& t : c.layout.tensors) {
@@ -242,6 +152,8 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values) {
     PutU32(&h, static_cast<uint32_t>(t.shape.size()));
     for (int64_t d : t.shape) PutU64(&h, static_cast<uint64_t>(d));
   }
+  PutU32(&h, c.shard.index);
+  PutU32(&h, c.shard.count);
   PutU64(&h, num_values);
   return h;
 }
@@ -445,7 +357,7 @@ absl::Status Malformed(const HeaderReader& r, absl::string_view field) {
 // Fills everything but the values from the header bytes; returns the number
 // of values the header announces.
 absl::StatusOr<uint64_t> ParseHeader(absl::string_view header,
-                                     JobCheckpoint* c) {
+                                     uint32_t version, JobCheckpoint* c) {
   HeaderReader r(header);
   if (!r.String(&c->job_id)) return Malformed(r, "job id");
   if (!r.U64(&c->round)) return Malformed(r, "round");
@@ -459,6 +371,12 @@ absl::StatusOr<uint64_t> ParseHeader(absl::string_view header,
   // for any value of the enums' underlying int.
   c->settings.wire_dtype = static_cast<DType>(wire_dtype);
   c->settings.mode = static_cast<AveragingMode>(mode);
+  c->settings.nonfinite_policy = NonFinitePolicy::kReject;
+  if (version >= 2) {
+    uint32_t policy;
+    if (!r.U32(&policy)) return Malformed(r, "nonfinite policy");
+    c->settings.nonfinite_policy = static_cast<NonFinitePolicy>(policy);
+  }
   if (!r.U64(&c->layout.fingerprint)) return Malformed(r, "fingerprint");
   uint32_t num_tensors;
   if (!r.U32(&num_tensors)) return Malformed(r, "tensor count");
@@ -483,6 +401,11 @@ absl::StatusOr<uint64_t> ParseHeader(absl::string_view header,
       if (!r.U64(&d)) return Malformed(r, absl::StrCat("tensor ", i, " shape"));
       t.shape.push_back(static_cast<int64_t>(d));
     }
+  }
+  c->shard = ShardSpec();
+  if (version >= 2 &&
+      (!r.U32(&c->shard.index) || !r.U32(&c->shard.count))) {
+    return Malformed(r, "shard");
   }
   uint64_t num_values;
   if (!r.U64(&num_values)) return Malformed(r, "values count");
@@ -515,10 +438,12 @@ absl::StatusOr<JobCheckpoint> Decode(Source& in) {
                                             kPrefixBytes, " bytes"));
   }
   const uint32_t version = GetU32(prefix + 8);
-  if (version != kCheckpointFormatVersion) {
+  if (version < kOldestCheckpointFormatVersion ||
+      version > kCheckpointFormatVersion) {
     return absl::DataLossError(absl::StrCat(
-        "unsupported format version ", version, "; this build reads version ",
-        kCheckpointFormatVersion, " (written by a newer coordinator?)"));
+        "unsupported format version ", version, "; this build reads versions ",
+        kOldestCheckpointFormatVersion, " to ", kCheckpointFormatVersion,
+        " (written by a newer coordinator?)"));
   }
   const uint64_t header_bytes = GetU32(prefix + 12);
   const uint64_t file_length = GetU64(prefix + 16);
@@ -556,7 +481,8 @@ absl::StatusOr<JobCheckpoint> Decode(Source& in) {
 
   JobCheckpoint c;
   absl::StatusOr<uint64_t> num_values =
-      ParseHeader(absl::string_view(header).substr(0, header_bytes), &c);
+      ParseHeader(absl::string_view(header).substr(0, header_bytes), version,
+                  &c);
   if (!num_values.ok()) return num_values.status();
   if (file_length < header_end + kCrcBytes ||
       (file_length - header_end - kCrcBytes) / 4 != *num_values ||

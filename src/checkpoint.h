@@ -1,12 +1,12 @@
 // Durable checkpoints of coordinator job state: what a restarted coordinator
 // needs to resume a job (layout, settings, round, global parameters).
 //
-// File format, version 1. All integers little-endian; floats IEEE-754
+// File format, version 2. All integers little-endian; floats IEEE-754
 // binary32, little-endian.
 //
 //   offset  size  field
 //   0       8     magic "LSGDCKPT"
-//   8       4     format version (1)
+//   8       4     format version (2; 1 is read too)
 //   12      4     H: header length in bytes
 //   16      8     file length in bytes (all of it, the trailer included)
 //   24      H     header:
@@ -14,10 +14,12 @@
 //                   u64 round
 //                   u32 local_sgd_steps, u32 chunk_elements, u32 wire_dtype,
 //                   u32 mode, u32 rendezvous_members
+//                   u32 nonfinite_policy                 (version 2)
 //                   u64 layout fingerprint
 //                   u32 tensor count; per tensor: u32 name length, name
 //                     bytes, u32 dtype, u32 rank, rank x i64 dimensions
-//                   u64 N: number of values
+//                   u32 shard index, u32 shard count     (version 2)
+//                   u64 N: number of values (the shard's elements)
 //   24+H    4     masked CRC32C of bytes [0, 24+H)
 //   28+H    4N    the values
 //   end-4   4     masked CRC32C of bytes [0, end-4)
@@ -25,7 +27,9 @@
 // CRCs are masked as leveldb masks them (a CRC over data that holds CRCs is
 // weak otherwise). The header CRC lets a reader trust the header's lengths
 // before it reads gigabytes of values; the trailing CRC covers everything. A
-// later version changes the format version; this build reads version 1 only.
+// later version changes the format version. This build writes version 2 and
+// reads 1 (which had no non-finite policy, "reject", and no shards, {0, 1})
+// and 2.
 #ifndef LOCALSGD_SRC_CHECKPOINT_H_
 #define LOCALSGD_SRC_CHECKPOINT_H_
 
@@ -42,6 +46,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "src/crc32c.h"
 #include "src/layout.h"
 #include "src/types.h"
 
@@ -53,11 +58,17 @@ struct JobCheckpoint {
   Layout layout;              // tensors and fingerprint
   JobSettings settings;       // complete: the job's effective settings
   RoundId round = 0;          // round of `values` (0: the seed)
-  std::vector<float> values;  // the global state: one float per layout element
+  // The chunks of the layout this state holds (sharded coordinators).
+  ShardSpec shard;
+  // The global state: one float per element of the shard's chunks, back to
+  // back (every layout element without shards).
+  std::vector<float> values;
 };
 
 // The file format version this build writes and reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
+// The oldest format version this build reads.
+inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 
 // Returns the checkpoint in the file format above. `checkpoint` should be
 // valid (see CheckpointStore::Save); an invalid one is encoded as given and
@@ -149,17 +160,10 @@ class CheckpointStore {
 };
 
 namespace checkpoint_internal {
-
-// CRC32C (Castagnoli, reflected polynomial 0x82F63B78) of `data` continued
-// from `crc`, the CRC32C of the bytes before it (0 for none):
-// Crc32c(Crc32c(0, a), b) == Crc32c(0, a + b). Uses the SSE4.2 instruction
-// where the CPU has it. Exposed for tests.
-uint32_t Crc32c(uint32_t crc, absl::string_view data);
-// The same, table-driven (slicing-by-8), on every CPU.
-uint32_t Crc32cPortable(uint32_t crc, absl::string_view data);
-// Whether Crc32c uses a CPU instruction.
-bool Crc32cHasHardware();
-
+// Kept for the checkpoint tests; see src/crc32c.h.
+using ::localsgd::Crc32c;
+using ::localsgd::Crc32cHasHardware;
+using ::localsgd::Crc32cPortable;
 }  // namespace checkpoint_internal
 }  // namespace localsgd
 

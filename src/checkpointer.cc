@@ -6,7 +6,8 @@
 
 namespace localsgd {
 
-Checkpointer::Checkpointer(CheckpointStore* store) : store_(store) {
+Checkpointer::Checkpointer(CheckpointStore* store, ShardSpec shard)
+    : store_(store), shard_(shard) {
   writer_ = std::thread([this] { Run(); });
 }
 
@@ -43,6 +44,7 @@ void Checkpointer::Run() {
     meta.layout = p.job->layout();
     meta.settings = p.job->settings();
     meta.round = p.state->round;
+    meta.shard = shard_;
     const absl::Status s = store_->Save(meta, p.state->values);
     if (s.ok()) {
       VLOG(1) << "checkpointed job " << meta.job_id << " at round "

@@ -20,8 +20,9 @@ namespace localsgd {
 
 class Checkpointer final : public StateSink {
  public:
-  // `store` must outlive the checkpointer. Starts the writer thread.
-  explicit Checkpointer(CheckpointStore* store);
+  // `store` must outlive the checkpointer. Starts the writer thread. Jobs'
+  // states hold the chunks of `shard` (see CoordinatorOptions::shard).
+  explicit Checkpointer(CheckpointStore* store, ShardSpec shard = ShardSpec());
   // Stop().
   ~Checkpointer() override;
 
@@ -48,6 +49,7 @@ class Checkpointer final : public StateSink {
   void Run();
 
   CheckpointStore* const store_;
+  const ShardSpec shard_;
   std::thread writer_;
 
   mutable absl::Mutex mu_;

@@ -59,6 +59,20 @@ absl::Status CoordinatorOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "default chunk_elements must be in [1, ", max_chunk_elements, "]"));
   }
+  if (!(max_join_rate >= 0) || std::isinf(max_join_rate) || join_burst < 1) {
+    return absl::InvalidArgumentError(
+        "max_join_rate must be finite and >= 0, join_burst >= 1");
+  }
+  if (shard.count < 1 || shard.index >= shard.count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard index ", shard.index, " of ", shard.count,
+                     " is invalid: need count >= 1 and index < count"));
+  }
+  if (default_settings.nonfinite_policy != NonFinitePolicy::kReject &&
+      default_settings.nonfinite_policy != NonFinitePolicy::kDrop) {
+    return absl::InvalidArgumentError(
+        "default non-finite policy must be reject or drop");
+  }
   if (!IsWireDType(default_settings.wire_dtype)) {
     return absl::InvalidArgumentError(
         "default wire dtype must be float32 or bfloat16");
@@ -82,7 +96,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {
   if (options_.checkpoint_store != nullptr) {
-    checkpointer_ = std::make_unique<Checkpointer>(options_.checkpoint_store);
+    checkpointer_ = std::make_unique<Checkpointer>(options_.checkpoint_store,
+                                                   options_.shard);
   }
 }
 
@@ -103,6 +118,13 @@ absl::Status Coordinator::Restore() {
           absl::StrCat("chunk_elements ", c.settings.chunk_elements,
                        " exceeds --max_message_bytes"));
     }
+    if (s.ok() && !(c.shard == options_.shard)) {
+      s = absl::FailedPreconditionError(absl::StrCat(
+          "it holds shard ", c.shard.index, " of ", c.shard.count,
+          " but this coordinator is shard ", options_.shard.index, " of ",
+          options_.shard.count, " (--shard_index/--shard_count); give each "
+          "replica its own state directory"));
+    }
     if (s.ok() && jobs_.size() >= options_.max_jobs) {
       s = absl::ResourceExhaustedError(
           "more checkpointed jobs than --max_jobs");
@@ -112,7 +134,10 @@ absl::Status Coordinator::Restore() {
                  << options_.checkpoint_store->dir() << ": " << s;
       continue;
     }
-    auto job = std::make_shared<Job>(c.job_id, c.layout, *n, c.settings,
+    const uint64_t shard_elements =
+        ShardElements(*n, c.settings.chunk_elements, options_.shard);
+    auto job = std::make_shared<Job>(c.job_id, c.layout, shard_elements,
+                                     c.settings,
                                      options_.policy, clock_,
                                      checkpointer_.get(), options_.observer);
     job->RestoreState(c.round, std::move(c.values));
@@ -133,10 +158,10 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
                                              JoinRequestParams params) {
   if (absl::Status s = ValidateJobId(job_id); !s.ok()) return s;
   if (params.weight == 0) params.weight = 1;
-  if (!std::isfinite(params.weight) || params.weight <= 0 ||
+  if (!std::isfinite(params.weight) || params.weight < 1e-6 ||
       params.weight > 1e6) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "weight must be finite and in (0, 1e6]; got ", params.weight));
+        "weight must be finite and in [1e-6, 1e6]; got ", params.weight));
   }
   if (params.incarnation == 0) {
     return absl::InvalidArgumentError(
@@ -144,6 +169,9 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
   }
   if (params.member_name.size() > 256) {
     return absl::InvalidArgumentError("member_name is longer than 256 bytes");
+  }
+  if (absl::Status s = TakeJoinToken(job_id, params.member_name); !s.ok()) {
+    return s;
   }
   absl::StatusOr<uint64_t> num_elements =
       ValidateLayout(params.layout, options_.max_model_elements);
@@ -178,6 +206,14 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
         absl::StrCat("rendezvous_members ", want.rendezvous_members,
                      " exceeds the members a job may have (",
                      options_.policy.max_members, ")"));
+  }
+  if (want.nonfinite_policy != NonFinitePolicy::kUnspecified &&
+      want.nonfinite_policy != NonFinitePolicy::kReject &&
+      want.nonfinite_policy != NonFinitePolicy::kDrop) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("non-finite policy ",
+                     static_cast<int>(want.nonfinite_policy),
+                     " is not supported; use reject or drop"));
   }
   if (want.mode != AveragingMode::kUnspecified &&
       want.mode != AveragingMode::kMean) {
@@ -218,7 +254,21 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
       if (want.rendezvous_members != 0) {
         settings.rendezvous_members = want.rendezvous_members;
       }
-      job = std::make_shared<Job>(job_id, params.layout, *num_elements,
+      if (want.nonfinite_policy != NonFinitePolicy::kUnspecified) {
+        settings.nonfinite_policy = want.nonfinite_policy;
+      }
+      const uint64_t shard_elements = ShardElements(
+          *num_elements, settings.chunk_elements, options_.shard);
+      if (shard_elements == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "a layout of ", *num_elements, " elements in chunks of ",
+            settings.chunk_elements, " has fewer chunks than the ",
+            options_.shard.count,
+            " coordinator replicas, and this replica (shard ",
+            options_.shard.index, ") would own none; ask for smaller "
+            "chunk_elements"));
+      }
+      job = std::make_shared<Job>(job_id, params.layout, shard_elements,
                                   settings, options_.policy, clock_,
                                   checkpointer_.get(), options_.observer);
       jobs_.emplace(job_id, job);
@@ -226,7 +276,12 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
                 << " created: " << params.layout.tensors.size() << " tensors, "
                 << *num_elements << " elements, "
                 << job->geometry().num_chunks() << " chunks of "
-                << settings.chunk_elements << ", wire "
+                << settings.chunk_elements
+                << (options_.shard.count > 1
+                        ? absl::StrCat(" (shard ", options_.shard.index, " of ",
+                                       options_.shard.count, ")")
+                        : std::string())
+                << ", wire "
                 << DTypeName(settings.wire_dtype)
                 << ", K=" << settings.local_sgd_steps;
     }
@@ -257,8 +312,46 @@ std::vector<std::shared_ptr<Job>> Coordinator::Jobs() {
   return jobs;
 }
 
+absl::Status Coordinator::TakeJoinToken(const std::string& job_id,
+                                        const std::string& member_name) {
+  if (options_.max_join_rate == 0) return absl::OkStatus();
+  const absl::Time now = clock_->Now();
+  const double burst = options_.join_burst;
+  absl::MutexLock lock(&mu_);
+  auto [it, added] = join_buckets_.try_emplace({job_id, member_name});
+  JoinBucket& b = it->second;
+  if (added) {
+    b.tokens = burst;
+  } else {
+    b.tokens = std::min(
+        burst, b.tokens + absl::ToDoubleSeconds(now - b.refilled) *
+                              options_.max_join_rate);
+  }
+  b.refilled = now;
+  if (b.tokens < 1) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "member '", member_name, "' of job '", job_id,
+        "' joins too often: the limit is ", options_.max_join_rate,
+        " Joins per second with bursts of ", options_.join_burst,
+        " (--max_join_rate, --join_burst); retry later"));
+  }
+  b.tokens -= 1;
+  return absl::OkStatus();
+}
+
 void Coordinator::Tick() {
   for (const auto& job : Jobs()) job->Tick();
+  if (options_.max_join_rate > 0) {
+    // Drop the buckets that have refilled: the same as having none.
+    const absl::Time now = clock_->Now();
+    absl::MutexLock lock(&mu_);
+    absl::erase_if(join_buckets_, [&](const auto& entry) {
+      const JoinBucket& b = entry.second;
+      return b.tokens + absl::ToDoubleSeconds(now - b.refilled) *
+                            options_.max_join_rate >=
+             options_.join_burst;
+    });
+  }
 }
 
 bool Coordinator::Drain(absl::Time deadline) {

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -35,12 +36,23 @@ struct CoordinatorOptions {
   JobSettings default_settings{/*local_sgd_steps=*/0,
                                /*chunk_elements=*/256 * 1024,
                                /*wire_dtype=*/DType::kFloat32,
-                               /*mode=*/AveragingMode::kMean};
+                               /*mode=*/AveragingMode::kMean,
+                               /*rendezvous_members=*/0,
+                               /*nonfinite_policy=*/NonFinitePolicy::kReject};
+  // The chunks this coordinator owns when several replicas share the jobs
+  // (chunk i of a layout goes to replica i mod shard.count). A job's state
+  // here holds only those chunks, back to back.
+  ShardSpec shard;
   uint32_t max_jobs = 64;
   // Largest model per job, in elements (8 GiB of fp32 by default).
   uint64_t max_model_elements = uint64_t{2} << 30;
   // Largest chunk, in elements; chunks must also fit in a gRPC message.
   uint32_t max_chunk_elements = 4u << 20;
+  // Join calls per (job, member name): a token bucket refilled at
+  // max_join_rate per second (of `clock`) holding at most join_burst; a Join
+  // that finds it empty is RESOURCE_EXHAUSTED. 0: no limit.
+  double max_join_rate = 10;
+  uint32_t join_burst = 20;
   // Not owned. If set, Create restores the jobs checkpointed there, and every
   // new global state (seed, closed round) is written there in the background.
   CheckpointStore* checkpoint_store = nullptr;
@@ -69,7 +81,8 @@ class Coordinator {
   // fields: defaults) if it does not exist. INVALID_ARGUMENT: bad job id,
   // weight, incarnation, layout or settings. FAILED_PRECONDITION: differs
   // from the job. RESOURCE_EXHAUSTED: max_jobs, max members, model size.
-  // UNAVAILABLE: draining or stopping.
+  // UNAVAILABLE: draining or stopping. RESOURCE_EXHAUSTED also when this
+  // (job, member name) joins faster than max_join_rate allows.
   absl::StatusOr<JoinResult> Join(const std::string& job_id,
                                   JoinRequestParams params);
 
@@ -115,6 +128,17 @@ class Coordinator {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_
       ABSL_GUARDED_BY(mu_);
+  // Join rate limit (max_join_rate): token buckets keyed by job id and
+  // member name. A full bucket is dropped by Tick (it is the same as none), so
+  // the map holds only names that joined within the last burst/rate seconds.
+  struct JoinBucket {
+    double tokens = 0;
+    absl::Time refilled;
+  };
+  absl::Status TakeJoinToken(const std::string& job_id,
+                             const std::string& member_name);
+  absl::flat_hash_map<std::pair<std::string, std::string>, JoinBucket>
+      join_buckets_ ABSL_GUARDED_BY(mu_);
 };
 
 // Whether `job_id` is a valid job id: [A-Za-z0-9._-]{1,128}.

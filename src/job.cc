@@ -1,6 +1,7 @@
 #include "src/job.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +67,20 @@ SyncSession::SyncSession(std::shared_ptr<Job> job, MemberId member,
 
 SyncSession::~SyncSession() {
   if (!cancelled_) Cancel();
+}
+
+uint32_t StateSnapshot::WireCrc(uint32_t index,
+                                const std::function<uint32_t()>& compute) const {
+  {
+    absl::MutexLock lock(&crc_mu_);
+    auto it = crc_.find(index);
+    if (it != crc_.end()) return it->second;
+  }
+  // Two streams may both compute it first: the same value, no harm.
+  const uint32_t crc = compute();
+  absl::MutexLock lock(&crc_mu_);
+  crc_.emplace(index, crc);
+  return crc;
 }
 
 absl::Status SyncSession::AddChunk(uint32_t index, absl::string_view data) {
@@ -181,6 +196,14 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
           static_cast<int>(settings_.mode), ") than the member asks for (",
           static_cast<int>(want.mode), ")"));
     }
+    if (want.nonfinite_policy != NonFinitePolicy::kUnspecified &&
+        want.nonfinite_policy != settings_.nonfinite_policy) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", id_, "' treats non-finite values with policy '",
+          NonFinitePolicyName(settings_.nonfinite_policy),
+          "'; member asks for '", NonFinitePolicyName(want.nonfinite_policy),
+          "'"));
+    }
 
     // A process is its name plus incarnation: the same pair is a retried
     // Join, a new incarnation under the same name is a restarted process.
@@ -188,6 +211,15 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
     if (!params.member_name.empty()) {
       for (auto& [mid, m] : members_) {
         if (m.name != params.member_name) continue;
+        // The name is the client's choice: a Join under another member's
+        // name must not take over (or replace) that member unless it has
+        // the member's credentials.
+        if (m.principal != params.principal) {
+          return absl::PermissionDeniedError(absl::StrCat(
+              "member name '", params.member_name, "' of job '", id_,
+              "' is bound to other credentials; join under another name, or "
+              "wait for that member to leave or lose its lease"));
+        }
         if (m.incarnation == params.incarnation) {
           id = mid;
           m.last_seen = now;
@@ -213,6 +245,7 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
       info.name = params.member_name.empty() ? id.str() : params.member_name;
       info.weight = params.weight;
       info.incarnation = params.incarnation;
+      info.principal = params.principal;
       info.joined_at = now;
       info.last_seen = now;
       // Joining while a round is open: take part from the next one, unless
@@ -228,6 +261,7 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
         p.weight = static_cast<float>(info.weight);
         p.got.assign(geometry_.num_chunks(), false);
         open_->participants.emplace(id, std::move(p));
+        FitScaleLocked();
       }
       LOG(INFO) << "job " << id_ << ": member " << info.name << " (" << id.str()
                 << ", weight " << info.weight << ") joined; "
@@ -243,6 +277,18 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
   }
   RunDeferred(deferred);
   return result;
+}
+
+absl::Status Job::CheckPrincipal(const MemberId& member,
+                                absl::string_view principal) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member);
+  if (it == members_.end() || it->second.principal == principal) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "member ", it->second.name, " of job '", id_,
+      "' is bound to other credentials than this call's"));
 }
 
 absl::Status Job::Leave(const MemberId& member) {
@@ -357,6 +403,7 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
             p.got.assign(n, false);
             open_->participants.emplace(mid, std::move(p));
           }
+          FitScaleLocked();
           VLOG(1) << "job " << id_ << ": round " << round << " opened with "
                   << open_->participants.size() << " participants";
         }
@@ -401,10 +448,16 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
   }
   if (const int64_t bad = FirstNonFinite(data, settings_.wire_dtype);
       bad >= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk ", index, " for round ", session.round_, " of job '", id_,
-        "' has a non-finite value at element ", bad, " (flat index ",
-        geometry_.Offset(index) + bad, "); contribution refused"));
+    // Seeds are always refused: a seed is the state everyone starts from.
+    if (settings_.nonfinite_policy != NonFinitePolicy::kDrop ||
+        session.role_ != SyncSession::Role::kContribute) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", index, " for round ", session.round_, " of job '", id_,
+          "' has a non-finite value at element ", bad, " (flat index ",
+          geometry_.Offset(index) + bad, "); contribution refused"));
+    }
+    DropNonFinite(session, index, bad);
+    return absl::OkStatus();
   }
   if (session.got_[index]) return absl::OkStatus();
 
@@ -432,12 +485,14 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
       case SyncSession::Role::kContribute:
         if (open_ != nullptr && open_->id == session.round_) {
           auto it = open_->participants.find(session.member_);
-          if (it != open_->participants.end() && !it->second.got[index]) {
+          if (it != open_->participants.end() && !it->second.gone &&
+              !it->second.got[index]) {
             Participant& p = it->second;
             // The whole chunk goes in under the lock: simple and, at a few
             // hundred KiB per chunk and ~17 GB/s, short.
             AccumulateWeighted(
-                data, settings_.wire_dtype, p.weight,
+                data, settings_.wire_dtype,
+                std::ldexp(p.weight, -open_->scale_exp),
                 absl::MakeSpan(open_->acc).subspan(offset, elements));
             open_->chunk_weight[index] += p.weight;
             p.got[index] = true;
@@ -453,6 +508,49 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
   ++session.received_;
   RunDeferred(deferred);
   return absl::OkStatus();
+}
+
+void Job::DropNonFinite(SyncSession& session, uint32_t index, int64_t bad) {
+  const absl::Time now = clock_->Now();
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (open_ != nullptr && open_->id == session.round_) {
+      auto it = open_->participants.find(session.member_);
+      if (it != open_->participants.end() && !it->second.complete() &&
+          !it->second.gone) {
+        LOG(WARNING) << "job " << id_ << ": member " << it->second.name
+                     << " sent a non-finite value in chunk " << index
+                     << " (element " << bad << ") of round " << session.round_
+                     << "; dropped from the round (policy drop), its "
+                     << it->second.received << " chunks so far stay counted";
+        // As if it had left: the round stops waiting for it, its complete
+        // chunks count, and the rest of its stream is ignored.
+        it->second.gone = true;
+        it->second.nonfinite = true;
+        MaybeCloseRoundLocked(now, deferred);
+      }
+    }
+  }
+  // Its stream goes on; mark the chunk delivered so that the stream
+  // completes and gets the round's result (contributed = false).
+  if (!session.got_[index]) {
+    session.got_[index] = true;
+    ++session.received_;
+  }
+  RunDeferred(deferred);
+}
+
+void Job::FitScaleLocked() {
+  double total = 0;
+  for (const auto& [id, p] : open_->participants) total += p.weight;
+  int exp = 0;
+  while (std::ldexp(1.0, exp) < total) ++exp;
+  if (exp <= open_->scale_exp) return;
+  // Only when the rendezvous admits members into a round that has sums.
+  const int shift = exp - open_->scale_exp;
+  for (float& v : open_->acc) v = std::ldexp(v, -shift);
+  open_->scale_exp = exp;
 }
 
 bool Job::CancelWaiter(const SyncSession& session) {
@@ -531,7 +629,8 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
     auto slice =
         absl::MakeSpan(values).subspan(geometry_.Offset(c), geometry_.Size(c));
     if (round->chunk_weight[c] > 0) {
-      DivideInPlace(slice, round->chunk_weight[c]);
+      DivideInPlace(slice,
+                    std::ldexp(round->chunk_weight[c], -round->scale_exp));
     } else {
       std::copy_n(previous.begin() + geometry_.Offset(c), slice.size(),
                   slice.begin());
@@ -604,7 +703,13 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
     SyncResult result;
     result.round = record.round;
     result.contributed = record.contributor_ids.contains(w.member);
+    // Not counted: late, unless dropped for non-finite values (it was on
+    // time, and refused).
     result.late = !result.contributed;
+    if (auto p = round->participants.find(w.member);
+        p != round->participants.end() && p->second.nonfinite) {
+      result.late = false;
+    }
     result.contributors = static_cast<uint32_t>(record.contributors.size());
     result.contributor_weight = record.contributor_weight;
     result.state = state;

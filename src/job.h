@@ -67,6 +67,17 @@ struct JobPolicy {
 struct StateSnapshot {
   RoundId round = 0;
   std::vector<float> values;
+
+  // The CRC32C of chunk `index` in its wire form: `compute()` the first time
+  // any stream asks, remembered for every other member that receives this
+  // state. Thread-safe; `compute` runs without a lock held.
+  uint32_t WireCrc(uint32_t index,
+                   const std::function<uint32_t()>& compute) const;
+
+ private:
+  mutable absl::Mutex crc_mu_;
+  // index -> CRC32C; small next to the state (a few per MiB of values).
+  mutable absl::flat_hash_map<uint32_t, uint32_t> crc_ ABSL_GUARDED_BY(crc_mu_);
 };
 
 // What a Sync resolves to.
@@ -91,6 +102,9 @@ struct MemberInfo {
   absl::Time joined_at;
   absl::Time last_seen;
   RoundId first_round = 1;
+  // The credentials the member joined with (JoinRequestParams::principal);
+  // later calls naming the member must present the same. Not secret.
+  std::string principal;
 };
 
 // A closed round, as status reports it. Names are sorted.
@@ -128,6 +142,10 @@ struct JoinRequestParams {
   double weight = 1;
   uint64_t incarnation = 0;
   JobSettings settings;  // zero fields: no preference
+  // Who joins (server/auth.h Principal::BindingKey; empty without
+  // credentials). The member is bound to it; a Join of the same member name
+  // with other credentials is PERMISSION_DENIED.
+  std::string principal;
 };
 
 struct JoinResult {
@@ -228,6 +246,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // is not (or no longer) a member.
   absl::Status Leave(const MemberId& member);
 
+  // PERMISSION_DENIED if `member` is a member bound to credentials other
+  // than `principal` (see JoinRequestParams::principal); changes nothing.
+  // OK otherwise, also for an unknown member (the call that follows then
+  // reports it).
+  absl::Status CheckPrincipal(const MemberId& member,
+                              absl::string_view principal);
+
   // Renews the lease. NOT_FOUND if the member is unknown or its lease ran out.
   // Returns the round of the current state.
   absl::StatusOr<RoundId> Heartbeat(const MemberId& member);
@@ -281,6 +306,8 @@ class Job : public std::enable_shared_from_this<Job> {
     std::vector<bool> got;
     uint32_t received = 0;
     bool gone = false;
+    // Dropped for a non-finite value (NonFinitePolicy::kDrop); also gone.
+    bool nonfinite = false;
     bool complete() const { return received == got.size(); }
   };
   struct Waiter {
@@ -292,8 +319,13 @@ class Job : public std::enable_shared_from_this<Job> {
     RoundId id = 0;
     absl::Time opened;
     absl::flat_hash_map<MemberId, Participant> participants;
-    std::vector<float> acc;            // num_elements, fp32 weighted sums
-    std::vector<double> chunk_weight;  // num_chunks
+    // num_elements: sums of weight * 2^-scale_exp * value. With the
+    // weights scaled so that they sum to at most 1, every partial sum is
+    // bounded by the largest |value|: finite inputs never overflow fp32.
+    // Scaling by a power of two is exact.
+    std::vector<float> acc;
+    int scale_exp = 0;
+    std::vector<double> chunk_weight;  // num_chunks, unscaled weights
     absl::flat_hash_map<uint64_t, Waiter> waiters;
   };
   struct Seed {
@@ -309,6 +341,12 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Status AddChunk(SyncSession& session, uint32_t index,
                         absl::string_view data);
   bool CancelWaiter(const SyncSession& session);
+  // Raises open_->scale_exp (rescaling acc, exactly) until the participants'
+  // weights scaled by 2^-scale_exp sum to at most 1.
+  void FitScaleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NonFinitePolicy::kDrop: drops the session's member from its round for a
+  // non-finite value at element `bad` of chunk `index`.
+  void DropNonFinite(SyncSession& session, uint32_t index, int64_t bad);
 
   // Marks `member` gone: removed from members_, dropped from the open round,
   // seed aborted if it owned it. `why` goes to the log.

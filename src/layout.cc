@@ -172,4 +172,18 @@ uint32_t ChunkGeometry::Size(uint32_t index) const {
   return static_cast<uint32_t>(end - begin);
 }
 
+uint64_t ShardElements(uint64_t num_elements, uint32_t chunk_elements,
+                       ShardSpec shard) {
+  const uint64_t chunks = (num_elements + chunk_elements - 1) / chunk_elements;
+  if (shard.index >= chunks) return 0;
+  // Chunks index, index + count, ...: all full but possibly the last chunk of
+  // the whole.
+  const uint64_t owned = (chunks - 1 - shard.index) / shard.count + 1;
+  const uint64_t last = shard.index + (owned - 1) * shard.count;
+  const uint64_t last_size = last + 1 == chunks
+                                 ? num_elements - last * chunk_elements
+                                 : chunk_elements;
+  return (owned - 1) * chunk_elements + last_size;
+}
+
 }  // namespace localsgd

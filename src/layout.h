@@ -75,6 +75,17 @@ class ChunkGeometry {
   uint32_t num_chunks_ = 0;
 };
 
+// Elements a coordinator replica holds of a flat buffer of `num_elements`
+// cut into chunks of `chunk_elements`: the sum of the sizes of the chunks i
+// with i mod shard.count == shard.index. Laid back to back they form the
+// replica's own flat buffer, which chunk_elements cuts at the same places:
+// the replica's chunk j is chunk j * shard.count + shard.index of the whole
+// (only the very last chunk of the whole may be short, and it is the last of
+// its replica). 0 if the replica owns no chunk. Requires chunk_elements >= 1
+// and shard.count >= 1.
+uint64_t ShardElements(uint64_t num_elements, uint32_t chunk_elements,
+                       ShardSpec shard);
+
 }  // namespace localsgd
 
 #endif  // LOCALSGD_SRC_LAYOUT_H_

@@ -33,6 +33,18 @@ int DTypeSize(DType dtype) {
   return 0;
 }
 
+absl::string_view NonFinitePolicyName(NonFinitePolicy policy) {
+  switch (policy) {
+    case NonFinitePolicy::kReject:
+      return "reject";
+    case NonFinitePolicy::kDrop:
+      return "drop";
+    case NonFinitePolicy::kUnspecified:
+      break;
+  }
+  return "unspecified";
+}
+
 bool IsWireDType(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kBFloat16;
 }

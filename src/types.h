@@ -32,6 +32,27 @@ enum class AveragingMode : int {
   kMean = 1,
 };
 
+// What a chunk with a NaN or infinity does; see localsgd.v1.NonFinitePolicy.
+enum class NonFinitePolicy : int {
+  kUnspecified = 0,
+  // The Sync fails with INVALID_ARGUMENT naming the chunk and element.
+  kReject = 1,
+  // The member is dropped from the round; its Sync gets the result with
+  // contributed = false.
+  kDrop = 2,
+};
+absl::string_view NonFinitePolicyName(NonFinitePolicy policy);
+
+// Which chunks a coordinator replica owns: chunk i of a layout belongs to
+// replica i mod count. {0, 1}: one coordinator owns every chunk.
+struct ShardSpec {
+  uint32_t index = 0;
+  uint32_t count = 1;
+  bool operator==(const ShardSpec& o) const {
+    return index == o.index && count == o.count;
+  }
+};
+
 // Per-job settings; see localsgd.v1.JobSettings. Zero/unspecified fields mean
 // "coordinator default" in a request.
 struct JobSettings {
@@ -42,6 +63,7 @@ struct JobSettings {
   // Averaging starts once this many members take part; see
   // localsgd.v1.JobSettings.rendezvous_members. 0 or 1: no rendezvous.
   uint32_t rendezvous_members = 0;
+  NonFinitePolicy nonfinite_policy = NonFinitePolicy::kUnspecified;
 };
 
 // Round number of a job. Round 0 is the seed; averaging rounds start at 1.

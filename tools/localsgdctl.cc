@@ -10,12 +10,15 @@
 // answer is SERVING, 1 otherwise. Exit status: 0 success, 1 the call failed
 // or the coordinator is not serving, 2 bad usage.
 //
-// Only a client of the wire contract: it links the generated protocol code
-// and gRPC, nothing of the coordinator.
+// Only a client of the wire contract: it links the generated protocol code,
+// gRPC and the client's channel security (client/credentials.h: --tls_ca,
+// --tls_cert, --tls_key, --tls_server_name, --token_file), nothing of the
+// coordinator.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -34,6 +37,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/credentials.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
@@ -54,6 +58,18 @@ ABSL_FLAG(uint32_t, rounds, 10,
 ABSL_FLAG(std::string, service, "",
           "health: the service to ask about. \"\" (the default) is the "
           "coordinator's readiness, \"liveness\" its liveness");
+// Transport security and tokens (docs/security.md).
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle that signed the coordinator's certificate; set: TLS");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate for mutual TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name to check in the coordinator's certificate instead of the "
+          "target's host");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding a job's bearer token: status then shows the jobs of "
+          "that token (a coordinator with --token_file requires one)");
 
 namespace localsgd {
 namespace ctl {
@@ -133,9 +149,9 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
   if (job.members().empty()) {
     out << "(none)\n";
   } else {
-    Table members({"NAME", "MEMBER_ID", "WEIGHT", "IDLE", "FIRST_ROUND"});
+    Table members({"NAME", "MEMBER_REF", "WEIGHT", "IDLE", "FIRST_ROUND"});
     for (const v1::MemberStatus& m : job.members()) {
-      members.Add({m.member_name(), m.member_id(), absl::StrCat(m.weight()),
+      members.Add({m.member_name(), m.member_ref(), absl::StrCat(m.weight()),
                    Millis(m.idle_ms()), absl::StrCat(m.first_round())});
     }
     out << members.Render();
@@ -161,8 +177,20 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
 }
 
 std::shared_ptr<grpc::Channel> Channel() {
-  return grpc::CreateChannel(absl::GetFlag(FLAGS_target),
-                             grpc::InsecureChannelCredentials());
+  ChannelSecurity security;
+  security.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  security.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  security.token_file = absl::GetFlag(FLAGS_token_file);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateSecureChannel(
+      absl::GetFlag(FLAGS_target), security, grpc::ChannelArguments());
+  if (!channel.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram,
+                 std::string(channel.status().message()).c_str());
+    std::exit(2);
+  }
+  return *std::move(channel);
 }
 
 void SetDeadline(grpc::ClientContext* context) {

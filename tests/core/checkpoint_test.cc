@@ -98,6 +98,7 @@ JobSettings Settings(DType wire = DType::kFloat32, uint32_t rendezvous = 0) {
   s.chunk_elements = 5;
   s.wire_dtype = wire;
   s.mode = AveragingMode::kMean;
+  s.nonfinite_policy = NonFinitePolicy::kReject;
   s.rendezvous_members = rendezvous;
   return s;
 }
@@ -146,6 +147,8 @@ void ExpectSame(const JobCheckpoint& got, const JobCheckpoint& want) {
   EXPECT_EQ(got.settings.wire_dtype, want.settings.wire_dtype);
   EXPECT_EQ(got.settings.mode, want.settings.mode);
   EXPECT_EQ(got.settings.rendezvous_members, want.settings.rendezvous_members);
+  EXPECT_EQ(got.settings.nonfinite_policy, want.settings.nonfinite_policy);
+  EXPECT_EQ(got.shard, want.shard);
   ASSERT_EQ(got.values.size(), want.values.size());
   EXPECT_EQ(std::memcmp(got.values.data(), want.values.data(),
                         4 * want.values.size()),
@@ -224,16 +227,14 @@ class ReferenceWriter {
   std::string bytes_;
 };
 
-TEST(CheckpointFormatTest, Encode_MatchesTheDocumentedFormat) {
-  const JobCheckpoint c =
-      MakeCheckpoint("fmt",
-                     MakeLayout({Spec("w", {2, 1}, DType::kFloat32),
-                                 Spec("bias", {}, DType::kBFloat16)}),
-                     /*round=*/9, Settings(DType::kBFloat16, 3));
+// The file the format table in checkpoint.h describes, for `version` (1 has
+// no non-finite policy and no shard fields).
+std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
   ReferenceWriter header;
   header.Str("fmt");
   header.U64(9);
   for (uint32_t v : {8u, 5u, 2u, 1u, 3u}) header.U32(v);
+  if (version >= 2) header.U32(static_cast<uint32_t>(c.settings.nonfinite_policy));
   header.U64(c.layout.fingerprint);
   header.U32(2);
   header.Str("w");
@@ -244,12 +245,16 @@ TEST(CheckpointFormatTest, Encode_MatchesTheDocumentedFormat) {
   header.Str("bias");
   header.U32(2);
   header.U32(0);
+  if (version >= 2) {
+    header.U32(c.shard.index);
+    header.U32(c.shard.count);
+  }
   header.U64(3);
 
   const uint64_t h = header.bytes().size();
   ReferenceWriter file;
   file.Raw("LSGDCKPT");
-  file.U32(1);
+  file.U32(version);
   file.U32(static_cast<uint32_t>(h));
   file.U64(24 + h + 4 + 3 * 4 + 4);
   file.Raw(header.bytes());
@@ -260,7 +265,50 @@ TEST(CheckpointFormatTest, Encode_MatchesTheDocumentedFormat) {
     file.U32(bits);
   }
   file.MaskedCrc();
-  EXPECT_EQ(EncodeCheckpoint(c), file.bytes());
+  return file.bytes();
+}
+
+JobCheckpoint FormatCheckpoint() {
+  JobCheckpoint c =
+      MakeCheckpoint("fmt",
+                     MakeLayout({Spec("w", {2, 1}, DType::kFloat32),
+                                 Spec("bias", {}, DType::kBFloat16)}),
+                     /*round=*/9, Settings(DType::kBFloat16, 3));
+  c.settings.nonfinite_policy = NonFinitePolicy::kDrop;
+  return c;
+}
+
+TEST(CheckpointFormatTest, Encode_MatchesTheDocumentedFormat) {
+  const JobCheckpoint c = FormatCheckpoint();
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 2));
+}
+
+// Checkpoints written before non-finite policies and shards existed restore
+// with the policy they had (reject) as the only shard.
+TEST(CheckpointFormatTest, Decode_Version1_ReadsWithRejectAndOneShard) {
+  JobCheckpoint c = FormatCheckpoint();
+  c.settings.nonfinite_policy = NonFinitePolicy::kReject;
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(ReferenceFile(c, 1));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSame(*back, c);
+  EXPECT_EQ(back->settings.nonfinite_policy, NonFinitePolicy::kReject);
+  EXPECT_EQ(back->shard, ShardSpec());
+}
+
+// A replica's checkpoint holds only its chunks: 3 elements in chunks of 2
+// make chunks {0, 1} and {2}; shard 1 of 2 owns the last, 1 element.
+TEST(CheckpointFormatTest, ShardCheckpoint_HoldsTheShardsElements) {
+  JobCheckpoint c = FormatCheckpoint();
+  c.settings.chunk_elements = 2;
+  c.shard = ShardSpec{1, 2};
+  c.values.resize(1);
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->shard, (ShardSpec{1, 2}));
+  ExpectSame(*back, c);
+  c.values.resize(3);  // the whole layout is not the shard's state
+  EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(c)).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 // A checkpoint small enough to corrupt at every byte.
@@ -338,10 +386,10 @@ TEST(CheckpointFormatTest, Decode_WrongMagic_SaysBadMagic) {
 
 TEST(CheckpointFormatTest, Decode_OtherVersion_SaysUnsupportedVersion) {
   std::string bad = EncodeCheckpoint(TinyCheckpoint());
-  PatchU32(&bad, 8, 2);
+  PatchU32(&bad, 8, 3);
   absl::Status s = DecodeCheckpoint(bad).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("unsupported format version 2"));
+  EXPECT_THAT(s.message(), HasSubstr("unsupported format version 3"));
 }
 
 // Contents that no Save writes, with intact checksums (EncodeCheckpoint

@@ -32,8 +32,9 @@ class CheckpointerTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  std::unique_ptr<Coordinator> NewCoordinator() {
+  std::unique_ptr<Coordinator> NewCoordinator(ShardSpec shard = ShardSpec()) {
     CoordinatorOptions options;
+    options.shard = shard;
     options.clock = &clock_;
     options.default_settings.chunk_elements = 5;
     options.checkpoint_store = store_.get();
@@ -148,7 +149,8 @@ TEST_F(CheckpointerTest, CheckpointOverTheLimits_IsSkippedNotFatal) {
   JobCheckpoint big;
   big.job_id = "big";
   big.layout = testing_util::MakeFloatLayout({{"w", {100}}});
-  big.settings = {0, 10, DType::kFloat32, AveragingMode::kMean, 0};
+  big.settings = {0, 10, DType::kFloat32, AveragingMode::kMean, 0,
+                  NonFinitePolicy::kReject};
   big.round = 3;
   big.values.assign(100, 0.5f);
   ASSERT_TRUE(store_->Save(big).ok());
@@ -160,6 +162,45 @@ TEST_F(CheckpointerTest, CheckpointOverTheLimits_IsSkippedNotFatal) {
   auto coordinator = Coordinator::Create(options);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   EXPECT_TRUE(absl::IsNotFound((*coordinator)->FindJob("big").status()));
+}
+
+}  // namespace
+}  // namespace localsgd
+
+namespace localsgd {
+namespace {
+
+// A replica's checkpoint holds its shard's chunks and restores only into the
+// same shard: a replica started with another --shard_index on that volume
+// must not serve another shard's parameters as its own.
+TEST_F(CheckpointerTest, ShardCheckpoint_RestoresOnlyIntoTheSameShard) {
+  const Layout layout = SmallLayout();  // 23 elements, chunks of 5: 5 chunks
+  const ShardSpec shard{1, 2};          // chunks 1, 3: 10 elements
+  {
+    auto coordinator = NewCoordinator(shard);
+    JoinRequestParams params;
+    params.layout = layout;
+    params.incarnation = 1;
+    params.member_name = "a";
+    auto a = coordinator->Join("job", params);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto job = *coordinator->FindJob("job");
+    ASSERT_EQ(job->geometry().num_elements(), 10u);
+    Send(*job, a->member_id, 0, std::vector<float>(10, 2.5f));
+    sessions_.clear();
+    coordinator->Stop();
+  }
+  auto loaded = store_->LoadAll();
+  ASSERT_TRUE(loaded.ok());
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_EQ((*loaded)[0].shard, shard);
+  EXPECT_EQ((*loaded)[0].values, std::vector<float>(10, 2.5f));
+
+  auto same = NewCoordinator(shard);
+  EXPECT_TRUE(same->FindJob("job").ok());
+  same->Stop();
+  auto other = NewCoordinator(ShardSpec{0, 2});
+  EXPECT_EQ(other->FindJob("job").status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

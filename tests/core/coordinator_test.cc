@@ -572,3 +572,40 @@ INSTANTIATE_TEST_SUITE_P(MembersAndRounds, ConcurrencyTest,
 
 }  // namespace
 }  // namespace localsgd
+
+namespace localsgd {
+namespace {
+
+// A replica of a sharded coordinator holds only its chunks: SmallLayout's 23
+// elements in chunks of 4 are 6 chunks; shard 1 of 2 owns chunks 1, 3, 5
+// (4 + 4 + 3 elements).
+TEST_F(CoordinatorTest, Join_ShardedReplica_HoldsOnlyItsChunks) {
+  CoordinatorOptions options;
+  options.shard = ShardSpec{1, 2};
+  Init(options);
+  absl::StatusOr<JoinResult> r = coordinator_->Join("job", Params("a"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->geometry.num_elements(), 11u);
+  EXPECT_EQ(r->geometry.num_chunks(), 3u);
+  EXPECT_EQ(r->geometry.Size(2), 3u);
+}
+
+TEST_F(CoordinatorTest, Join_ShardOwningNoChunk_ReturnsFailedPrecondition) {
+  CoordinatorOptions options;
+  options.shard = ShardSpec{6, 7};  // 6 chunks: shard 6 owns none
+  Init(options);
+  absl::StatusOr<JoinResult> r = coordinator_->Join("job", Params("a"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("smaller chunk_elements"));
+}
+
+TEST(CoordinatorOptionsTest, InvalidShard_ReturnsInvalidArgument) {
+  CoordinatorOptions options;
+  options.shard = ShardSpec{2, 2};
+  EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
+  options.shard = ShardSpec{0, 0};
+  EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace localsgd

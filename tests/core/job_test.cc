@@ -59,6 +59,7 @@ class JobTest : public ::testing::Test {
     DType wire = DType::kFloat32;
     uint32_t chunk = 4;
     Layout layout = SmallLayout();  // 23 elements: 6 chunks of 4, the last 3
+    NonFinitePolicy nonfinite = NonFinitePolicy::kUnspecified;
   };
 
   void SetUp() override { Init(Config()); }
@@ -75,6 +76,7 @@ class JobTest : public ::testing::Test {
     wire_ = config.wire;
     chunk_ = config.chunk;
     layout_ = config.layout;
+    nonfinite_ = config.nonfinite;
     n_ = TotalElements(layout_);
     geometry_ = ChunkGeometry(n_, chunk_);
   }
@@ -88,6 +90,7 @@ class JobTest : public ::testing::Test {
     p.incarnation = incarnation;
     p.settings.chunk_elements = chunk_;
     p.settings.wire_dtype = wire_;
+    p.settings.nonfinite_policy = nonfinite_;
     return p;
   }
   absl::StatusOr<JoinResult> TryJoin(const std::string& name, double weight = 1,
@@ -194,6 +197,7 @@ class JobTest : public ::testing::Test {
   std::unique_ptr<Coordinator> coordinator_;
   JobPolicy policy_;
   DType wire_ = DType::kFloat32;
+  NonFinitePolicy nonfinite_ = NonFinitePolicy::kUnspecified;
   uint32_t chunk_ = 4;
   Layout layout_;
   uint64_t n_ = 0;
@@ -1247,6 +1251,75 @@ TEST_F(JobTest,
   Send(*sa, v);
   ASSERT_TRUE(ca.fired());
   EXPECT_EQ(ValuesOf(ca.result()), std::vector<float>(n_, 2.0f));
+}
+
+// Policy drop: a member whose chunk 2 holds a NaN is dropped from the round
+// at that chunk. Its chunks 0 and 1 count, as for a member killed
+// mid-stream; the rest of its stream is ignored; its Sync gets the result
+// with contributed = false; the member stays for the next round.
+TEST_F(JobTest, Sync_NonFiniteWithDropPolicy_DropsMemberFromRoundOnly) {
+  Config config;
+  config.nonfinite = NonFinitePolicy::kDrop;
+  Init(config);
+  const MemberId a = Join("a"), b = Join("b"), c = Join("c");
+  EXPECT_EQ(job()->settings().nonfinite_policy, NonFinitePolicy::kDrop);
+  Seed(a, Ramp(100, 1));
+  std::vector<float> poisoned = Ramp(0);
+  poisoned[geometry_.Offset(2) + 1] = std::numeric_limits<float>::infinity();
+  SyncCapture ca, cb, cc;
+  auto sa = Begin(a, 1, ca);
+  Send(*sa, poisoned);  // every AddChunk is OK
+  EXPECT_TRUE(sa->complete());
+  EXPECT_FALSE(ca.fired());
+  auto sb = Contribute(b, 1, Ramp(3), cb);
+  auto sc = Contribute(c, 1, Ramp(6), cc);
+  ASSERT_TRUE(ca.fired() && cb.fired() && cc.fired());
+  ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+  EXPECT_FALSE(ca.result()->contributed);
+  EXPECT_FALSE(ca.result()->late);  // on time, refused
+  EXPECT_TRUE(cb.result()->contributed);
+  EXPECT_EQ(cb.result()->contributors, 2u);
+  // Chunks 0, 1: mean of 0, 3, 6 (offset 3); from chunk 2 on: of 3 and 6.
+  const std::vector<float> want = PerChunk([&](uint32_t chunk, size_t j) {
+    return 3.0f * static_cast<float>(j) + (chunk < 2 ? 3.0f : 4.5f);
+  });
+  EXPECT_EQ(ValuesOf(ca.result()), want);
+  EXPECT_EQ(ValuesOf(cb.result()), want);
+  const std::optional<RoundRecord> record = Record(1);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_THAT(record->dropped, ::testing::ElementsAre("a"));
+  // Still a member: it contributes to round 2.
+  SyncCapture ca2, cb2, cc2;
+  auto sa2 = Contribute(a, 2, Ramp(0), ca2);
+  auto sb2 = Contribute(b, 2, Ramp(3), cb2);
+  auto sc2 = Contribute(c, 2, Ramp(6), cc2);
+  ASSERT_TRUE(ca2.fired());
+  EXPECT_TRUE(ca2.result()->contributed);
+  EXPECT_EQ(ValuesOf(ca2.result()), Ramp(3));
+}
+
+// A seed is the state everyone starts from: never dropped into, refused.
+TEST_F(JobTest, Seed_NonFiniteWithDropPolicy_IsStillRefused) {
+  Config config;
+  config.nonfinite = NonFinitePolicy::kDrop;
+  Init(config);
+  const MemberId a = Join("a");
+  std::vector<float> poisoned = Ramp(0);
+  poisoned[0] = std::numeric_limits<float>::quiet_NaN();
+  SyncCapture ca;
+  auto sa = Begin(a, 0, ca);
+  EXPECT_EQ(sa->AddChunk(0, Chunk(poisoned, 0)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobTest, Join_OtherNonFinitePolicy_ReturnsFailedPrecondition) {
+  Join("a");  // the job's policy: the coordinator's default, reject
+  EXPECT_EQ(job()->settings().nonfinite_policy, NonFinitePolicy::kReject);
+  JoinRequestParams p = Params("b");
+  p.settings.nonfinite_policy = NonFinitePolicy::kDrop;
+  absl::StatusOr<JoinResult> r = coordinator_->Join(kJob, p);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("non-finite"));
 }
 
 TEST_F(RoundTest, Sync_UnknownMember_ReturnsNotFound) {

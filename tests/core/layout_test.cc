@@ -394,3 +394,33 @@ TEST(ChunkGeometryTest, ChunkGeometry_ModelAbove4GiElements_OffsetsDoNotWrap) {
 
 }  // namespace
 }  // namespace localsgd
+
+namespace localsgd {
+namespace {
+
+// Shards own chunks i with i mod count == index; the last chunk of the whole
+// may be short. 10 elements in chunks of 3: {3, 3, 3, 1}.
+TEST(ShardElementsTest, SumsTheOwnedChunks) {
+  EXPECT_EQ(ShardElements(10, 3, ShardSpec{0, 1}), 10u);
+  EXPECT_EQ(ShardElements(10, 3, ShardSpec{0, 2}), 6u);  // chunks 0, 2
+  EXPECT_EQ(ShardElements(10, 3, ShardSpec{1, 2}), 4u);  // chunks 1, 3
+  EXPECT_EQ(ShardElements(10, 3, ShardSpec{0, 3}), 4u);  // chunks 0, 3
+  EXPECT_EQ(ShardElements(10, 3, ShardSpec{2, 3}), 3u);  // chunk 2
+  EXPECT_EQ(ShardElements(10, 3, ShardSpec{3, 4}), 1u);  // chunk 3
+  EXPECT_EQ(ShardElements(10, 3, ShardSpec{4, 5}), 0u);  // none
+  // Every shard together holds every element exactly once.
+  for (uint64_t n : {1u, 7u, 64u, 1000u}) {
+    for (uint32_t chunk : {1u, 3u, 64u}) {
+      for (uint32_t count : {1u, 2u, 3u, 5u}) {
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < count; ++i) {
+          total += ShardElements(n, chunk, ShardSpec{i, count});
+        }
+        EXPECT_EQ(total, n) << n << " " << chunk << " " << count;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace localsgd

@@ -25,6 +25,7 @@
 #include "server/server.h"
 #include "src/clock.h"
 #include "src/codec.h"
+#include "src/crc32c.h"
 #include "src/layout.h"
 
 namespace localsgd {
@@ -174,12 +175,14 @@ class MetricsTest : public ::testing::Test {
     request.mutable_header()->set_job_id(kJob);
     request.mutable_header()->set_member_id(member);
     request.mutable_header()->set_round(round);
+    request.mutable_header()->set_layout_fingerprint(layout_.fingerprint);
     stream->Write(request);
     std::string data;
     EncodeValues(std::vector<float>(kChunk, 1.0f), DType::kFloat32, &data);
     for (uint32_t i = 0; i < chunks; ++i) {
       request.mutable_chunk()->set_index(i);
       request.mutable_chunk()->set_data(data);
+      request.mutable_chunk()->set_crc32c(Crc32c(0, data));
       if (!stream->Write(request)) break;
     }
     stream->WritesDone();

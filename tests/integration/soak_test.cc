@@ -22,6 +22,7 @@
 #include "localsgd/v1/coordinator.grpc.pb.h"
 #include "server/server.h"
 #include "src/codec.h"
+#include "src/crc32c.h"
 #include "src/layout.h"
 
 namespace localsgd {
@@ -121,6 +122,7 @@ class SoakTest : public ::testing::Test {
     request.mutable_header()->set_job_id("soak");
     request.mutable_header()->set_member_id(k.member_id);
     request.mutable_header()->set_round(round);
+    request.mutable_header()->set_layout_fingerprint(layout_.fingerprint);
     stream->Write(request);
     std::vector<float> values;
     for (uint32_t c = 0; c < k.chunks_sent; ++c) {
@@ -131,6 +133,8 @@ class SoakTest : public ::testing::Test {
       request.mutable_chunk()->set_index(c);
       EncodeValues(values, DType::kFloat32,
                    request.mutable_chunk()->mutable_data());
+      request.mutable_chunk()->set_crc32c(
+          Crc32c(0, request.chunk().data()));
       stream->Write(request);
     }
     stream->WritesDone();

@@ -17,6 +17,7 @@
 #include "localsgd/v1/coordinator.grpc.pb.h"
 #include "server/server.h"
 #include "src/codec.h"
+#include "src/crc32c.h"
 #include "src/layout.h"
 
 namespace localsgd {
@@ -335,11 +336,13 @@ class BadInputTest : public ::testing::Test {
       request.mutable_header()->set_job_id(job);
       request.mutable_header()->set_member_id(member);
       request.mutable_header()->set_round(round);
+      request.mutable_header()->set_layout_fingerprint(layout_.fingerprint);
       stream->Write(request);
     }
     for (const auto& [index, data] : chunks) {
       request.mutable_chunk()->set_index(index);
       request.mutable_chunk()->set_data(data);
+      request.mutable_chunk()->set_crc32c(Crc32c(0, data));
       if (!stream->Write(request)) break;
     }
     stream->WritesDone();

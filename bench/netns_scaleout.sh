@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Scale-out with sharded coordinators over rate-limited links (issue 6).
+#
+# Every coordinator replica and every worker gets its own network-namespace
+# "host", wired by a veth pair to one bridge in a "switch" namespace, on a
+# private 10.214.<random>.0/24 that exists only inside these namespaces. Every
+# host link is limited both ways with `tc ... tbf rate $RATE` (this kernel has
+# no netem, so no added latency). For each S in $SHARDS and each wire dtype,
+# S replicas run (`--shard_index=i --shard_count=S` when S > 1) and
+# bench/sync_bench runs WORLD workers, worker r inside host w<r>
+# (--worker_netns), with the replicas' addresses as --coordinator (the client
+# sends chunk i to replica i mod S). Prints a markdown table: round median per
+# S and wire, the speed-up over S=1, and the link-limited lower bound.
+#
+# Usage: bench/netns_scaleout.sh        (as root; exit 77 when it cannot run)
+# Environment (defaults in brackets): BUILD_DIR [<repo>/build-bench],
+#   BUILD_TYPE [Release] (for a fresh BUILD_DIR), WORLD [4], MILLIONS [25],
+#   SHARDS ["1 2 4"], WIRES ["float32 bfloat16"], ROUNDS [3], RATE [1gbit],
+#   BURST [512kb], CHUNK_ELEMENTS [0], COORD_FLAGS [], BENCH_FLAGS [],
+#   RUN_TIMEOUT [900], OUT_DIR [<BUILD_DIR>/netns-results/<date>].
+#
+# Lower bound per round: the busiest link's bytes / RATE, where a worker's
+# link carries its payload out and the result in (each direction limited
+# separately), and replica i's link carries WORLD x payload / S each way.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+BUILD_DIR=${BUILD_DIR:-$REPO/build-bench}
+BUILD_TYPE=${BUILD_TYPE:-Release}
+WORLD=${WORLD:-4}
+MILLIONS=${MILLIONS:-25}
+SHARDS=${SHARDS:-1 2 4}
+WIRES=${WIRES:-float32 bfloat16}
+ROUNDS=${ROUNDS:-3}
+RATE=${RATE:-1gbit}
+BURST=${BURST:-512kb}
+CHUNK_ELEMENTS=${CHUNK_ELEMENTS:-0}
+COORD_FLAGS=${COORD_FLAGS:-}
+BENCH_FLAGS=${BENCH_FLAGS:-}
+RUN_TIMEOUT=${RUN_TIMEOUT:-900}
+OUT_DIR=${OUT_DIR:-$BUILD_DIR/netns-results/$(date +%Y%m%d-%H%M%S)}
+
+log() { echo "[netns_scaleout] $*" >&2; }
+die() { echo "[netns_scaleout] error: $*" >&2; exit 1; }
+skip() { echo "[netns_scaleout] SKIP: $*" >&2; exit 77; }
+
+[[ $(id -u) == 0 ]] || skip "needs root (network namespaces, veth, bridge, tc)"
+command -v ip >/dev/null || skip "the ip command (iproute2) is not installed"
+command -v tc >/dev/null || skip "the tc command (iproute2) is not installed"
+
+# --- build -------------------------------------------------------------------
+if [[ ! -f $BUILD_DIR/build.ninja ]]; then
+  log "configuring $BUILD_DIR ($BUILD_TYPE, no LibTorch, no tests)"
+  cmake -S "$REPO" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" \
+    -DLOCALSGD_BUILD_TORCH=OFF -DLOCALSGD_BUILD_TESTS=OFF \
+    -DLOCALSGD_BUILD_BENCH=ON >&2 || die "cmake failed"
+fi
+ninja -C "$BUILD_DIR" localsgd-coordinator sync_bench >&2 ||
+  die "build failed (ninja -C $BUILD_DIR localsgd-coordinator sync_bench)"
+COORDINATOR=$BUILD_DIR/server/localsgd-coordinator
+SYNC_BENCH=$BUILD_DIR/bench/sync_bench
+has_shard_flags=0
+if "$COORDINATOR" --help 2>&1 | grep -q -- --shard_count; then has_shard_flags=1; fi
+
+mkdir -p "$OUT_DIR"
+log "results and logs in $OUT_DIR"
+
+# --- the network ---------------------------------------------------------------
+max_s=0
+for s in $SHARDS; do ((s > max_s)) && max_s=$s; done
+tag="lsgdb$$"
+subnet="10.214.$((RANDOM % 254 + 1))"
+ns_sw="$tag-sw"
+ns_c=() ns_w=()
+for ((i = 0; i < max_s; i++)); do ns_c+=("$tag-c$i"); done
+for ((r = 0; r < WORLD; r++)); do ns_w+=("$tag-w$r"); done
+coordinator_ip() { echo "$subnet.$((1 + $1))"; }
+worker_ip() { echo "$subnet.$((100 + $1))"; }
+
+coordinator_pids=()
+bench_pid=""
+remove_namespaces() {
+  local ns pid
+  for pid in $bench_pid "${coordinator_pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  for ns in "${ns_c[@]}" "${ns_w[@]}" "$ns_sw"; do
+    ip netns list 2>/dev/null | grep -qw -- "$ns" || continue
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    timeout 10 ip netns del "$ns" 2>/dev/null || true
+    if ip netns list 2>/dev/null | grep -qw -- "$ns"; then
+      log "WARNING: could not delete network namespace $ns"
+    fi
+  done
+}
+trap remove_namespaces EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+setup() {
+  local out
+  if ! out=$(timeout 10 "$@" 2>&1); then
+    skip "cannot build the network: '$*' failed: $out"
+  fi
+}
+setup ip netns add "$ns_sw"
+setup ip -n "$ns_sw" link add br0 type bridge
+setup ip -n "$ns_sw" link set br0 up
+# host NS PORT IP: a host namespace wired to the bridge, its link limited to
+# RATE both ways (host egress on eth0, host ingress on the switch port).
+host() {
+  local ns=$1 port=$2 addr=$3
+  setup ip netns add "$ns"
+  setup ip -n "$ns_sw" link add "$port" type veth peer name eth0 netns "$ns"
+  setup ip -n "$ns_sw" link set "$port" master br0
+  setup ip -n "$ns_sw" link set "$port" up
+  setup ip -n "$ns" addr add "$addr/24" dev eth0
+  setup ip -n "$ns" link set eth0 up
+  setup ip -n "$ns" link set lo up
+  setup ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$RATE" burst "$BURST" latency 100ms
+  setup ip netns exec "$ns_sw" tc qdisc add dev "$port" root tbf rate "$RATE" burst "$BURST" latency 100ms
+}
+for ((i = 0; i < max_s; i++)); do host "${ns_c[i]}" "p-c$i" "$(coordinator_ip "$i")"; done
+for ((r = 0; r < WORLD; r++)); do host "${ns_w[r]}" "p-w$r" "$(worker_ip "$r")"; done
+log "network: $max_s coordinator host(s) at $subnet.1-$max_s, $WORLD worker hosts at $subnet.100-$((99 + WORLD)), every link tbf $RATE both ways"
+
+# --- runs ----------------------------------------------------------------------
+results=$OUT_DIR/raw.tsv
+: >"$results"
+field() { sed -n "s/.*[[:space:]]$2=\([^[:space:]]*\).*/\1/p" <<<" $1"; }
+
+run() {  # S WIRE
+  local s=$1 wire=$2 i addrs="" rt="s$1-$2"
+  if ((s > 1 && !has_shard_flags)); then
+    log "S=$s $wire: skipped: localsgd-coordinator has no --shard_index/--shard_count"
+    printf '%s\t%s\tunsupported\n' "$s" "$wire" >>"$results"
+    return
+  fi
+  coordinator_pids=()
+  for ((i = 0; i < s; i++)); do
+    local pf=$OUT_DIR/$rt-c$i.port
+    rm -f "$pf"
+    local flags=(--listen="$(coordinator_ip "$i"):0" --port_file="$pf" --shutdown_grace=2s)
+    if ((s > 1)); then flags+=(--shard_index="$i" --shard_count="$s"); fi
+    if "$COORDINATOR" --help 2>&1 | grep -q -- --metrics_listen; then flags+=(--metrics_listen=); fi
+    # shellcheck disable=SC2086
+    ip netns exec "${ns_c[i]}" "$COORDINATOR" "${flags[@]}" $COORD_FLAGS \
+      >"$OUT_DIR/$rt-c$i.log" 2>&1 &
+    coordinator_pids+=($!)
+  done
+  for ((i = 0; i < s; i++)); do
+    local pf=$OUT_DIR/$rt-c$i.port k
+    for ((k = 0; k < 300; ++k)); do
+      [[ -s $pf ]] && break
+      kill -0 "${coordinator_pids[i]}" 2>/dev/null || die "replica $i exited at start; see $OUT_DIR/$rt-c$i.log"
+      sleep 0.1
+    done
+    [[ -s $pf ]] || die "replica $i wrote no port in 30 s"
+    addrs+="${addrs:+,}$(coordinator_ip "$i"):$(<"$pf")"
+  done
+  log "S=$s $wire: WORLD=$WORLD ${MILLIONS}M, replicas $addrs"
+  local rc=0
+  # shellcheck disable=SC2086
+  timeout --kill-after=10 $((RUN_TIMEOUT + 30)) "$SYNC_BENCH" \
+    --coordinator="$addrs" --worker_netns="$tag-w" --world="$WORLD" \
+    --millions="$MILLIONS" --rounds="$ROUNDS" --wire_dtype="$wire" \
+    --chunk_elements="$CHUNK_ELEMENTS" --timeout="${RUN_TIMEOUT}s" $BENCH_FLAGS \
+    >"$OUT_DIR/$rt.log" 2>&1 &
+  bench_pid=$!
+  wait "$bench_pid" || rc=$?
+  bench_pid=""
+  local rss=""
+  for ((i = 0; i < s; i++)); do
+    rss+="${rss:+,}$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/${coordinator_pids[i]}/status" 2>/dev/null || echo '?')"
+    kill -TERM "${coordinator_pids[i]}" 2>/dev/null || true
+  done
+  for ((i = 0; i < s; i++)); do wait "${coordinator_pids[i]}" 2>/dev/null || true; done
+  coordinator_pids=()
+  local line
+  line=$(grep '^RESULT ' "$OUT_DIR/$rt.log" || true)
+  if ((rc != 0)) || [[ -z $line ]]; then
+    tail -n 5 "$OUT_DIR/$rt.log" >&2
+    log "S=$s $wire: FAILED (status $rc); see $OUT_DIR/$rt.log"
+    printf '%s\t%s\tfailed\n' "$s" "$wire" >>"$results"
+    return
+  fi
+  grep '^sync_bench: ' "$OUT_DIR/$rt.log" | sed 's/^/  /' >&2 || true
+  printf '%s\t%s\t%s rss_mib=%s\n' "$s" "$wire" "${line#RESULT }" "$rss" >>"$results"
+}
+
+for wire in $WIRES; do
+  for s in $SHARDS; do run "$s" "$wire"; done
+done
+
+# --- report --------------------------------------------------------------------
+/usr/bin/python3 - "$results" "$RATE" "$WORLD" <<'EOF' | tee "$OUT_DIR/results.md"
+import re, sys
+path, rate, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
+m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
+bps = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8 if m else None
+rows = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
+print(f"| S | wire | round median s | min s | speed-up vs S=1 | link lower bound s | "
+      f"median/lower bound | replica peak RSS MiB |")
+print("|---:|---|---:|---:|---:|---:|---:|---|")
+base = {}
+for s, wire, rest in rows:
+    if rest in ("unsupported", "failed"):
+        print(f"| {s} | {wire} | {rest} | | | | | |"); continue
+    d = dict(t.split("=", 1) for t in rest.split() if "=" in t)
+    med, sent, recv = float(d["median_s"]), int(d["bytes_sent"]), int(d["bytes_received"])
+    s = int(s)
+    base.setdefault(wire, med if s == 1 else None)
+    lb = max(max(sent, recv), world * max(sent, recv) / s) / bps if bps else None
+    sp = f"{base[wire] / med:.2f}" if base.get(wire) else "-"
+    print(f"| {s} | {wire} | {med:.3f} | {float(d['min_s']):.3f} | {sp} | "
+          f"{lb:.3f} | {med / lb:.2f} | {d.get('rss_mib', '?')} |" if lb else
+          f"| {s} | {wire} | {med:.3f} | {float(d['min_s']):.3f} | {sp} | - | - | {d.get('rss_mib','?')} |")
+print()
+print(f"WORLD={world}, every host link tbf {rate} each way; lower bound = busiest link's bytes / rate.")
+EOF

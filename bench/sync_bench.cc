@@ -1,0 +1,553 @@
+// sync_bench: times one localsgd sync round barrier to barrier, the way
+// ../shared/bench/peer_accelerate_localsgd.py times accelerate's LocalSGD on
+// gloo, against a running localsgd-coordinator.
+//
+// The parent forks --world light worker processes (and, with --fetch, one late
+// joiner) BEFORE any gRPC object exists; it never touches gRPC itself. The
+// children meet at process-shared pthread barriers in anonymous shared memory
+// and write their per-round times there. Every worker holds the peer's tensor
+// mix (shapes() of the peer script: t0, t1, ... fp32), joins with
+// rendezvous_members = world, initializes, then runs 1 warm-up round and
+// --rounds timed rounds:
+//
+//   all workers pass a barrier; t0; Client::Sync; all pass a barrier; t1
+//
+// Before each round a worker overwrites its parameters with values that
+// depend on its rank and the round (outside the timed region), and after the
+// round it checks sampled elements against the expected mean, so a broken
+// average fails the run.
+//
+// With --fetch, after the rounds (the workers still members) the late joiner
+// joins and times Client::FetchState of the whole model --fetch_repeats times.
+//
+// With --coordinator_pid, the parent reads the coordinator's VmHWM (peak RSS)
+// from /proc once every child is done.
+//
+// With --worker_netns=PREFIX, worker r runs in network namespace PREFIX<r>
+// (bench/netns_scaleout.sh: one host per worker behind a rate-limited link).
+//
+// Output: a human-readable summary on stderr and one line on stdout:
+//   RESULT world=.. params=.. wire=.. rounds=.. median_s=.. min_s=.. max_s=..
+//          bytes_sent=.. bytes_received=.. fetch_median_s=.. fetch_GBps=..
+//          coordinator_hwm_kib=..
+// (bytes_* per worker per round, payload only). Exit status 0 on success, 1 on
+// any failure (a child's error, a wrong average, --timeout).
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "glog/logging.h"
+#include "src/layout.h"
+#include "src/types.h"
+
+ABSL_FLAG(std::string, coordinator, "",
+          "Coordinator address host:port, or a comma-separated list of "
+          "replicas (sharded coordinators: chunk i goes to replica i mod S).");
+ABSL_FLAG(int32_t, world, 4, "Worker processes.");
+ABSL_FLAG(double, millions, 25, "Model size in millions of fp32 parameters.");
+ABSL_FLAG(int32_t, rounds, 5, "Timed rounds (after one warm-up round).");
+ABSL_FLAG(std::string, wire_dtype, "float32", "float32 or bfloat16.");
+ABSL_FLAG(uint32_t, chunk_elements, 0,
+          "Elements per chunk the job asks for; 0: the coordinator's default.");
+ABSL_FLAG(bool, fetch, false,
+          "After the rounds, time a late joiner's FetchState of the model.");
+ABSL_FLAG(int32_t, fetch_repeats, 3, "FetchState calls the late joiner times.");
+ABSL_FLAG(int64_t, coordinator_pid, 0,
+          "If > 0, report this process's VmHWM (peak RSS) at the end.");
+ABSL_FLAG(std::string, job_id, "bench", "Job id.");
+ABSL_FLAG(absl::Duration, timeout, absl::Minutes(15),
+          "Whole-run limit; on expiry every child is killed and the run "
+          "fails.");
+ABSL_FLAG(std::string, worker_netns, "",
+          "If set, worker r enters the network namespace named PREFIX<r> "
+          "(/var/run/netns/PREFIX<r>, as `ip netns add` makes; needs root) "
+          "before it creates its client. For bench/netns_scaleout.sh; not "
+          "with --fetch.");
+ABSL_FLAG(bool, verbose, false, "Client INFO logs on stderr.");
+
+namespace localsgd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The peer's shapes(): sizes cycle through these until the total.
+std::vector<int64_t> PeerShapes(int64_t total) {
+  static constexpr int64_t kCycle[] = {4194304, 1048576, 768, 3072};
+  std::vector<int64_t> out;
+  int64_t left = total;
+  for (size_t i = 0; left > 0; ++i) {
+    const int64_t n = std::min(left, kCycle[i % 4]);
+    out.push_back(n);
+    left -= n;
+  }
+  return out;
+}
+
+Layout PeerLayout(int64_t total) {
+  std::vector<TensorSpec> tensors;
+  const std::vector<int64_t> sizes = PeerShapes(total);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    tensors.push_back(
+        TensorSpec{absl::StrCat("t", i), {sizes[i]}, DType::kFloat32});
+  }
+  return MakeLayout(std::move(tensors));
+}
+
+// Worker `rank`'s parameters before round `round`: a pattern shared by all
+// ranks plus a per-rank and per-round offset, so that the mean is known.
+inline float Value(size_t i, int rank, int round) {
+  return static_cast<float>(static_cast<int>(i % 1024) - 512) / 512.0f +
+         0.25f * static_cast<float>(rank) + 0.0625f * static_cast<float>(round);
+}
+void Fill(std::vector<float>& params, int rank, int round) {
+  const float offset =
+      0.25f * static_cast<float>(rank) + 0.0625f * static_cast<float>(round);
+  float* p = params.data();
+  const size_t n = params.size();
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = static_cast<float>(static_cast<int>(i % 1024) - 512) / 512.0f +
+           offset;
+  }
+}
+// The mean over ranks 0..world-1 of Value(i, rank, round).
+double ExpectedMean(size_t i, int world, int round) {
+  double sum = 0;
+  for (int r = 0; r < world; ++r) sum += Value(i, r, round);
+  return sum / world;
+}
+
+// Laid out in MAP_SHARED | MAP_ANONYMOUS memory, followed by the per-round
+// times: double[(rounds + 1) * world].
+struct Shared {
+  pthread_barrier_t workers;  // the `world` workers
+  pthread_barrier_t all;      // the workers and the late joiner
+  std::atomic<int> failed;
+  uint64_t bytes_sent;  // rank 0, per round (the last timed one)
+  uint64_t bytes_received;
+  double fetch_seconds[64];
+  int fetch_done;
+};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+struct Config {
+  std::vector<std::string> addresses;
+  int world = 0;
+  int64_t params = 0;
+  int rounds = 0;
+  DType wire = DType::kFloat32;
+  uint32_t chunk_elements = 0;
+  bool fetch = false;
+  int fetch_repeats = 0;
+  std::string job_id;
+  std::string worker_netns;  // prefix; empty: stay in this namespace
+};
+
+// Whether ClientOptions has `replicas` (sharded coordinators); set it through
+// `if constexpr` so this file builds with and without it.
+template <typename T, typename = void>
+struct HasReplicas : std::false_type {};
+template <typename T>
+struct HasReplicas<T, std::void_t<decltype(std::declval<T&>().replicas)>>
+    : std::true_type {};
+template <typename Options>
+bool SetReplicas(Options& options, const std::vector<std::string>& list) {
+  if constexpr (HasReplicas<Options>::value) {
+    options.replicas = list;
+    return true;
+  } else {
+    return false;
+  }
+}
+
+absl::StatusOr<ClientOptions> MakeOptions(const Config& config,
+                                          std::string member_name) {
+  ClientOptions options;
+  options.target = config.addresses.front();
+  if (config.addresses.size() > 1) {
+    if (!SetReplicas(options, config.addresses)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "--coordinator lists ", config.addresses.size(),
+          " replicas, but this client library has no "
+          "ClientOptions::replicas (sharded coordinators); give one address"));
+    }
+  }
+  options.job_id = config.job_id;
+  options.member_name = std::move(member_name);
+  options.settings.wire_dtype = config.wire;
+  options.settings.chunk_elements = config.chunk_elements;
+  options.settings.rendezvous_members = static_cast<uint32_t>(config.world);
+  options.sync_timeout = absl::Minutes(10);
+  options.rpc_timeout = absl::Seconds(60);
+  return options;
+}
+
+void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
+
+[[noreturn]] void Fail(Shared* shared, const std::string& who,
+                       const std::string& message) {
+  std::fprintf(stderr, "sync_bench: %s: %s\n", who.c_str(), message.c_str());
+  std::fflush(stderr);
+  shared->failed.store(1);
+  _exit(1);
+}
+
+// One worker process. Returns only by _exit.
+[[noreturn]] void RunWorker(const Config& config, int rank, Shared* shared,
+                            double* times) {
+  const std::string who = absl::StrCat("worker ", rank);
+  if (!config.worker_netns.empty()) {
+    const std::string path =
+        absl::StrCat("/var/run/netns/", config.worker_netns, rank);
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+      Fail(shared, who,
+           absl::StrCat("cannot enter network namespace ", path, ": ",
+                        std::strerror(errno)));
+    }
+    close(fd);
+  }
+  absl::StatusOr<ClientOptions> options =
+      MakeOptions(config, absl::StrCat("bench-w", rank, "/", getpid()));
+  if (!options.ok()) Fail(shared, who, options.status().ToString());
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(*options);
+  if (!client.ok()) Fail(shared, who, client.status().ToString());
+  const Layout layout = PeerLayout(config.params);
+  if (absl::Status s = (*client)->Join(layout); !s.ok()) {
+    Fail(shared, who, absl::StrCat("Join: ", s.ToString()));
+  }
+  std::vector<float> params(static_cast<size_t>(config.params));
+  Fill(params, rank, 0);
+  if (absl::Status s = (*client)->Initialize(absl::MakeSpan(params));
+      !s.ok()) {
+    Fail(shared, who, absl::StrCat("Initialize: ", s.ToString()));
+  }
+  const double tolerance = config.wire == DType::kBFloat16 ? 1.0 / 64 : 1e-5;
+  const size_t n = params.size();
+  const size_t samples[] = {0, 1, n / 3, n / 2, n - 1};
+  for (int r = 0; r <= config.rounds; ++r) {
+    Fill(params, rank, r + 1);
+    Wait(&shared->workers);
+    const auto t0 = Clock::now();
+    absl::StatusOr<SyncOutcome> outcome = (*client)->Sync(absl::MakeSpan(params));
+    Wait(&shared->workers);
+    const auto t1 = Clock::now();
+    if (!outcome.ok()) {
+      Fail(shared, who, absl::StrCat("Sync: ", outcome.status().ToString()));
+    }
+    times[r * config.world + rank] =
+        std::chrono::duration<double>(t1 - t0).count();
+    if (!outcome->contributed || outcome->late ||
+        outcome->contributors != static_cast<uint32_t>(config.world)) {
+      Fail(shared, who,
+           absl::StrCat("round ", outcome->round, ": contributed=",
+                        outcome->contributed, " late=", outcome->late,
+                        " contributors=", outcome->contributors, " (want ",
+                        config.world, ")"));
+    }
+    for (size_t i : samples) {
+      const double want = ExpectedMean(i, config.world, r + 1);
+      if (std::abs(params[i] - want) > tolerance * std::max(1.0, std::abs(want))) {
+        Fail(shared, who,
+             absl::StrFormat("round %d: element %d is %.7g, want the mean "
+                             "%.7g",
+                             r, i, params[i], want));
+      }
+    }
+    if (rank == 0) {
+      shared->bytes_sent = outcome->bytes_sent;
+      shared->bytes_received = outcome->bytes_received;
+    }
+  }
+  // Stay a member while the late joiner fetches, then leave.
+  Wait(&shared->all);
+  Wait(&shared->all);
+  (void)(*client)->Leave();
+  client->reset();
+  _exit(0);
+}
+
+// The late joiner. Returns only by _exit.
+[[noreturn]] void RunFetcher(const Config& config, Shared* shared) {
+  const std::string who = "late joiner";
+  Wait(&shared->all);  // the workers' rounds are done
+  absl::StatusOr<ClientOptions> options =
+      MakeOptions(config, absl::StrCat("bench-late/", getpid()));
+  if (!options.ok()) Fail(shared, who, options.status().ToString());
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(*options);
+  if (!client.ok()) Fail(shared, who, client.status().ToString());
+  if (absl::Status s = (*client)->Join(PeerLayout(config.params)); !s.ok()) {
+    Fail(shared, who, absl::StrCat("Join: ", s.ToString()));
+  }
+  if (!(*client)->info().has_state) {
+    Fail(shared, who, "the job has no state after the rounds");
+  }
+  std::vector<float> params(static_cast<size_t>(config.params));
+  // Touch the pages once so the timing is of the fetch, not of page faults
+  // (the client's staging buffer still faults in on the first call).
+  std::fill(params.begin(), params.end(), 0.0f);
+  const int repeats = std::min(config.fetch_repeats, 64);
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = Clock::now();
+    absl::StatusOr<RoundId> round =
+        (*client)->FetchState(absl::MakeSpan(params));
+    const auto t1 = Clock::now();
+    if (!round.ok()) {
+      Fail(shared, who, absl::StrCat("FetchState: ", round.status().ToString()));
+    }
+    shared->fetch_seconds[i] = std::chrono::duration<double>(t1 - t0).count();
+  }
+  const size_t n = params.size();
+  const double want = ExpectedMean(n / 2, config.world, config.rounds + 1);
+  const double tolerance = config.wire == DType::kBFloat16 ? 1.0 / 64 : 1e-5;
+  if (std::abs(params[n / 2] - want) > tolerance * std::max(1.0, std::abs(want))) {
+    Fail(shared, who,
+         absl::StrFormat("fetched element %d is %.7g, want %.7g", n / 2,
+                         params[n / 2], want));
+  }
+  shared->fetch_done = repeats;
+  (void)(*client)->Leave();
+  client->reset();
+  Wait(&shared->all);
+  _exit(0);
+}
+
+// VmHWM of `pid` in KiB, or -1.
+int64_t PeakRssKib(int64_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      int64_t kib = -1;
+      std::string digits;
+      for (char c : line) {
+        if (c >= '0' && c <= '9') digits += c;
+      }
+      if (absl::SimpleAtoi(digits, &kib)) return kib;
+    }
+  }
+  return -1;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
+         bool verbose) {
+  // Checked here, before forking, so a bad address list fails once.
+  if (absl::StatusOr<ClientOptions> options = MakeOptions(config, "check");
+      !options.ok()) {
+    std::fprintf(stderr, "sync_bench: %s\n",
+                 std::string(options.status().message()).c_str());
+    return 2;
+  }
+  const int children = config.world + (config.fetch ? 1 : 0);
+  const size_t times_count =
+      static_cast<size_t>(config.rounds + 1) * config.world;
+  const size_t bytes = sizeof(Shared) + times_count * sizeof(double);
+  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) {
+    std::perror("sync_bench: mmap");
+    return 1;
+  }
+  Shared* shared = new (memory) Shared();
+  double* times = reinterpret_cast<double*>(static_cast<char*>(memory) +
+                                            sizeof(Shared));
+  pthread_barrierattr_t attr;
+  pthread_barrierattr_init(&attr);
+  pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_barrier_init(&shared->workers, &attr, config.world);
+  pthread_barrier_init(&shared->all, &attr, children);
+  pthread_barrierattr_destroy(&attr);
+
+  // Fork before anything creates a gRPC object (gRPC does not survive fork).
+  std::fflush(nullptr);
+  const pid_t parent = getpid();
+  std::vector<pid_t> pids;
+  for (int c = 0; c < children; ++c) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("sync_bench: fork");
+      for (pid_t p : pids) kill(p, SIGKILL);
+      return 1;
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      if (!verbose) FLAGS_minloglevel = 1;  // warnings and errors only
+      if (c < config.world) RunWorker(config, c, shared, times);
+      RunFetcher(config, shared);
+    }
+    pids.push_back(pid);
+  }
+
+  // Wait for every child; a failure or the timeout kills the rest (they may
+  // be blocked at a barrier the failed one will never reach).
+  const auto deadline = Clock::now() + absl::ToChronoSeconds(timeout);
+  int alive = children;
+  bool ok = true;
+  std::string why;
+  while (alive > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      --alive;
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        if (ok) {
+          why = WIFSIGNALED(status)
+                    ? absl::StrCat("a child died of signal ", WTERMSIG(status))
+                    : "a child failed";
+        }
+        ok = false;
+      }
+      continue;
+    }
+    if (!ok || Clock::now() > deadline) {
+      if (ok) why = absl::StrCat("timed out after ", absl::FormatDuration(timeout));
+      ok = false;
+      for (pid_t p : pids) kill(p, SIGKILL);
+      while (waitpid(-1, nullptr, 0) > 0) {
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const int64_t hwm = coordinator_pid > 0 ? PeakRssKib(coordinator_pid) : -1;
+  if (!ok) {
+    std::fprintf(stderr, "sync_bench: FAILED: %s\n", why.c_str());
+    return 1;
+  }
+
+  // Rank 0's times, like the peer (barrier to barrier, so all ranks agree to
+  // within a barrier's wake-up).
+  std::vector<double> rank0;
+  for (int r = 1; r <= config.rounds; ++r) rank0.push_back(times[r * config.world]);
+  const double median = Median(rank0);
+  const double min = *std::min_element(rank0.begin(), rank0.end());
+  const double max = *std::max_element(rank0.begin(), rank0.end());
+  std::vector<double> fetch(shared->fetch_seconds,
+                            shared->fetch_seconds + shared->fetch_done);
+  const double fetch_median = Median(fetch);
+  const double model_wire_bytes =
+      static_cast<double>(config.params) * DTypeSize(config.wire);
+  const double fetch_gbps =
+      fetch.empty() ? 0 : model_wire_bytes / fetch_median / 1e9;
+
+  std::fprintf(stderr,
+               "sync_bench: world=%d params=%lld wire=%s rounds=%d "
+               "(+1 warm-up): median %.4f s, min %.4f s, max %.4f s; "
+               "%.1f MB sent + %.1f MB received per worker per round\n",
+               config.world, static_cast<long long>(config.params),
+               std::string(DTypeName(config.wire)).c_str(), config.rounds,
+               median, min, max, shared->bytes_sent / 1e6,
+               shared->bytes_received / 1e6);
+  if (!fetch.empty()) {
+    std::fprintf(stderr,
+                 "sync_bench: late joiner FetchState of %.1f MB: median %.4f s "
+                 "= %.2f GB/s\n",
+                 model_wire_bytes / 1e6, fetch_median, fetch_gbps);
+  }
+  if (hwm >= 0) {
+    std::fprintf(stderr, "sync_bench: coordinator %lld peak RSS %.1f MiB\n",
+                 static_cast<long long>(coordinator_pid), hwm / 1024.0);
+  }
+  std::printf(
+      "RESULT world=%d params=%lld wire=%s rounds=%d median_s=%.6f "
+      "min_s=%.6f max_s=%.6f bytes_sent=%llu bytes_received=%llu "
+      "fetch_median_s=%.6f fetch_GBps=%.4f coordinator_hwm_kib=%lld\n",
+      config.world, static_cast<long long>(config.params),
+      std::string(DTypeName(config.wire)).c_str(), config.rounds, median, min,
+      max, static_cast<unsigned long long>(shared->bytes_sent),
+      static_cast<unsigned long long>(shared->bytes_received), fetch_median,
+      fetch_gbps, static_cast<long long>(hwm));
+  return 0;
+}
+
+}  // namespace
+}  // namespace localsgd
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Times localsgd sync rounds against a running coordinator:\n"
+      "  sync_bench --coordinator=127.0.0.1:PORT --world=4 --millions=25 "
+      "--rounds=5 --wire_dtype=float32 [--fetch] [--coordinator_pid=PID]");
+  absl::ParseCommandLine(argc, argv);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+
+  localsgd::Config config;
+  for (absl::string_view a :
+       absl::StrSplit(absl::GetFlag(FLAGS_coordinator), ',', absl::SkipEmpty())) {
+    config.addresses.emplace_back(a);
+  }
+  config.world = absl::GetFlag(FLAGS_world);
+  config.params =
+      static_cast<int64_t>(std::llround(absl::GetFlag(FLAGS_millions) * 1e6));
+  config.rounds = absl::GetFlag(FLAGS_rounds);
+  const std::string wire = absl::GetFlag(FLAGS_wire_dtype);
+  config.wire = wire == "float32"    ? localsgd::DType::kFloat32
+                : wire == "bfloat16" ? localsgd::DType::kBFloat16
+                                     : localsgd::DType::kUnspecified;
+  config.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
+  config.fetch = absl::GetFlag(FLAGS_fetch);
+  config.fetch_repeats = absl::GetFlag(FLAGS_fetch_repeats);
+  config.job_id = absl::GetFlag(FLAGS_job_id);
+  config.worker_netns = absl::GetFlag(FLAGS_worker_netns);
+
+  std::string error;
+  if (config.addresses.empty()) error = "--coordinator is required";
+  if (config.world < 1 || config.world > 4096) error = "--world must be 1..4096";
+  if (config.params < 1) error = "--millions must give at least 1 parameter";
+  if (config.rounds < 1) error = "--rounds must be >= 1";
+  if (config.wire == localsgd::DType::kUnspecified) {
+    error = "--wire_dtype must be float32 or bfloat16";
+  }
+  if (config.fetch && !config.worker_netns.empty()) {
+    error = "--fetch does not combine with --worker_netns";
+  }
+  if (config.fetch_repeats < 1 || config.fetch_repeats > 64) {
+    error = "--fetch_repeats must be 1..64";
+  }
+  if (!error.empty()) {
+    std::fprintf(stderr, "sync_bench: %s\n", error.c_str());
+    return 2;
+  }
+  return localsgd::Main(config, absl::GetFlag(FLAGS_timeout),
+                        absl::GetFlag(FLAGS_coordinator_pid),
+                        absl::GetFlag(FLAGS_verbose));
+}

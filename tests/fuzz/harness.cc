@@ -1,0 +1,1005 @@
+#include "tests/fuzz/harness.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/types/span.h"
+#include "glog/logging.h"
+#include "google/protobuf/stubs/logging.h"
+#include "server/convert.h"
+#include "src/codec.h"
+#include "src/crc32c.h"
+#include "src/layout.h"
+
+namespace localsgd {
+namespace fuzz {
+namespace {
+
+// Prints the violated invariant and aborts: libFuzzer saves the input.
+[[noreturn]] void Violation(const std::string& what) {
+  std::fprintf(stderr, "\n*** localsgd fuzz invariant violated: %s\n",
+               what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+void Check(bool ok, const std::string& what) {
+  if (!ok) Violation(what);
+}
+
+uint32_t Clamp(uint32_t v, uint32_t lo, uint32_t hi, uint32_t if_zero) {
+  if (v == 0) return if_zero;
+  return std::max(lo, std::min(hi, v));
+}
+
+// The codes each RPC documents (proto/localsgd/v1/coordinator.proto), less
+// those only the security layer or a shutdown produces, which this harness
+// does not exercise (UNAUTHENTICATED, PERMISSION_DENIED, UNAVAILABLE).
+void CheckCode(absl::string_view rpc, const absl::Status& status,
+               std::initializer_list<absl::StatusCode> allowed) {
+  if (status.ok()) return;
+  Check(
+      !status.message().empty(),
+      absl::StrCat(rpc, " failed with an empty message: ", status.ToString()));
+  for (absl::StatusCode code : allowed) {
+    if (status.code() == code) return;
+  }
+  Violation(absl::StrCat(
+      rpc, " ended with an undocumented status: ", status.ToString()));
+}
+
+using C = absl::StatusCode;
+
+// Small values that are exact in bfloat16, for the honest members.
+float HonestValue(uint32_t seed, uint32_t member, uint64_t j) {
+  const uint64_t h =
+      (seed * 2654435761ull + member * 40503ull + j * 97ull) >> 7;
+  return static_cast<float>(static_cast<int>(h % 129) - 64) / 8.0f;
+}
+
+// MIRROR of Resolve in server/service.cc.
+absl::Status Resolve(Coordinator* coordinator, const std::string& job_id,
+                     const std::string& member_hex, std::shared_ptr<Job>* job,
+                     MemberId* member) {
+  absl::StatusOr<std::shared_ptr<Job>> j = coordinator->FindJob(job_id);
+  if (!j.ok()) return j.status();
+  absl::StatusOr<MemberId> m = ParseMemberId(member_hex);
+  if (!m.ok()) return m.status();
+  *job = *std::move(j);
+  *member = *std::move(m);
+  return absl::OkStatus();
+}
+
+// MIRROR of CheckFingerprint in server/service.cc.
+absl::Status CheckFingerprint(const Job& job, uint64_t fingerprint,
+                              absl::string_view what) {
+  if (fingerprint == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has no layout_fingerprint"));
+  }
+  if (fingerprint != job.layout().fingerprint) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " names another layout fingerprint"));
+  }
+  return absl::OkStatus();
+}
+
+// MIRROR of CheckChunkCrc in server/service.cc.
+absl::Status CheckChunkCrc(const v1::Chunk& chunk, absl::string_view what) {
+  if (!chunk.has_crc32c()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " chunk ", chunk.index(), " has no crc32c"));
+  }
+  if (Crc32c(0, chunk.data()) != chunk.crc32c()) {
+    return absl::DataLossError(
+        absl::StrCat(what, " chunk ", chunk.index(), " is corrupt"));
+  }
+  return absl::OkStatus();
+}
+
+// MIRROR of EncodeStateChunk in server/service.cc.
+void EncodeStateChunk(const StateSnapshot& state, const ChunkGeometry& geometry,
+                      DType wire_dtype, uint32_t index, v1::Chunk* chunk) {
+  chunk->set_index(index);
+  const auto values =
+      absl::MakeConstSpan(state.values)
+          .subspan(geometry.Offset(index), geometry.Size(index));
+  std::string* data = chunk->mutable_data();
+  data->resize(WireBytes(wire_dtype, values.size()));
+  EncodeValuesTo(values, wire_dtype, data->data());
+  chunk->set_crc32c(Crc32c(0, *data));
+}
+
+std::vector<float> Decode(absl::string_view data, DType dtype) {
+  std::vector<float> out(data.size() / DTypeSize(dtype));
+  if (!DecodeValues(data, dtype, absl::MakeSpan(out)).ok()) out.clear();
+  return out;
+}
+
+bool AllFinite(const std::vector<float>& v) {
+  for (float x : v) {
+    if (!std::isfinite(x)) return false;
+  }
+  return true;
+}
+
+bool SameBits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof(float)) == 0;
+}
+
+// Unit roundoff of the result: fp32 arithmetic, then the wire dtype.
+double ResultRoundoff(DType wire) {
+  return wire == DType::kBFloat16 ? std::ldexp(1.0, -8) : 0.0;
+}
+
+}  // namespace
+
+void InitFuzzing() {
+  FLAGS_minloglevel = 3;  // the core logs every Join and round
+  FLAGS_stderrthreshold = 3;
+  // Protobuf logs every string that is not UTF-8 (the parse fails, as on
+  // the server).
+  google::protobuf::SetLogHandler(nullptr);
+}
+
+Harness::Harness(const Config& config) {
+  options_.clock = &clock_;
+  options_.observer = &events_;
+  options_.policy.lease_ttl =
+      absl::Milliseconds(Clamp(config.lease_ttl_ms(), 1, 60000, 10000));
+  options_.policy.round_deadline =
+      absl::Milliseconds(std::min<uint32_t>(config.round_deadline_ms(), 60000));
+  options_.policy.min_quorum = Clamp(config.min_quorum(), 1, 4, 1);
+  options_.policy.max_members = Clamp(config.max_members(), 1, 16, 8);
+  options_.policy.max_recent_rounds = 8;
+  options_.max_jobs = Clamp(config.max_jobs(), 1, 8, 4);
+  // Small models: a fuzzed layout must not allocate gigabytes.
+  options_.max_model_elements = 4096;
+  options_.max_chunk_elements = 4096;
+  options_.default_settings.chunk_elements = 64;
+  absl::StatusOr<std::unique_ptr<Coordinator>> c =
+      Coordinator::Create(options_);
+  Check(c.ok(), absl::StrCat("Coordinator::Create: ", c.status().ToString()));
+  coordinator_ = *std::move(c);
+}
+
+Harness::~Harness() {
+  for (auto& s : streams_) s.reset();
+  internal_streams_.clear();
+  if (coordinator_ != nullptr) coordinator_->Stop();
+  jobs_.clear();
+  coordinator_.reset();
+}
+
+const Harness::Member* Harness::Ref(uint32_t ref) const {
+  if (ref == 0 || members_.empty()) return nullptr;
+  return &members_[(ref - 1) % members_.size()];
+}
+
+Harness::JobModel* Harness::ModelOf(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+std::shared_ptr<Harness::Stream>& Harness::Slot(uint32_t index) {
+  return streams_[index % streams_.size()];
+}
+
+// ---------------------------------------------------------------------------
+// Join: MIRROR of CoordinatorService::Join.
+
+absl::Status Harness::DoJoin(const v1::JoinRequest& request,
+                             std::string* member_id) {
+  JoinRequestParams params;
+  params.member_name = request.member_name();
+  params.weight = request.weight();
+  params.incarnation = request.incarnation();
+  absl::StatusOr<Layout> layout = LayoutFromProto(request.layout());
+  if (!layout.ok()) return layout.status();
+  params.layout = *std::move(layout);
+  absl::StatusOr<JobSettings> settings = SettingsFromProto(request.settings());
+  if (!settings.ok()) return settings.status();
+  params.settings = *settings;
+  const Layout requested_layout = params.layout;
+  absl::StatusOr<JoinResult> result =
+      coordinator_->Join(request.job_id(), std::move(params));
+  if (!result.ok()) return result.status();
+
+  // The response, as the service fills it, and what must hold of it.
+  v1::JoinResponse response;
+  response.set_member_id(result->member_id.str());
+  SettingsToProto(result->settings, response.mutable_settings());
+  response.set_num_chunks(result->geometry.num_chunks());
+  response.set_num_elements(result->geometry.num_elements());
+  const std::string where = absl::StrCat("Join of '", request.member_name(),
+                                         "' to '", request.job_id(), "'");
+  Check(MemberId::IsWellFormed(response.member_id()),
+        absl::StrCat(where, ": malformed member id ", response.member_id()));
+  const JobSettings& s = result->settings;
+  Check(
+      s.chunk_elements >= 1 && s.chunk_elements <= options_.max_chunk_elements,
+      absl::StrCat(where, ": chunk_elements ", s.chunk_elements));
+  Check(IsWireDType(s.wire_dtype), absl::StrCat(where, ": wire dtype"));
+  Check(s.mode == AveragingMode::kMean, absl::StrCat(where, ": mode"));
+  const v1::JobSettings& want = request.settings();
+  Check(want.chunk_elements() == 0 || want.chunk_elements() == s.chunk_elements,
+        absl::StrCat(where, ": got chunks of ", s.chunk_elements,
+                     " after asking for ", want.chunk_elements()));
+  Check(want.wire_dtype() == 0 ||
+            want.wire_dtype() == static_cast<int>(s.wire_dtype),
+        absl::StrCat(where, ": got another wire dtype than asked for"));
+  Check(want.local_sgd_steps() == 0 ||
+            want.local_sgd_steps() == s.local_sgd_steps,
+        absl::StrCat(where, ": got another K than asked for"));
+  uint64_t elements = 0;
+  for (const TensorSpec& t : requested_layout.tensors) {
+    elements += NumElements(t);
+  }
+  Check(result->geometry.num_elements() == elements,
+        absl::StrCat(where, ": ", result->geometry.num_elements(),
+                     " elements for a layout of ", elements));
+  Check(result->geometry.num_chunks() ==
+            (elements + s.chunk_elements - 1) / s.chunk_elements,
+        absl::StrCat(where, ": ", result->geometry.num_chunks(), " chunks"));
+  absl::StatusOr<std::shared_ptr<Job>> job =
+      coordinator_->FindJob(request.job_id());
+  Check(job.ok(), absl::StrCat(where, ": the joined job is not found"));
+  Check(FirstDifference((*job)->layout(), requested_layout).empty() &&
+            (*job)->layout().fingerprint == requested_layout.fingerprint,
+        absl::StrCat(where, ": the job averages another layout"));
+
+  JobModel& model = jobs_[request.job_id()];
+  if (model.job == nullptr) model.job = *job;
+  Check(model.job == *job, absl::StrCat(where, ": the job was replaced"));
+  if (!model.has_state && result->has_state) {
+    // Cannot happen: the harness sees every seed close.
+    Violation(absl::StrCat(where, ": state appeared unseen"));
+  }
+  const std::string& id = response.member_id();
+  bool known = false;
+  for (const Member& m : members_)
+    known |= m.job_id == request.job_id() && m.id == id;
+  if (!known) {
+    Member m;
+    m.job_id = request.job_id();
+    m.id = id;
+    m.name = request.member_name().empty() ? id : request.member_name();
+    m.weight = static_cast<float>(request.weight() == 0 ? 1 : request.weight());
+    members_.push_back(std::move(m));
+  }
+  if (member_id != nullptr) *member_id = id;
+  return absl::OkStatus();
+}
+
+void Harness::ApplyJoin(const JoinStep& step, bool retry) {
+  v1::JoinRequest request = step.request();
+  if (step.complete()) {
+    if (request.job_id().empty()) request.set_job_id("job");
+    if (request.layout().tensors_size() == 0) {
+      if (JobModel* m = ModelOf(request.job_id()); m != nullptr) {
+        LayoutToProto(m->job->layout(), request.mutable_layout());
+      }
+    }
+    if (request.incarnation() == 0) request.set_incarnation(1);
+  }
+  std::string id;
+  const absl::Status status = DoJoin(request, &id);
+  CheckCode(
+      "Join", status,
+      {C::kInvalidArgument, C::kFailedPrecondition, C::kResourceExhausted});
+  if (status.ok() && retry && !request.member_name().empty()) {
+    std::string again;
+    const absl::Status s = DoJoin(request, &again);
+    // The join rate limit may refuse the retry; anything else must not.
+    CheckCode("Join (retry)", s, {C::kResourceExhausted});
+    Check(!s.ok() || again == id,
+          absl::StrCat("a retried Join of '", request.member_name(),
+                       "' returned another member"));
+  }
+  ProcessEvents();
+}
+
+// ---------------------------------------------------------------------------
+// Sync: MIRROR of SyncReactor.
+
+void Harness::OnSyncMessage(const std::shared_ptr<Stream>& stream,
+                            const v1::SyncRequest& request) {
+  // The reactor stops reading once the stream is complete or failed.
+  if (stream->finished || stream->reads_done || !stream->error.ok()) return;
+  absl::Status status =
+      request.has_header()  ? OnHeader(stream, request.header())
+      : request.has_chunk() ? OnChunk(*stream, request.chunk())
+                            : absl::InvalidArgumentError(
+                                  "Sync message has neither header nor chunk");
+  if (!status.ok()) {
+    Fail(*stream, status);
+  } else if (stream->session->complete()) {
+    stream->reads_done = true;
+  }
+  Advance(*stream);
+}
+
+absl::Status Harness::OnHeader(const std::shared_ptr<Stream>& stream,
+                               const v1::SyncHeader& header) {
+  if (stream->header_seen) {
+    return absl::InvalidArgumentError("Sync stream has a second header");
+  }
+  stream->header_seen = true;
+  MemberId member;
+  std::shared_ptr<Job> job;
+  if (absl::Status s = Resolve(coordinator_.get(), header.job_id(),
+                               header.member_id(), &job, &member);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckFingerprint(*job, header.layout_fingerprint(), "Sync header");
+      !s.ok()) {
+    return s;
+  }
+  stream->model = ModelOf(header.job_id());
+  Check(stream->model != nullptr && stream->model->job == job,
+        "Sync: a job the harness never joined");
+  stream->job_id = header.job_id();
+  stream->member_id = header.member_id();
+  stream->callback_pending = true;
+  std::weak_ptr<Stream> weak = stream;
+  absl::StatusOr<std::unique_ptr<SyncSession>> session = job->BeginSync(
+      member, header.round(), [this, weak](absl::StatusOr<SyncResult> result) {
+        std::shared_ptr<Stream> s = weak.lock();
+        // The reactor would be gone: a callback after a successful Cancel,
+        // or after the stream was destroyed, is a use-after-free there.
+        Check(s != nullptr, "a Sync callback ran for a destroyed stream");
+        Check(s->callback_pending, "a Sync callback ran twice");
+        s->callback_pending = false;
+        s->result = std::move(result);
+        Advance(*s);
+      });
+  if (!session.ok()) {
+    Check(stream->callback_pending, "BeginSync failed but ran its callback");
+    stream->callback_pending = false;
+    return session.status();
+  }
+  stream->session = *std::move(session);
+  return absl::OkStatus();
+}
+
+absl::Status Harness::OnChunk(Stream& stream, const v1::Chunk& chunk) {
+  if (stream.session == nullptr) {
+    return absl::InvalidArgumentError(
+        "Sync stream sent a chunk before its header");
+  }
+  if (absl::Status s = CheckChunkCrc(chunk, "Sync"); !s.ok()) return s;
+  JobModel& model = *stream.model;
+  const RoundId round = stream.session->round();
+  // Whether this member's data for the chunk could be counted: its round is
+  // not closed yet (observed state round, updated after every step).
+  const bool open = round == 0 ? !model.has_state
+                               : !model.has_state || round > model.state_round;
+  const absl::Status s = stream.session->AddChunk(chunk.index(), chunk.data());
+  if (s.ok() && open) {
+    if (round == 0) {
+      model.seed_data[chunk.index()].push_back(chunk.data());
+    } else {
+      model.first[round][chunk.index()].emplace(stream.member_id, chunk.data());
+    }
+  }
+  return s;
+}
+
+void Harness::EndStream(const std::shared_ptr<Stream>& stream) {
+  if (stream == nullptr || stream->finished || stream->reads_done) return;
+  if (stream->error.ok()) {
+    if (stream->session == nullptr) {
+      Fail(*stream,
+           absl::InvalidArgumentError("Sync stream ended before its header"));
+    } else if (!stream->session->complete()) {
+      Fail(*stream, absl::InvalidArgumentError("Sync stream ended early"));
+    }
+  }
+  Advance(*stream);
+}
+
+void Harness::CancelStream(const std::shared_ptr<Stream>& stream) {
+  if (stream == nullptr || stream->finished) return;
+  Fail(*stream, absl::CancelledError("Sync cancelled by the client"));
+  Advance(*stream);
+}
+
+void Harness::Fail(Stream& stream, absl::Status status) {
+  if (stream.error.ok()) stream.error = std::move(status);
+  if (stream.session != nullptr && stream.callback_pending &&
+      stream.session->Cancel()) {
+    stream.callback_pending = false;
+  }
+}
+
+void Harness::Advance(Stream& stream) {
+  if (stream.finished) return;
+  if (!stream.error.ok()) {
+    if (stream.callback_pending) return;
+    FinishStream(stream, stream.error);
+    return;
+  }
+  if (!stream.reads_done || !stream.result.has_value()) return;
+  if (!stream.result->ok()) {
+    FinishStream(stream, stream.result->status());
+    return;
+  }
+  const SyncResult& r = **stream.result;
+  Check(r.state != nullptr, "a Sync result without state");
+  Check(r.state->round == r.round,
+        absl::StrCat("a Sync result for round ", r.round,
+                     " carries the state of round ", r.state->round));
+  Check(r.contributors >= (r.contributed ? 1u : 0u) &&
+            std::isfinite(r.contributor_weight) && r.contributor_weight >= 0,
+        "a Sync result with inconsistent contributors");
+  Check(r.round <= stream.session->round() || stream.session->round() == 0,
+        absl::StrCat("a Sync for round ", stream.session->round(),
+                     " got the result of later round ", r.round));
+  CheckStreamedState(*stream.model, *r.state);
+  FinishStream(stream, absl::OkStatus());
+}
+
+void Harness::FinishStream(Stream& stream, const absl::Status& status) {
+  stream.finished = true;
+  CheckCode("Sync", status,
+            {C::kInvalidArgument, C::kFailedPrecondition, C::kNotFound,
+             C::kAborted, C::kDataLoss, C::kCancelled});
+}
+
+void Harness::CheckStreamedState(const JobModel& model,
+                                 const StateSnapshot& state) {
+  const Job& job = *model.job;
+  const ChunkGeometry& g = job.geometry();
+  const DType wire = job.settings().wire_dtype;
+  Check(state.values.size() == g.num_elements(),
+        absl::StrCat("a state of ", state.values.size(), " values for ",
+                     g.num_elements(), " elements"));
+  v1::Chunk chunk;
+  for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+    EncodeStateChunk(state, g, wire, c, &chunk);
+    Check(chunk.data().size() == WireBytes(wire, g.Size(c)),
+          "a streamed chunk of the wrong size");
+    const std::vector<float> back = Decode(chunk.data(), wire);
+    for (uint32_t j = 0; j < g.Size(c); ++j) {
+      // The state holds wire-dtype values: the round trip is exact.
+      Check(SameBits(back[j], state.values[g.Offset(c) + j]),
+            absl::StrCat("state element ", g.Offset(c) + j,
+                         " does not survive the wire dtype"));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Unary calls and FetchState: MIRRORs of the service's handlers.
+
+void Harness::DoLeave(const MemberCall& call) {
+  std::string job_id = call.job_id(), member_id = call.member_id();
+  if (const Member* m = Ref(call.member_ref()); m != nullptr) {
+    member_id = m->id;
+    if (job_id.empty()) job_id = m->job_id;
+  }
+  std::shared_ptr<Job> job;
+  MemberId member;
+  absl::Status status =
+      Resolve(coordinator_.get(), job_id, member_id, &job, &member);
+  if (status.ok()) status = job->Leave(member);
+  CheckCode("Leave", status, {C::kInvalidArgument, C::kNotFound});
+  ProcessEvents();
+}
+
+void Harness::DoHeartbeat(const MemberCall& call) {
+  std::string job_id = call.job_id(), member_id = call.member_id();
+  if (const Member* m = Ref(call.member_ref()); m != nullptr) {
+    member_id = m->id;
+    if (job_id.empty()) job_id = m->job_id;
+  }
+  std::shared_ptr<Job> job;
+  MemberId member;
+  absl::Status status =
+      Resolve(coordinator_.get(), job_id, member_id, &job, &member);
+  if (status.ok()) {
+    absl::StatusOr<RoundId> round = job->Heartbeat(member);
+    status = round.status();
+    if (round.ok()) {
+      const JobModel* model = ModelOf(job_id);
+      Check(model != nullptr && *round == model->state_round,
+            absl::StrCat("Heartbeat reports round ", *round));
+    }
+  }
+  CheckCode("Heartbeat", status, {C::kInvalidArgument, C::kNotFound});
+}
+
+void Harness::DoFetch(const FetchCall& call) {
+  v1::FetchStateRequest request = call.request();
+  if (const Member* m = Ref(call.member_ref()); m != nullptr) {
+    request.set_member_id(m->id);
+    if (request.job_id().empty()) request.set_job_id(m->job_id);
+  }
+  if (call.fix_fingerprint()) {
+    if (const JobModel* model = ModelOf(request.job_id()); model != nullptr) {
+      request.set_layout_fingerprint(model->job->layout().fingerprint);
+    }
+  }
+  std::shared_ptr<Job> job;
+  MemberId member;
+  std::shared_ptr<const StateSnapshot> state;
+  absl::Status s = Resolve(coordinator_.get(), request.job_id(),
+                           request.member_id(), &job, &member);
+  if (s.ok()) {
+    s = CheckFingerprint(*job, request.layout_fingerprint(),
+                         "FetchState request");
+  }
+  if (s.ok()) {
+    absl::StatusOr<std::shared_ptr<const StateSnapshot>> got =
+        job->GetState(member);
+    s = got.status();
+    if (got.ok()) state = *std::move(got);
+  }
+  CheckCode("FetchState", s,
+            {C::kInvalidArgument, C::kNotFound, C::kFailedPrecondition});
+  if (!s.ok()) return;
+  const JobModel* model = ModelOf(request.job_id());
+  Check(
+      model != nullptr && model->has_state &&
+          state->round == model->state_round,
+      absl::StrCat("FetchState returns round ", state->round,
+                   " but the last round that closed is ", model->state_round));
+  if (model->state_known) {
+    Check(state->values.size() == model->state.size() &&
+              std::equal(state->values.begin(), state->values.end(),
+                         model->state.begin(), SameBits),
+          "FetchState returns another state than the round closed with");
+  }
+  CheckStreamedState(*model, *state);
+}
+
+void Harness::DoStatus(const v1::GetJobStatusRequest& request) {
+  const uint32_t max_rounds =
+      request.max_rounds() == 0 ? 10 : std::min(request.max_rounds(), 100u);
+  v1::GetJobStatusResponse response;
+  std::vector<std::shared_ptr<Job>> jobs;
+  if (!request.job_id().empty()) {
+    absl::StatusOr<std::shared_ptr<Job>> job =
+        coordinator_->FindJob(request.job_id());
+    CheckCode("GetJobStatus", job.status(),
+              {C::kInvalidArgument, C::kNotFound});
+    if (!job.ok()) return;
+    jobs.push_back(*job);
+  } else {
+    jobs = coordinator_->Jobs();
+  }
+  for (const auto& job : jobs) {
+    v1::JobStatus* p = response.add_jobs();
+    JobStatusToProto(job->Status(max_rounds), clock_.Now(), p);
+    Check(p->num_chunks() == job->geometry().num_chunks() &&
+              p->num_elements() == job->geometry().num_elements(),
+          "GetJobStatus: geometry");
+    Check(static_cast<uint32_t>(p->recent_rounds_size()) <= max_rounds,
+          "GetJobStatus: more rounds than asked for");
+    Check(
+        static_cast<uint32_t>(p->members_size()) <= options_.policy.max_members,
+        "GetJobStatus: more members than the limit");
+    for (const v1::RoundStatus& r : p->recent_rounds()) {
+      Check(r.contributors_size() <= r.participants_size(),
+            "GetJobStatus: more contributors than participants");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Honest members.
+
+void Harness::HonestSync(const Member& member, RoundId round, uint32_t seed) {
+  JobModel* model = ModelOf(member.job_id);
+  if (model == nullptr) return;
+  const Job& job = *model->job;
+  auto stream = std::make_shared<Stream>();
+  internal_streams_.push_back(stream);
+  v1::SyncRequest request;
+  v1::SyncHeader* header = request.mutable_header();
+  header->set_job_id(member.job_id);
+  header->set_member_id(member.id);
+  header->set_round(round);
+  header->set_layout_fingerprint(job.layout().fingerprint);
+  OnSyncMessage(stream, request);
+  const ChunkGeometry& g = job.geometry();
+  uint32_t index = 0;
+  for (const Member& m : members_) {
+    if (&m == &member) break;
+    ++index;
+  }
+  std::vector<float> values;
+  for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+    if (stream->finished || stream->reads_done || !stream->error.ok()) break;
+    values.resize(g.Size(c));
+    for (uint32_t j = 0; j < g.Size(c); ++j) {
+      values[j] = HonestValue(seed, index, g.Offset(c) + j);
+    }
+    v1::Chunk* chunk = request.mutable_chunk();
+    chunk->set_index(c);
+    EncodeValues(values, job.settings().wire_dtype, chunk->mutable_data());
+    chunk->set_crc32c(Crc32c(0, chunk->data()));
+    OnSyncMessage(stream, request);
+  }
+  // Keep the few streams that still wait for their round.
+  internal_streams_.erase(
+      std::remove_if(internal_streams_.begin(), internal_streams_.end(),
+                     [](const auto& s) { return s->finished; }),
+      internal_streams_.end());
+  if (internal_streams_.size() > 64) {
+    CancelStream(internal_streams_.front());
+    internal_streams_.erase(internal_streams_.begin());
+  }
+}
+
+void Harness::DoRound(const RoundMacro& round) {
+  const size_t n = std::min<size_t>(prologue_members_, 4);
+  for (size_t i = 0; i < n; ++i) {
+    if ((round.members_mask() & (1u << i)) == 0) continue;
+    const Member member = members_[i];
+    JobModel* model = ModelOf(member.job_id);
+    if (model == nullptr) continue;
+    HonestSync(member, model->has_state ? model->state_round + 1 : 0,
+               round.value_seed());
+    ProcessEvents();
+  }
+}
+
+void Harness::RunPrologue(const Prologue& p) {
+  if (p.tensor_sizes_size() == 0) return;
+  std::vector<TensorSpec> tensors;
+  for (int i = 0; i < std::min(p.tensor_sizes_size(), 4); ++i) {
+    tensors.push_back(
+        {absl::StrCat("t", i),
+         {static_cast<int64_t>(Clamp(p.tensor_sizes(i), 1, 64, 1))},
+         DType::kFloat32});
+  }
+  const Layout layout = MakeLayout(std::move(tensors));
+  const uint32_t members = std::min<uint32_t>(p.members(), 4);
+  for (uint32_t i = 0; i < members; ++i) {
+    v1::JoinRequest request;
+    request.set_job_id("job");
+    request.set_member_name(absl::StrCat("p", i));
+    request.set_incarnation(1000 + i);
+    request.set_weight(i < static_cast<uint32_t>(p.weights_size())
+                           ? Clamp(p.weights(i), 1, 8, 1)
+                           : 1);
+    LayoutToProto(layout, request.mutable_layout());
+    v1::JobSettings* settings = request.mutable_settings();
+    settings->set_chunk_elements(Clamp(p.chunk_elements(), 1, 64, 8));
+    settings->set_wire_dtype(p.bfloat16() ? v1::DTYPE_BFLOAT16
+                                          : v1::DTYPE_FLOAT32);
+    settings->set_rendezvous_members(std::min<uint32_t>(
+        p.rendezvous_members(), options_.policy.max_members));
+    if (!DoJoin(request, nullptr).ok()) break;
+    ++prologue_members_;
+  }
+  if (p.seed() && prologue_members_ > 0) {
+    HonestSync(members_[0], 0, 12345);
+    ProcessEvents();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Steps.
+
+void Harness::Apply(const Step& step) {
+  switch (step.kind_case()) {
+    case Step::kSync: {
+      const SyncMessage& m = step.sync();
+      std::shared_ptr<Stream>& slot = Slot(m.stream());
+      if (slot == nullptr || slot->finished) slot = std::make_shared<Stream>();
+      std::shared_ptr<Stream> stream = slot;
+      v1::SyncRequest request = m.request();
+      if (request.has_header()) {
+        v1::SyncHeader* h = request.mutable_header();
+        if (const Member* r = Ref(m.member_ref()); r != nullptr) {
+          h->set_member_id(r->id);
+          if (h->job_id().empty()) h->set_job_id(r->job_id);
+        }
+        if (const JobModel* model = ModelOf(h->job_id()); model != nullptr) {
+          if (m.relative_round()) {
+            const int64_t base =
+                model->has_state ? static_cast<int64_t>(model->state_round) : 0;
+            h->set_round(static_cast<uint64_t>(
+                std::max<int64_t>(0, base + m.round_delta())));
+          }
+          if (m.fix_fingerprint()) {
+            h->set_layout_fingerprint(model->job->layout().fingerprint);
+          }
+        }
+      } else if (request.has_chunk() && stream->session != nullptr) {
+        v1::Chunk* chunk = request.mutable_chunk();
+        const Job& job = *stream->model->job;
+        if (m.fix_size()) {
+          const ChunkGeometry& g = job.geometry();
+          chunk->set_index(chunk->index() % g.num_chunks());
+          const size_t size =
+              WireBytes(job.settings().wire_dtype, g.Size(chunk->index()));
+          std::string data = chunk->data();
+          if (data.empty()) data.assign(1, '\0');
+          std::string fixed(size, '\0');
+          for (size_t i = 0; i < size; ++i) fixed[i] = data[i % data.size()];
+          chunk->set_data(std::move(fixed));
+        }
+        if (m.fix_crc()) chunk->set_crc32c(Crc32c(0, chunk->data()));
+      }
+      OnSyncMessage(stream, request);
+      ProcessEvents();
+      break;
+    }
+    case Step::kEndStream:
+      EndStream(Slot(step.end_stream()));
+      ProcessEvents();
+      break;
+    case Step::kCancelStream:
+      CancelStream(Slot(step.cancel_stream()));
+      ProcessEvents();
+      break;
+    case Step::kJoin:
+      ApplyJoin(step.join(), /*retry=*/false);
+      break;
+    case Step::kLeave:
+      DoLeave(step.leave());
+      break;
+    case Step::kHeartbeat:
+      DoHeartbeat(step.heartbeat());
+      break;
+    case Step::kAdvanceMs:
+      clock_.Advance(absl::Milliseconds(std::min(step.advance_ms(), 60000u)));
+      coordinator_->Tick();
+      ProcessEvents();
+      break;
+    case Step::kStatus:
+      DoStatus(step.status());
+      break;
+    case Step::kFetch:
+      DoFetch(step.fetch());
+      break;
+    case Step::kRound:
+      DoRound(step.round());
+      break;
+    case Step::KIND_NOT_SET:
+      break;
+  }
+}
+
+void Harness::Finish() {
+  for (auto& s : streams_) CancelStream(s);
+  for (auto& s : internal_streams_) CancelStream(s);
+  ProcessEvents();
+  DoStatus(v1::GetJobStatusRequest());
+}
+
+// ---------------------------------------------------------------------------
+// Rounds.
+
+void Harness::ProcessEvents() {
+  while (!events_.events.empty()) {
+    const RoundClosedEvent event = events_.events.front();
+    events_.events.erase(events_.events.begin());
+    JobModel* model = ModelOf(event.job_id);
+    Check(model != nullptr, "a round closed in a job the harness never saw");
+    Check(event.contributors + event.dropped == event.participants,
+          absl::StrCat("round ", event.round, ": ", event.contributors,
+                       " contributors + ", event.dropped,
+                       " dropped != ", event.participants, " participants"));
+    Check(event.round == 0
+              ? !model->has_state
+              : model->has_state && event.round == model->state_round + 1,
+          absl::StrCat("round ", event.round, " closed after round ",
+                       model->state_round));
+    // Read the new state as a member would: a probe joins, fetches and
+    // leaves. No round is open right after one closed, so the probe takes
+    // part in nothing.
+    std::vector<float> values;
+    bool known = false;
+    v1::JoinRequest probe;
+    probe.set_job_id(event.job_id);
+    probe.set_member_name(absl::StrCat("~probe", probes_++));
+    probe.set_incarnation(1);
+    LayoutToProto(model->job->layout(), probe.mutable_layout());
+    JoinRequestParams params;
+    params.member_name = probe.member_name();
+    params.incarnation = 1;
+    params.layout = model->job->layout();
+    absl::StatusOr<JoinResult> joined =
+        coordinator_->Join(event.job_id, std::move(params));
+    if (joined.ok()) {
+      absl::StatusOr<std::shared_ptr<const StateSnapshot>> state =
+          model->job->GetState(joined->member_id);
+      Check(state.ok(), absl::StrCat("no state after round ", event.round,
+                                     " closed: ", state.status().ToString()));
+      Check((*state)->round == event.round,
+            absl::StrCat("round ", event.round,
+                         " closed but the state is of "
+                         "round ",
+                         (*state)->round));
+      values = (*state)->values;
+      known = true;
+      Check(model->job->Leave(joined->member_id).ok(), "probe Leave");
+    }
+    if (known) CheckRound(*model, event, values);
+    model->has_state = true;
+    model->state_round = event.round;
+    model->state_known = known;
+    model->state = std::move(values);
+    model->seed_data.clear();
+    model->first.erase(model->first.begin(),
+                       model->first.upper_bound(event.round));
+  }
+}
+
+void Harness::CheckRound(JobModel& model, const RoundClosedEvent& event,
+                         const std::vector<float>& values) {
+  const Job& job = *model.job;
+  const ChunkGeometry& g = job.geometry();
+  const DType wire = job.settings().wire_dtype;
+  const std::string round =
+      absl::StrCat("job ", event.job_id, " round ", event.round);
+  Check(values.size() == g.num_elements(),
+        absl::StrCat(round, ": ", values.size(), " values"));
+  if (event.round == 0) {
+    // The seed is exactly one of the payloads sent to seed each chunk.
+    for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+      std::string bytes;
+      EncodeValues(absl::MakeConstSpan(values).subspan(g.Offset(c), g.Size(c)),
+                   wire, &bytes);
+      const std::vector<std::string>& sent = model.seed_data[c];
+      Check(std::find(sent.begin(), sent.end(), bytes) != sent.end(),
+            absl::StrCat(round, ": seed chunk ", c,
+                         " is none of the payloads sent for it"));
+    }
+    return;
+  }
+
+  const JobStatusSnapshot status = model.job->Status(1);
+  Check(!status.recent_rounds.empty() &&
+            status.recent_rounds[0].round == event.round,
+        absl::StrCat(round, ": not the latest record"));
+  const RoundRecord& record = status.recent_rounds[0];
+  auto& first = model.first[event.round];
+
+  auto weight_of = [&](const std::string& id) -> double {
+    for (const Member& m : members_) {
+      if (m.job_id == event.job_id && m.id == id) return m.weight;
+    }
+    Violation(absl::StrCat(round, ": data from an unknown member"));
+  };
+  auto name_of = [&](const std::string& id) -> std::string {
+    for (const Member& m : members_) {
+      if (m.job_id == event.job_id && m.id == id) return m.name;
+    }
+    return "";
+  };
+
+  // Exact check when every participant contributed completely and each
+  // contributor name maps to exactly one member that sent every chunk.
+  std::vector<std::string> contributor_ids;
+  bool exact = record.dropped.empty() && model.state_known;
+  if (exact) {
+    std::map<std::string, int> want;
+    for (const auto& n : record.contributors) ++want[n];
+    std::map<std::string, std::vector<std::string>> complete;
+    std::map<std::string, int> chunks_of;
+    for (const auto& [c, by_member] : first) {
+      for (const auto& [id, data] : by_member) ++chunks_of[id];
+    }
+    for (const auto& [id, n] : chunks_of) {
+      if (n == static_cast<int>(g.num_chunks())) {
+        complete[name_of(id)].push_back(id);
+      }
+    }
+    for (const auto& [name, n] : want) {
+      const auto it = complete.find(name);
+      if (it == complete.end() || static_cast<int>(it->second.size()) != n) {
+        // A contributor the harness cannot identify: the record says it
+        // sent every chunk; if no member of that name did, that is a bug.
+        Check(it != complete.end(), absl::StrCat(round, ": contributor ", name,
+                                                 " never sent all chunks"));
+        exact = false;
+        break;
+      }
+      for (const auto& id : it->second) contributor_ids.push_back(id);
+    }
+  }
+  if (exact) {
+    double total = 0;
+    for (const auto& id : contributor_ids) total += weight_of(id);
+    Check(std::abs(record.contributor_weight - total) <= 1e-9 * total,
+          absl::StrCat(round, ": contributor weight ",
+                       record.contributor_weight, ", expected ", total));
+  }
+
+  for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+    const auto chunk_it = first.find(c);
+    std::vector<std::pair<double, std::vector<float>>> given;  // weight, data
+    if (chunk_it != first.end()) {
+      for (const auto& [id, data] : chunk_it->second) {
+        std::vector<float> v = Decode(data, wire);
+        if (!v.empty() && AllFinite(v)) given.emplace_back(weight_of(id), v);
+      }
+    }
+    for (uint32_t j = 0; j < g.Size(c); ++j) {
+      const uint64_t e = g.Offset(c) + j;
+      const float got = values[e];
+      const std::string where =
+          absl::StrCat(round, " chunk ", c, " element ", e, ": ", got);
+      if (exact) {
+        double sum = 0, abs_sum = 0, total = 0;
+        for (const auto& id : contributor_ids) {
+          const std::vector<float> v = Decode(first[c][id], wire);
+          const double w = weight_of(id);
+          sum += w * v[j];
+          abs_sum += std::abs(w * v[j]);
+          total += w;
+        }
+        if (total == 0) {
+          Check(SameBits(got, model.state[e]),
+                absl::StrCat(where,
+                             " without contributions is not the "
+                             "previous state"));
+          continue;
+        }
+        // fp32 accumulation overflows where the double one does not; that
+        // is the documented fp32 accumulator, not a bug of the decoding.
+        if (abs_sum > 1e37) continue;
+        const double mean = sum / total;
+        const double k = static_cast<double>(contributor_ids.size());
+        // fp32 rounding of each product and sum, relative; subnormal
+        // products (tiny weights) lose absolute precision, 2^-149 each.
+        const double tol = (k + 2) * std::ldexp(1.0, -23) * (abs_sum / total) +
+                           (k + 1) * std::ldexp(1.0, -149) / total +
+                           ResultRoundoff(wire) * std::abs(mean) + 1e-37;
+        Check(std::abs(got - mean) <= tol,
+              absl::StrCat(where, " is not the weighted mean ", mean,
+                           " of the ", contributor_ids.size(),
+                           " contributors (tolerance ", tol, ")"));
+      } else {
+        // Some participant dropped out: the value is a weighted mean of some
+        // of the data given for the chunk, or the previous state's value.
+        double lo = std::numeric_limits<double>::infinity();
+        double hi = -lo, scale = 0, weights = 0;
+        double min_weight = std::numeric_limits<double>::infinity();
+        for (const auto& [w, v] : given) {
+          if (w > 0) min_weight = std::min(min_weight, w);
+          lo = std::min<double>(lo, v[j]);
+          hi = std::max<double>(hi, v[j]);
+          scale = std::max<double>(scale, std::abs(v[j]));
+          weights += w * std::abs(v[j]);
+        }
+        if (given.empty()) {
+          if (model.state_known && chunk_it == first.end()) {
+            Check(SameBits(got, model.state[e]),
+                  absl::StrCat(where,
+                               " without contributions is not the "
+                               "previous state"));
+          }
+          continue;
+        }
+        if (!model.state_known || weights > 1e37) continue;
+        lo = std::min<double>(lo, model.state[e]);
+        hi = std::max<double>(hi, model.state[e]);
+        scale = std::max<double>(scale, std::abs(model.state[e]));
+        const double tol =
+            (given.size() + 2) * std::ldexp(1.0, -23) * scale +
+            (given.size() + 1) * std::ldexp(1.0, -149) / min_weight +
+            ResultRoundoff(wire) * scale + 1e-37;
+        Check(got >= lo - tol && got <= hi + tol,
+              absl::StrCat(where, " is outside [", lo, ", ", hi,
+                           "], the range of what was given"));
+      }
+    }
+  }
+}
+
+}  // namespace fuzz
+}  // namespace localsgd
