@@ -44,16 +44,18 @@ bool Retryable(const absl::Status& status) {
          absl::IsDataLoss(status);
 }
 
-// Collects the chunks of one state or result stream into `staging`, each
+// Collects the chunks of one state or result stream where `dest` says, each
 // exactly once.
 class ChunkReceiver {
  public:
+  // `dest(i)`: where chunk i's values go.
   ChunkReceiver(absl::string_view what, const ChunkGeometry& geometry,
-                DType wire, absl::Span<float> staging)
+                DType wire,
+                std::function<absl::Span<float>(uint32_t)> dest)
       : what_(what),
         geometry_(geometry),
         wire_(wire),
-        staging_(staging),
+        dest_(std::move(dest)),
         got_(geometry.num_chunks(), false) {}
 
   // INTERNAL for an index out of range or repeated, or a wrong size;
@@ -72,9 +74,7 @@ class ChunkReceiver {
       return absl::DataLossError(absl::StrCat(
           what_, " chunk ", i, " does not match its CRC32C; fetching again"));
     }
-    absl::Status s =
-        DecodeValues(chunk.data(), wire_,
-                     staging_.subspan(geometry_.Offset(i), geometry_.Size(i)));
+    absl::Status s = DecodeValues(chunk.data(), wire_, dest_(i));
     if (!s.ok())
       return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
     got_[i] = true;
@@ -96,7 +96,7 @@ class ChunkReceiver {
   const std::string what_;
   const ChunkGeometry& geometry_;
   const DType wire_;
-  const absl::Span<float> staging_;
+  const std::function<absl::Span<float>(uint32_t)> dest_;
   std::vector<bool> got_;
   uint32_t received_ = 0;
   uint64_t bytes_ = 0;
@@ -304,7 +304,6 @@ class Client::Replica {
 
   absl::StatusOr<RoundId> FetchState(const Layout& layout,
                                      absl::Span<float> params) {
-    staging_.resize(local_.num_elements());
     RoundId round = 0;
     absl::Status status = WithRetries("FetchState", [&]() -> absl::Status {
       v1::FetchStateRequest request;
@@ -315,8 +314,9 @@ class Client::Replica {
       SetDeadline(&context, options_.sync_timeout);
       auto reader = stub_->FetchState(&context, request);
       v1::FetchStateResponse response;
+      // Straight into `params`: a failed fetch is retried whole.
       ChunkReceiver chunks("FetchState", local_, info_.settings.wire_dtype,
-                           absl::MakeSpan(staging_));
+                           [&](uint32_t j) { return Slice(params, j); });
       bool header = false;
       absl::Status error;
       while (error.ok() && reader->Read(&response)) {
@@ -340,7 +340,6 @@ class Client::Replica {
       return chunks.CheckComplete();
     });
     if (!status.ok()) return status;
-    Scatter(params);
     state_round_ = round;
     return round;
   }
@@ -386,16 +385,6 @@ class Client::Replica {
     const uint32_t g = j * shard_.count + shard_.index;
     return params.subspan(global_.Offset(g), global_.Size(g));
   }
-  // Copies the staged result into the replica's chunks of `params`.
-  void Scatter(absl::Span<float> params) const {
-    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
-      const absl::Span<const float> from =
-          absl::MakeConstSpan(staging_).subspan(local_.Offset(j),
-                                                local_.Size(j));
-      std::copy(from.begin(), from.end(), Slice(params, j).begin());
-    }
-  }
-
   absl::StatusOr<SyncOutcome> Rejoin(const Layout& layout,
                                      absl::Span<float> params) {
     const RoundId trained_from = state_round_;
@@ -406,9 +395,25 @@ class Client::Replica {
     }
     absl::StatusOr<SyncOutcome> outcome;
     if (!info_.has_state) {
-      // The coordinator lost the job: re-seed it with these parameters (or
-      // adopt another member's re-seed).
+      // The coordinator lost the job: re-seed it (or adopt another member's
+      // re-seed), then contribute these parameters to its first round, as
+      // the members that re-join after the seed do: so every member takes
+      // part in that round and none waits for one that already returned.
+      std::vector<float> own;
+      own.reserve(local_.num_elements());
+      for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+        const absl::Span<const float> slice = Slice(params, j);
+        own.insert(own.end(), slice.begin(), slice.end());
+      }
       outcome = SyncRound(layout, 0, params);
+      if (outcome.ok()) {
+        for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+          const auto from = absl::MakeConstSpan(own).subspan(
+              local_.Offset(j), local_.Size(j));
+          std::copy(from.begin(), from.end(), Slice(params, j).begin());
+        }
+        outcome = SyncRound(layout, state_round_ + 1, params);
+      }
     } else if (info_.state_round <= trained_from) {
       // The job's state is not newer than the one `params` grew from: they
       // are a valid contribution to its next round.
@@ -434,9 +439,6 @@ class Client::Replica {
   absl::StatusOr<SyncOutcome> SyncRound(const Layout& layout, RoundId round,
                                         absl::Span<float> params) {
     const DType wire = info_.settings.wire_dtype;
-    // The result lands in a staging buffer and is copied into `params` only
-    // when complete: a retry must resend the member's own parameters.
-    staging_.resize(local_.num_elements());
     SyncOutcome outcome;
     absl::Status status = WithRetries(
         absl::StrCat("Sync of round ", round), [&]() -> absl::Status {
@@ -465,8 +467,14 @@ class Client::Replica {
           if (writing) stream->WritesDone();
 
           v1::SyncResponse response;
+          // The result goes straight into `params`, with no staging copy.
+          // A retry may then resend result values as its contribution; that
+          // is harmless: result chunks arrive only once the round has
+          // closed, and a Sync for a closed round only adopts its result
+          // (a member whose coordinator lost the job re-seeds with a state
+          // whose every chunk is its own or the average).
           ChunkReceiver chunks("Sync result", local_, wire,
-                               absl::MakeSpan(staging_));
+                               [&](uint32_t j) { return Slice(params, j); });
           bool have_header = false;
           absl::Status error;
           while (error.ok() && stream->Read(&response)) {
@@ -491,7 +499,6 @@ class Client::Replica {
           return chunks.CheckComplete();
         });
     if (!status.ok()) return status;
-    Scatter(params);
     state_round_ = outcome.round;
     return outcome;
   }
@@ -583,8 +590,6 @@ class Client::Replica {
   ChunkGeometry global_;  // the whole layout
   ChunkGeometry local_;   // this replica's chunks, back to back
   RoundId state_round_ = 0;
-  // Receives results before they replace the caller's parameters; reused.
-  std::vector<float> staging_;
   std::thread heartbeat_;
 
   absl::Mutex mu_;

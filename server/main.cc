@@ -53,6 +53,11 @@ ABSL_FLAG(uint32_t, chunk_elements, 256 * 1024,
           "ask for another size).");
 ABSL_FLAG(std::string, wire_dtype, "float32",
           "Default wire dtype for new jobs: float32 or bfloat16.");
+ABSL_FLAG(int32_t, stream_window_bytes, 4 << 20,
+          "HTTP/2 flow-control window per stream, fixed, in bytes: bounds "
+          "the memory each worker's stream may hold in the coordinator. 0: "
+          "gRPC's default window, grown by bandwidth probing (more memory "
+          "per worker).");
 ABSL_FLAG(std::string, nonfinite_policy, "reject",
           "Default for new jobs of what a chunk with a NaN or infinity does: "
           "reject (the Sync fails with INVALID_ARGUMENT) or drop (the member "
@@ -237,6 +242,7 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   c.max_join_rate = absl::GetFlag(FLAGS_max_join_rate);
   c.join_burst = absl::GetFlag(FLAGS_join_burst);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   return options;
 }

@@ -201,6 +201,14 @@ class SyncReactor final
   // Finishes the call; the last use of `this` (see the class comment).
   void Done(const grpc::Status& status) {
     CountRejected(metrics_, "Sync", status);
+    // The member's stream is over once it sees the status: free its slot
+    // before, or its next stream could find the slot still taken.
+    CoordinatorService::StreamSlot slot;
+    {
+      absl::MutexLock lock(&mu_);
+      slot = std::move(stream_slot_);
+    }
+    slot = CoordinatorService::StreamSlot();
     Finish(status);
   }
 
@@ -214,11 +222,17 @@ class SyncReactor final
       header_seen_ = true;
     }
     // --- security: credentials, member binding, stream limit (auth.h).
+    CoordinatorService::StreamSlot slot;
     if (absl::Status s = service_->AdmitStream(caller_, header.job_id(),
-                                               header.member_id(),
-                                               &stream_slot_);
+                                               header.member_id(), &slot);
         !s.ok()) {
       return s;
+    }
+    {
+      // A cancel may have finished the call meanwhile; then the slot goes
+      // back at once (its destructor).
+      absl::MutexLock lock(&mu_);
+      if (!finished_) stream_slot_ = std::move(slot);
     }
     MemberId member;
     std::shared_ptr<Job> job;
@@ -339,12 +353,12 @@ class SyncReactor final
   Coordinator* const coordinator_;
   Metrics* const metrics_;   // may be null
   v1::SyncRequest request_;  // read path only
-  // --- security: the call's credentials, and its stream slot (taken in
-  // OnHeader, read path only; released when the reactor is deleted).
+  // --- security: the call's credentials.
   const CallerCredentials caller_;
-  CoordinatorService::StreamSlot stream_slot_;
 
   absl::Mutex mu_;
+  // Taken in OnHeader, given back in Done (before Finish).
+  CoordinatorService::StreamSlot stream_slot_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
   ByteCounters counters_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<SyncSession> session_ ABSL_GUARDED_BY(mu_);
@@ -429,6 +443,9 @@ class FetchStateReactor final
  private:
   void Done(const grpc::Status& status) {
     CountRejected(metrics_, "FetchState", status);
+    // Free the member's slot before it sees the status (writes are
+    // sequential: nothing else touches it now).
+    stream_slot_ = CoordinatorService::StreamSlot();
     Finish(status);
   }
 

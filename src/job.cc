@@ -547,10 +547,16 @@ void Job::FitScaleLocked() {
   int exp = 0;
   while (std::ldexp(1.0, exp) < total) ++exp;
   if (exp <= open_->scale_exp) return;
-  // Only when the rendezvous admits members into a round that has sums.
   const int shift = exp - open_->scale_exp;
-  for (float& v : open_->acc) v = std::ldexp(v, -shift);
   open_->scale_exp = exp;
+  const bool any_sums =
+      std::any_of(open_->chunk_weight.begin(), open_->chunk_weight.end(),
+                  [](double w) { return w > 0; });
+  if (!any_sums) return;
+  // Only when the rendezvous admits members into a round that has sums.
+  // Multiplying by a power of two is exact (short of subnormals).
+  const float factor = std::ldexp(1.0f, -shift);
+  for (float& v : open_->acc) v *= factor;
 }
 
 bool Job::CancelWaiter(const SyncSession& session) {
