@@ -1865,8 +1865,11 @@ TEST(NumericalHygiene, Sync_FiniteValuesWhoseSumOverflowsFp32_AverageIsFinite) {
   const Row row{
       "Sync_FiniteValuesWhoseSumOverflowsFp32_AverageIsFinite", kFp32,
       [](Env& env) {
-        for (int i = 0; i < 2; ++i) {
-          const std::string m = env.JoinHostile("large");
+        // Both join before either syncs: a member that joins while the
+        // round is open takes part only from the next one.
+        std::vector<std::string> members;
+        for (int i = 0; i < 2; ++i) members.push_back(env.JoinHostile("large"));
+        for (const std::string& m : members) {
           const auto msgs = env.FullSync(m, env.next_round(),
                                          std::vector<float>(kElements, 3e38f));
           env.Spawn([&env, msgs] { return env.RunSync(env.stub(), msgs); },
