@@ -734,8 +734,25 @@ absl::Status Client::Join(const Layout& layout) {
       !s.ok()) {
     return s;
   }
-  joined_ = true;
+  joined_ = true;  // from here on, Leave (or the destructor) leaves
   layout_ = layout;
+  if (absl::Status s = CheckReplicaSet(); !s.ok()) {
+    Leave().IgnoreError();  // an inconsistent set must not be used
+    return s;
+  }
+  info_ = replicas_[0]->info();
+  info_.num_elements = *total;
+  info_.num_chunks = static_cast<uint32_t>(
+      ChunkGeometry(*total, info_.settings.chunk_elements).num_chunks());
+  for (const auto& r : replicas_) {
+    info_.lease_ttl = std::min(info_.lease_ttl, r->info().lease_ttl);
+    info_.has_state = info_.has_state && r->info().has_state;
+    info_.state_round = std::min(info_.state_round, r->info().state_round);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::CheckReplicaSet() const {
   // The replicas must be the shards 0..S-1 of S, and agree on the settings.
   const size_t n = replicas_.size();
   std::vector<std::string> owner(n);
@@ -764,15 +781,6 @@ absl::Status Client::Join(const Layout& layout) {
           " with different chunk sizes or wire dtypes; start the replicas "
           "with the same settings"));
     }
-  }
-  info_ = replicas_[0]->info();
-  info_.num_elements = *total;
-  info_.num_chunks = static_cast<uint32_t>(
-      ChunkGeometry(*total, info_.settings.chunk_elements).num_chunks());
-  for (const auto& r : replicas_) {
-    info_.lease_ttl = std::min(info_.lease_ttl, r->info().lease_ttl);
-    info_.has_state = info_.has_state && r->info().has_state;
-    info_.state_round = std::min(info_.state_round, r->info().state_round);
   }
   return absl::OkStatus();
 }

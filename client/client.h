@@ -189,6 +189,9 @@ class Client {
   // returns the first error, naming the replica when there are several.
   absl::Status ForEachReplica(
       const std::function<absl::Status(Replica&)>& fn);
+  // FAILED_PRECONDITION unless the joined replicas are the shards 0..S-1 of
+  // S (S = their number) with the same chunk size and wire dtype.
+  absl::Status CheckReplicaSet() const;
 
   ClientOptions options_;
   std::vector<std::unique_ptr<Replica>> replicas_;
