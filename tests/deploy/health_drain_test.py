@@ -306,8 +306,14 @@ def main():
                 float(f["value"]) != 6.0:
             fail(f"round 3 while draining: {line}")
     log("round 3, open at SIGTERM, closed with both members")
+    # No new round opens while draining: UNAVAILABLE while the server still
+    # answers; once every round has closed it stops after kSettleTime
+    # (500 ms), and a call that arrives later (slow machine, sanitizers) is
+    # CANCELLED by the stopping server. Clients retry both. The checkpoint
+    # below (round 3) shows no round 4 ever opened.
     line = a.do("sync 1", expect_ok=False)
-    if not line.startswith("error sync UNAVAILABLE"):
+    if not (line.startswith("error sync UNAVAILABLE") or
+            line.startswith("error sync CANCELLED")):
         fail(f"a new round while draining: {line}")
     rc = wait_exit(coord, 30)
     if rc != 0:
