@@ -50,8 +50,9 @@ int main(int argc, char** argv) {
   const int streams = absl::GetFlag(FLAGS_streams);
   const int64_t buffer = absl::GetFlag(FLAGS_buffer);
   if (total < 1 || streams < 1 || streams > 1024 || buffer < 1) {
-    std::fprintf(stderr, "loopback_bw: need --bytes >= 1, --streams in "
-                         "1..1024, --buffer >= 1\n");
+    std::fprintf(stderr,
+                 "loopback_bw: need --bytes >= 1, --streams in "
+                 "1..1024, --buffer >= 1\n");
     return 2;
   }
 

@@ -138,7 +138,8 @@ void BM_DecodeBf16(benchmark::State& state) {
 constexpr int64_t k256K = 256 * 1024;
 constexpr int64_t k1M = 1024 * 1024;
 
-BENCHMARK(BM_Memcpy)->Arg(2 * k256K)->Arg(4 * k256K)->Arg(2 * k1M)->Arg(4 * k1M);
+BENCHMARK(BM_Memcpy)->Arg(2 * k256K)->Arg(4 * k256K)->Arg(2 * k1M)->Arg(4 *
+                                                                        k1M);
 BENCHMARK(BM_AccumulateFp32)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_AccumulateFp32Weighted)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_AccumulateBf16)->Arg(k256K)->Arg(k1M);

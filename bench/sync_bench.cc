@@ -43,8 +43,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -136,8 +136,8 @@ void Fill(std::vector<float>& params, int rank, int round) {
   float* p = params.data();
   const size_t n = params.size();
   for (size_t i = 0; i < n; ++i) {
-    p[i] = static_cast<float>(static_cast<int>(i % 1024) - 512) / 512.0f +
-           offset;
+    p[i] =
+        static_cast<float>(static_cast<int>(i % 1024) - 512) / 512.0f + offset;
   }
 }
 // The mean over ranks 0..world-1 of Value(i, rank, round).
@@ -248,8 +248,7 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
   }
   std::vector<float> params(static_cast<size_t>(config.params));
   Fill(params, rank, 0);
-  if (absl::Status s = (*client)->Initialize(absl::MakeSpan(params));
-      !s.ok()) {
+  if (absl::Status s = (*client)->Initialize(absl::MakeSpan(params)); !s.ok()) {
     Fail(shared, who, absl::StrCat("Initialize: ", s.ToString()));
   }
   const double tolerance = config.wire == DType::kBFloat16 ? 1.0 / 64 : 1e-5;
@@ -259,7 +258,8 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
     Fill(params, rank, r + 1);
     Wait(&shared->workers);
     const auto t0 = Clock::now();
-    absl::StatusOr<SyncOutcome> outcome = (*client)->Sync(absl::MakeSpan(params));
+    absl::StatusOr<SyncOutcome> outcome =
+        (*client)->Sync(absl::MakeSpan(params));
     Wait(&shared->workers);
     const auto t1 = Clock::now();
     if (!outcome.ok()) {
@@ -270,14 +270,15 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
     if (!outcome->contributed || outcome->late ||
         outcome->contributors != static_cast<uint32_t>(config.world)) {
       Fail(shared, who,
-           absl::StrCat("round ", outcome->round, ": contributed=",
-                        outcome->contributed, " late=", outcome->late,
-                        " contributors=", outcome->contributors, " (want ",
-                        config.world, ")"));
+           absl::StrCat(
+               "round ", outcome->round, ": contributed=", outcome->contributed,
+               " late=", outcome->late, " contributors=", outcome->contributors,
+               " (want ", config.world, ")"));
     }
     for (size_t i : samples) {
       const double want = ExpectedMean(i, config.world, r + 1);
-      if (std::abs(params[i] - want) > tolerance * std::max(1.0, std::abs(want))) {
+      if (std::abs(params[i] - want) >
+          tolerance * std::max(1.0, std::abs(want))) {
         Fail(shared, who,
              absl::StrFormat("round %d: element %d is %.7g, want the mean "
                              "%.7g",
@@ -323,14 +324,16 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
         (*client)->FetchState(absl::MakeSpan(params));
     const auto t1 = Clock::now();
     if (!round.ok()) {
-      Fail(shared, who, absl::StrCat("FetchState: ", round.status().ToString()));
+      Fail(shared, who,
+           absl::StrCat("FetchState: ", round.status().ToString()));
     }
     shared->fetch_seconds[i] = std::chrono::duration<double>(t1 - t0).count();
   }
   const size_t n = params.size();
   const double want = ExpectedMean(n / 2, config.world, config.rounds + 1);
   const double tolerance = config.wire == DType::kBFloat16 ? 1.0 / 64 : 1e-5;
-  if (std::abs(params[n / 2] - want) > tolerance * std::max(1.0, std::abs(want))) {
+  if (std::abs(params[n / 2] - want) >
+      tolerance * std::max(1.0, std::abs(want))) {
     Fail(shared, who,
          absl::StrFormat("fetched element %d is %.7g, want %.7g", n / 2,
                          params[n / 2], want));
@@ -386,8 +389,8 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
     return 1;
   }
   Shared* shared = new (memory) Shared();
-  double* times = reinterpret_cast<double*>(static_cast<char*>(memory) +
-                                            sizeof(Shared));
+  double* times =
+      reinterpret_cast<double*>(static_cast<char*>(memory) + sizeof(Shared));
   pthread_barrierattr_t attr;
   pthread_barrierattr_init(&attr);
   pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -438,7 +441,8 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
       continue;
     }
     if (!ok || Clock::now() > deadline) {
-      if (ok) why = absl::StrCat("timed out after ", absl::FormatDuration(timeout));
+      if (ok)
+        why = absl::StrCat("timed out after ", absl::FormatDuration(timeout));
       ok = false;
       for (pid_t p : pids) kill(p, SIGKILL);
       while (waitpid(-1, nullptr, 0) > 0) {
@@ -456,7 +460,8 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
   // Rank 0's times, like the peer (barrier to barrier, so all ranks agree to
   // within a barrier's wake-up).
   std::vector<double> rank0;
-  for (int r = 1; r <= config.rounds; ++r) rank0.push_back(times[r * config.world]);
+  for (int r = 1; r <= config.rounds; ++r)
+    rank0.push_back(times[r * config.world]);
   const double median = Median(rank0);
   const double min = *std::min_element(rank0.begin(), rank0.end());
   const double max = *std::max_element(rank0.begin(), rank0.end());
@@ -511,8 +516,8 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
 
   localsgd::Config config;
-  for (absl::string_view a :
-       absl::StrSplit(absl::GetFlag(FLAGS_coordinator), ',', absl::SkipEmpty())) {
+  for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_coordinator),
+                                            ',', absl::SkipEmpty())) {
     config.addresses.emplace_back(a);
   }
   config.world = absl::GetFlag(FLAGS_world);
@@ -531,7 +536,8 @@ int main(int argc, char** argv) {
 
   std::string error;
   if (config.addresses.empty()) error = "--coordinator is required";
-  if (config.world < 1 || config.world > 4096) error = "--world must be 1..4096";
+  if (config.world < 1 || config.world > 4096)
+    error = "--world must be 1..4096";
   if (config.params < 1) error = "--millions must give at least 1 parameter";
   if (config.rounds < 1) error = "--rounds must be >= 1";
   if (config.wire == localsgd::DType::kUnspecified) {

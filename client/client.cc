@@ -15,13 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "client/credentials.h"
 #include "glog/logging.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
-#include "client/credentials.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
 
@@ -50,8 +50,7 @@ class ChunkReceiver {
  public:
   // `dest(i)`: where chunk i's values go.
   ChunkReceiver(absl::string_view what, const ChunkGeometry& geometry,
-                DType wire,
-                std::function<absl::Span<float>(uint32_t)> dest)
+                DType wire, std::function<absl::Span<float>(uint32_t)> dest)
       : what_(what),
         geometry_(geometry),
         wire_(wire),
@@ -147,8 +146,8 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError("ClientOptions.job_id is empty");
   }
   if (!(weight >= 1e-6) || weight > 1e6) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ClientOptions.weight must be in [1e-6, 1e6]; got ", weight));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.weight must be in [1e-6, 1e6]; got ", weight));
   }
   if (settings.wire_dtype != DType::kUnspecified &&
       !IsWireDType(settings.wire_dtype)) {
@@ -253,15 +252,16 @@ class Client::Replica {
     ShardSpec shard{response.shard_index(),
                     std::max<uint32_t>(response.shard_count(), 1)};
     if (shard.index >= shard.count) {
-      return absl::InternalError(absl::StrCat(
-          "coordinator ", address_, " says it is shard ", shard.index, " of ",
-          shard.count));
+      return absl::InternalError(absl::StrCat("coordinator ", address_,
+                                              " says it is shard ", shard.index,
+                                              " of ", shard.count));
     }
     if (expect_shard != nullptr && !(shard == *expect_shard)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "coordinator ", address_, " was shard ", expect_shard->index, " of ",
           expect_shard->count, " and now says it is shard ", shard.index,
-          " of ", shard.count, "; were the replicas restarted with other "
+          " of ", shard.count,
+          "; were the replicas restarted with other "
           "--shard_index/--shard_count?"));
     }
     const uint64_t want =
@@ -283,8 +283,8 @@ class Client::Replica {
               << (shard.count > 1 ? absl::StrCat(" (shard ", shard.index,
                                                  " of ", shard.count, ")")
                                   : std::string())
-              << " as " << options_.member_name << " ("
-              << info_.member_id.str() << "); "
+              << " as " << options_.member_name << " (" << info_.member_id.str()
+              << "); "
               << (info_.has_state
                       ? absl::StrCat("state at round ", info_.state_round)
                       : std::string("no state yet"));
@@ -370,8 +370,7 @@ class Client::Replica {
     v1::LeaveResponse response;
     grpc::ClientContext context;
     SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(5)));
-    absl::Status status =
-        FromGrpc(stub_->Leave(&context, request, &response));
+    absl::Status status = FromGrpc(stub_->Leave(&context, request, &response));
     info_.member_id = MemberId();
     if (status.ok()) {
       LOG(INFO) << "left job " << options_.job_id << " at " << address_;
@@ -408,8 +407,8 @@ class Client::Replica {
       outcome = SyncRound(layout, 0, params);
       if (outcome.ok()) {
         for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
-          const auto from = absl::MakeConstSpan(own).subspan(
-              local_.Offset(j), local_.Size(j));
+          const auto from = absl::MakeConstSpan(own).subspan(local_.Offset(j),
+                                                             local_.Size(j));
           std::copy(from.begin(), from.end(), Slice(params, j).begin());
         }
         outcome = SyncRound(layout, state_round_ + 1, params);
@@ -487,7 +486,8 @@ class Client::Replica {
               outcome.contributors = r.contributors();
               outcome.contributor_weight = r.contributor_weight();
             } else if (!have_header) {
-              error = absl::InternalError("Sync sent a chunk before its result");
+              error =
+                  absl::InternalError("Sync sent a chunk before its result");
             } else {
               error = chunks.Add(response.chunk());
             }
@@ -616,8 +616,8 @@ absl::StatusOr<std::vector<std::string>> ResolveReplicaAddresses(
   addrinfo* result = nullptr;
   if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &result);
       rc != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot resolve '", host_port, "': ", gai_strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve '", host_port, "': ", gai_strerror(rc)));
   }
   std::vector<std::string> out;
   for (addrinfo* a = result; a != nullptr; a = a->ai_next) {
@@ -681,9 +681,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
         CreateSecureChannel(address, security, args);
     if (!channel.ok()) return channel.status();
-    client->replicas_.push_back(std::make_unique<Replica>(
-        client->options_, std::move(address), *std::move(channel),
-        incarnation));
+    client->replicas_.push_back(
+        std::make_unique<Replica>(client->options_, std::move(address),
+                                  *std::move(channel), incarnation));
   }
   return client;
 }
@@ -711,10 +711,10 @@ absl::Status Client::ForEachReplica(
   for (size_t i = 0; i < n; ++i) {
     if (status[i].ok()) continue;
     if (n == 1) return status[i];
-    return absl::Status(status[i].code(),
-                        absl::StrCat("coordinator replica ",
-                                     replicas_[i]->address(), ": ",
-                                     status[i].message()));
+    return absl::Status(
+        status[i].code(),
+        absl::StrCat("coordinator replica ", replicas_[i]->address(), ": ",
+                     status[i].message()));
   }
   return absl::OkStatus();
 }
@@ -765,16 +765,15 @@ absl::Status Client::CheckReplicaSet() const {
           " replica(s); list every replica (--shard_count says how many)"));
     }
     if (!owner[shard.index].empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "coordinators ", owner[shard.index], " and ", r->address(),
-          " are both shard ", shard.index, " of ", n,
-          "; give each replica its own --shard_index"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("coordinators ", owner[shard.index], " and ",
+                       r->address(), " are both shard ", shard.index, " of ", n,
+                       "; give each replica its own --shard_index"));
     }
     owner[shard.index] = r->address();
     const JobSettings& a = r->info().settings;
     const JobSettings& b = replicas_[0]->info().settings;
-    if (a.chunk_elements != b.chunk_elements ||
-        a.wire_dtype != b.wire_dtype) {
+    if (a.chunk_elements != b.chunk_elements || a.wire_dtype != b.wire_dtype) {
       return absl::FailedPreconditionError(absl::StrCat(
           "coordinator replicas ", replicas_[0]->address(), " and ",
           r->address(), " hold job ", options_.job_id,

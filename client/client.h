@@ -187,8 +187,7 @@ class Client {
   explicit Client(ClientOptions options);
   // Runs `fn` for every replica, in parallel (replica 0 on this thread);
   // returns the first error, naming the replica when there are several.
-  absl::Status ForEachReplica(
-      const std::function<absl::Status(Replica&)>& fn);
+  absl::Status ForEachReplica(const std::function<absl::Status(Replica&)>& fn);
   // FAILED_PRECONDITION unless the joined replicas are the shards 0..S-1 of
   // S (S = their number) with the same chunk size and wire dtype.
   absl::Status CheckReplicaSet() const;

@@ -58,7 +58,8 @@ class BearerInterceptor : public grpc::experimental::Interceptor {
  public:
   explicit BearerInterceptor(std::shared_ptr<const std::string> header)
       : header_(std::move(header)) {}
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::
                 PRE_SEND_INITIAL_METADATA)) {

@@ -141,8 +141,8 @@ CallerCredentials CallerFromContext(const grpc::ServerContextBase& context) {
       const std::vector<grpc::string_ref> pem =
           auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
       if (!pem.empty()) {
-        const Digest d = Sha256(absl::string_view(pem.front().data(),
-                                                  pem.front().size()));
+        const Digest d =
+            Sha256(absl::string_view(pem.front().data(), pem.front().size()));
         caller.peer = absl::StrCat(
             kSha256Prefix,
             ToHex(absl::string_view(reinterpret_cast<const char*>(d.data()),
@@ -162,8 +162,8 @@ Digest Sha256(absl::string_view data) {
   Digest digest{};
   unsigned int size = 0;
   // EVP_Digest only fails on allocation failure.
-  CHECK(EVP_Digest(data.data(), data.size(), digest.data(), &size,
-                   EVP_sha256(), nullptr) == 1 &&
+  CHECK(EVP_Digest(data.data(), data.size(), digest.data(), &size, EVP_sha256(),
+                   nullptr) == 1 &&
         size == digest.size());
   return digest;
 }
@@ -199,8 +199,9 @@ absl::StatusOr<TokenTable> ParseTokenFile(absl::string_view contents,
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (fields.size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, "expected '<job_id> <token>' or '<job_id> sha256:<64 hex "
-                 "digits>'; found ",
+          where,
+          "expected '<job_id> <token>' or '<job_id> sha256:<64 hex "
+          "digits>'; found ",
           fields.size(), " fields"));
     }
     if (absl::Status s = ValidateJobId(fields[0]); !s.ok()) {
@@ -209,9 +210,9 @@ absl::StatusOr<TokenTable> ParseTokenFile(absl::string_view contents,
     }
     const std::string job(fields[0]);
     if (auto it = line_of.find(job); it != line_of.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, "second entry for the job of line ", it->second,
-          "; one token per job"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "second entry for the job of line ", it->second,
+                       "; one token per job"));
     }
     const absl::string_view secret = fields[1];
     Digest digest{};
@@ -288,10 +289,9 @@ absl::Status Authenticator::Reload() {
   if (!tokens_enabled()) return absl::OkStatus();
   absl::StatusOr<std::shared_ptr<const TokenTable>> table = ReadTable();
   if (!table.ok()) {
-    return absl::Status(
-        table.status().code(),
-        absl::StrCat(table.status().message(), "; keeping the ", num_jobs(),
-                     " job tokens loaded before"));
+    return absl::Status(table.status().code(),
+                        absl::StrCat(table.status().message(), "; keeping the ",
+                                     num_jobs(), " job tokens loaded before"));
   }
   size_t jobs;
   {
@@ -367,8 +367,8 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path,
     KeyPtr key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
     if (key == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, " '", path,
-          "' holds no unencrypted PEM private key (", OpenSslError(), ")"));
+          name, " '", path, "' holds no unencrypted PEM private key (",
+          OpenSslError(), ")"));
     }
   }
   ERR_clear_error();
@@ -386,9 +386,11 @@ absl::Status CheckKeyMatchesCertificate(absl::string_view cert_pem,
   if (cert == nullptr || key == nullptr ||
       X509_check_private_key(cert.get(), key.get()) != 1) {
     ERR_clear_error();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the private key of ", key_setting, " does not belong to the (first) "
-        "certificate of ", cert_setting));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the private key of ", key_setting,
+                     " does not belong to the (first) "
+                     "certificate of ",
+                     cert_setting));
   }
   return absl::OkStatus();
 }
