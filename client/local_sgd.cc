@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <glog/logging.h>
 #include <torch/nn/module.h>
 #include <torch/utils.h>
 
@@ -15,6 +14,7 @@
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
+#include "client/log_bridge.h"
 #include "client/node_group_c10d.h"
 
 namespace localsgd {
@@ -244,9 +244,10 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
       new LocalSGD(options.enabled && leader ? client : nullptr, options,
                    std::move(params), std::move(layout)));
   if (!options.enabled) {
-    LOG(INFO) << "LocalSGD disabled: " << local_sgd->layout_.tensors.size()
-              << " tensors, " << local_sgd->num_elements_
-              << " elements; training without averaging";
+    LOCALSGD_LOG(INFO) << "LocalSGD disabled: "
+                       << local_sgd->layout_.tensors.size() << " tensors, "
+                       << local_sgd->num_elements_
+                       << " elements; training without averaging";
     return local_sgd;
   }
   // A follower given a client is a setup error, reported by every rank.
@@ -258,25 +259,28 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
     return s;
   }
   if (local_sgd->is_leader()) {
-    LOG(INFO) << "LocalSGD: job '" << client->options().job_id << "' member "
-              << client->info().member_id.str() << ": "
-              << local_sgd->layout_.tensors.size() << " tensors, "
-              << local_sgd->num_elements_
-              << " elements, K=" << options.local_sgd_steps
-              << ", starting from state round " << client->state_round()
-              << (client->info().has_state ? " (fetched)"
-                                           : " (seeded or adopted seed)")
-              << (grouped ? absl::StrCat(", leader of a node group of ",
-                                         options.node_group.size(), " (",
-                                         options.node_group.backend(), ")")
-                          : std::string());
+    LOCALSGD_LOG(INFO) << "LocalSGD: job '" << client->options().job_id
+                       << "' member " << client->info().member_id.str() << ": "
+                       << local_sgd->layout_.tensors.size() << " tensors, "
+                       << local_sgd->num_elements_
+                       << " elements, K=" << options.local_sgd_steps
+                       << ", starting from state round "
+                       << client->state_round()
+                       << (client->info().has_state
+                               ? " (fetched)"
+                               : " (seeded or adopted seed)")
+                       << (grouped
+                               ? absl::StrCat(", leader of a node group of ",
+                                              options.node_group.size(), " (",
+                                              options.node_group.backend(), ")")
+                               : std::string());
   } else {
-    LOG(INFO) << "LocalSGD: local rank " << options.node_group.rank() << " of "
-              << options.node_group.size() << " ("
-              << options.node_group.backend()
-              << "): adopted the leader's parameters, "
-              << local_sgd->num_elements_
-              << " elements, K=" << options.local_sgd_steps;
+    LOCALSGD_LOG(INFO) << "LocalSGD: local rank " << options.node_group.rank()
+                       << " of " << options.node_group.size() << " ("
+                       << options.node_group.backend()
+                       << "): adopted the leader's parameters, "
+                       << local_sgd->num_elements_
+                       << " elements, K=" << options.local_sgd_steps;
   }
   return local_sgd;
 }
@@ -289,16 +293,17 @@ absl::Status LocalSGD::Initialize(bool misconfigured) {
     // (n, -n, bad) gives max n, -min n and whether any rank is bad.
     int64_t bad = misconfigured ? 1 : 0;
     if (misconfigured) {
-      LOG(ERROR) << "LocalSGD::Create: local rank " << group->getRank()
-                 << " was given a Client; only the node leader (rank 0) "
-                    "talks to the coordinator, the others pass nullptr";
+      LOCALSGD_LOG(ERROR)
+          << "LocalSGD::Create: local rank " << group->getRank()
+          << " was given a Client; only the node leader (rank 0) "
+             "talks to the coordinator, the others pass nullptr";
     }
     if (group->getRank() == 0 &&
         client_->options().weight != static_cast<double>(group->getSize())) {
-      LOG(ERROR) << "LocalSGD::Create: the node leader's "
-                    "ClientOptions.weight is "
-                 << client_->options().weight << ", not the group size "
-                 << group->getSize();
+      LOCALSGD_LOG(ERROR) << "LocalSGD::Create: the node leader's "
+                             "ClientOptions.weight is "
+                          << client_->options().weight
+                          << ", not the group size " << group->getSize();
       bad = 1;
     }
     at::Tensor check;
@@ -413,9 +418,10 @@ absl::Status LocalSGD::Initialize(bool misconfigured) {
 LocalSGD::~LocalSGD() {
   if (closed_) return;
   if (absl::Status s = Close(); !s.ok()) {
-    LOG(WARNING) << "LocalSGD destroyed without Close(); its final sync "
-                    "failed: "
-                 << s;
+    LOCALSGD_LOG(WARNING)
+        << "LocalSGD destroyed without Close(); its final sync "
+           "failed: "
+        << s;
   }
 }
 
@@ -450,9 +456,9 @@ absl::Status LocalSGD::Close() {
   if (absl::Status s = DoSync(); !s.ok()) {
     return Annotate(s, "LocalSGD::Close(): final sync failed: ");
   }
-  LOG(INFO) << "LocalSGD closed: " << steps_ << " steps, " << num_syncs_
-            << " syncs, " << sync_seconds_total_ << " s syncing, last round "
-            << last_outcome_.round;
+  LOCALSGD_LOG(INFO) << "LocalSGD closed: " << steps_ << " steps, "
+                     << num_syncs_ << " syncs, " << sync_seconds_total_
+                     << " s syncing, last round " << last_outcome_.round;
   return absl::OkStatus();
 }
 
@@ -498,8 +504,8 @@ absl::Status LocalSGD::DoSync() {
     }
     if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) &&
         options_.keep_training_when_unavailable) {
-      LOG(WARNING) << "LocalSGD sync at step " << steps_
-                   << " skipped, training on locally: " << status;
+      LOCALSGD_LOG(WARNING) << "LocalSGD sync at step " << steps_
+                            << " skipped, training on locally: " << status;
       skipped = true;
       status = absl::OkStatus();
     }
@@ -577,9 +583,9 @@ absl::Status LocalSGD::DoSync() {
   bytes_received_total_ += last_outcome_.bytes_received;
   last_sync_seconds_ = seconds;
   ++num_syncs_;
-  VLOG(1) << "LocalSGD sync at step " << steps_ << ": round "
-          << last_outcome_.round << ", " << last_outcome_.contributors
-          << " contributors, " << seconds << " s";
+  LOCALSGD_VLOG(1) << "LocalSGD sync at step " << steps_ << ": round "
+                   << last_outcome_.round << ", " << last_outcome_.contributors
+                   << " contributors, " << seconds << " s";
   return absl::OkStatus();
 }
 

@@ -1,10 +1,19 @@
 #include "client/node_group.h"
 
 #include <c10/util/Exception.h>
-#include <glog/logging.h>
+#include <torch/version.h>
 
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+// c10d's Gloo backend is in every LibTorch built with USE_C10D_GLOO, but its
+// header needs Gloo's own headers, which a LibTorch may not ship (PyTorch's
+// pip wheels do not). Without them this build has no Gloo node groups.
+#if __has_include(<gloo/algorithm.h>)
+#define LOCALSGD_HAVE_GLOO 1
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#else
+#define LOCALSGD_HAVE_GLOO 0
+#endif
 
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -19,6 +28,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/log_bridge.h"
 #include "client/node_group_c10d.h"
 
 namespace localsgd {
@@ -45,7 +55,7 @@ std::string NodeGroup::backend() const {
 }
 
 NodeGroup WrapProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> group) {
-  CHECK(group) << "WrapProcessGroup: null process group";
+  LOCALSGD_CHECK(group) << "WrapProcessGroup: null process group";
   return NodeGroup(std::make_shared<NodeGroup::Impl>(
       c10::intrusive_ptr<c10d::Store>(), std::move(group)));
 }
@@ -54,6 +64,26 @@ c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupOf(const NodeGroup& group) {
   if (group.impl() == nullptr) return {};
   return group.impl()->group();
 }
+
+#if TORCH_VERSION_MAJOR >= 2
+c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroupForBackend(
+    c10::intrusive_ptr<c10d::Store> store,
+    c10::intrusive_ptr<c10d::Backend> backend,
+    c10d::ProcessGroup::BackendType type,
+    std::initializer_list<c10::DeviceType> devices) {
+  LOCALSGD_CHECK(backend) << "ProcessGroupForBackend: null backend";
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(
+      std::move(store), backend->getRank(), backend->getSize());
+  // The default backend is what getBackendName() reports ("gloo", "nccl").
+  group->setDefaultBackend(type);
+  for (const c10::DeviceType device : devices) {
+    group->setBackend(device, type, backend);
+  }
+  return group;
+}
+#endif
+
+bool NodeGroupHasGloo() { return LOCALSGD_HAVE_GLOO != 0; }
 
 bool NodeGroupHasNccl() {
 #ifdef USE_C10D_NCCL
@@ -128,6 +158,13 @@ absl::StatusOr<NodeGroup> MakeNodeGroup(const NodeGroupOptions& options) {
         "(LibTorch without CUDA/NCCL; see the configure message "
         "'localsgd: NCCL node-local path'); use Gloo with CPU tensors");
   }
+  if (!options.cuda && !NodeGroupHasGloo()) {
+    return absl::FailedPreconditionError(
+        "MakeNodeGroup: this build has no Gloo node groups: its LibTorch "
+        "ships no Gloo headers (gloo/algorithm.h; PyTorch's pip wheels do "
+        "not); use cuda (NCCL), or build against a LibTorch with them "
+        "(Debian's libtorch-dev + libgloo-dev)");
+  }
   std::string host;
   uint16_t port = 0;
   if (absl::Status s = ParseHostPort(options.store_address, &host, &port);
@@ -157,16 +194,34 @@ absl::StatusOr<NodeGroup> MakeNodeGroup(const NodeGroupOptions& options) {
 #ifdef USE_C10D_NCCL
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
       nccl_options->timeout = timeout;
-      group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
           store, options.local_rank, options.local_world_size, nccl_options);
+#if TORCH_VERSION_MAJOR >= 2
+      // CUDA tensors only, as before (ProcessGroupNCCL rejects CPU ones).
+      group = ProcessGroupForBackend(store, std::move(nccl),
+                                     c10d::ProcessGroup::BackendType::NCCL,
+                                     {c10::DeviceType::CUDA});
+#else
+      group = std::move(nccl);
+#endif
 #endif
     } else {
+#if LOCALSGD_HAVE_GLOO
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
       // Loopback: the group never leaves the machine.
       gloo_options->devices.push_back(
           c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
           store, options.local_rank, options.local_world_size, gloo_options);
+#if TORCH_VERSION_MAJOR >= 2
+      // Gloo takes CPU and CUDA tensors, as a 1.x ProcessGroupGloo did.
+      group = ProcessGroupForBackend(
+          store, std::move(gloo), c10d::ProcessGroup::BackendType::GLOO,
+          {c10::DeviceType::CPU, c10::DeviceType::CUDA});
+#else
+      group = std::move(gloo);
+#endif
+#endif  // LOCALSGD_HAVE_GLOO
     }
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
@@ -176,9 +231,10 @@ absl::StatusOr<NodeGroup> MakeNodeGroup(const NodeGroupOptions& options) {
         "): ", e.what(),
         "; did all local processes start with the same store address?"));
   }
-  LOG(INFO) << "node group: local rank " << options.local_rank << " of "
-            << options.local_world_size << ", backend "
-            << group->getBackendName() << ", store " << options.store_address;
+  LOCALSGD_LOG(INFO) << "node group: local rank " << options.local_rank
+                     << " of " << options.local_world_size << ", backend "
+                     << group->getBackendName() << ", store "
+                     << options.store_address;
   return NodeGroup(
       std::make_shared<NodeGroup::Impl>(std::move(store), std::move(group)));
 }

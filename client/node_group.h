@@ -90,6 +90,11 @@ absl::StatusOr<NodeGroup> MakeNodeGroup(const NodeGroupOptions& options);
 // MakeNodeGroup.
 absl::StatusOr<NodeGroup> MakeNodeGroupFromEnv(bool cuda = false);
 
+// Whether this build has Gloo node groups (NodeGroupOptions::cuda = false):
+// its LibTorch ships Gloo's headers (Debian's does; PyTorch's pip wheels do
+// not). Without them MakeNodeGroup without cuda is FAILED_PRECONDITION.
+bool NodeGroupHasGloo();
+
 // Whether this build of localsgd compiled the NCCL path (LibTorch with CUDA
 // and USE_C10D_NCCL); see the configure-time message
 // "localsgd: NCCL node-local path".

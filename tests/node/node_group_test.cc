@@ -2,10 +2,18 @@
 // threads of this process, their leaders members of an in-process
 // coordinator. After one sync every rank must hold the weighted global mean,
 // computed here independently in double precision.
+//
+// The NodeGroupCudaTest cases run where this build has the NCCL path and a
+// CUDA device is present (they skip, saying why, elsewhere): NCCL node
+// groups of one process (NCCL takes one rank per GPU, so on a machine with
+// one GPU every NCCL group has size 1) with parameters on cuda:0, next to a
+// Gloo node on the CPU, all syncing through one coordinator
+// (scripts/device/nccl_check.sh runs them on a GPU machine).
 #include "client/node_group.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,7 +25,12 @@
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#if __has_include(<gloo/algorithm.h>)  // as client/node_group.cc
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#define LOCALSGD_TEST_HAVE_GLOO 1
+#else
+#define LOCALSGD_TEST_HAVE_GLOO 0
+#endif
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
@@ -46,21 +59,24 @@ double Value(int g, int64_t j) {
   return std::sin(0.01 * static_cast<double>(j) + 0.7 * g) * (1.0 + g);
 }
 
+// Writes Value(g, .) into the parameters, on whatever device they are.
 void SetValues(Model& model, int g) {
   torch::NoGradGuard no_grad;
   int64_t j = 0;
   for (auto& p : model.parameters()) {
-    auto flat = p.view({-1});
-    for (int64_t i = 0; i < flat.numel(); ++i, ++j) {
-      flat[i] = static_cast<float>(Value(g, j));
+    auto host = torch::empty({p.numel()}, torch::kFloat);
+    auto values = host.accessor<float, 1>();
+    for (int64_t i = 0; i < p.numel(); ++i, ++j) {
+      values[i] = static_cast<float>(Value(g, j));
     }
+    p.copy_(host.view(p.sizes()));
   }
 }
 
 std::vector<float> Flat(Model& model) {
   std::vector<float> out;
   for (auto& p : model.parameters()) {
-    auto t = p.detach().contiguous().view({-1});
+    auto t = p.detach().cpu().contiguous().view({-1});
     out.insert(out.end(), t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
   }
   return out;
@@ -92,13 +108,46 @@ std::unique_ptr<Client> MakeLeaderClient(int port, const std::string& job,
 
 // A Gloo group of `size` ranks over a FileStore; call from `size` threads.
 NodeGroup MakeGlooGroup(const std::string& store_path, int rank, int size) {
+#if !LOCALSGD_TEST_HAVE_GLOO
+  ADD_FAILURE() << "no Gloo headers: the test should have skipped";
+  return NodeGroup();
+#else
   auto store = c10::make_intrusive<c10d::FileStore>(store_path, size);
   auto options =
       c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(20));
   options->devices.push_back(
       c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  return WrapProcessGroup(
-      c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options));
+  auto gloo =
+      c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+#if TORCH_VERSION_MAJOR >= 2
+  // 2.x: ProcessGroupGloo is a c10d::Backend; wrap it in a ProcessGroup.
+  return WrapProcessGroup(ProcessGroupForBackend(
+      store, std::move(gloo), c10d::ProcessGroup::BackendType::GLOO,
+      {c10::DeviceType::CPU}));
+#else
+  return WrapProcessGroup(std::move(gloo));
+#endif
+#endif  // LOCALSGD_TEST_HAVE_GLOO
+}
+
+// Gloo's headers are not in every LibTorch (PyTorch's pip wheels lack them):
+// the Gloo cases skip there (scripts/device/nccl_check.sh expects that).
+#define SKIP_WITHOUT_GLOO()                                              \
+  do {                                                                   \
+    if (!LOCALSGD_TEST_HAVE_GLOO || !NodeGroupHasGloo()) {               \
+      GTEST_SKIP() << "Gloo case skipped: this LibTorch has no Gloo "    \
+                      "headers";                                         \
+    }                                                                    \
+  } while (0)
+
+// A free loopback port: bind port 0 through a throwaway TCPStore server.
+int FreePort() {
+  c10d::TCPStoreOptions o;
+  o.port = 0;
+  o.isServer = true;
+  o.waitWorkers = false;
+  c10d::TCPStore probe("127.0.0.1", o);
+  return probe.getPort();
 }
 
 std::string TempPath(const std::string& what) {
@@ -112,6 +161,7 @@ std::string TempPath(const std::string& what) {
 class NodeAveragingTest : public ::testing::TestWithParam<std::vector<int>> {};
 
 TEST_P(NodeAveragingTest, Sync_AllRanksHoldWeightedGlobalMean) {
+  SKIP_WITHOUT_GLOO();
   const std::vector<int> node_sizes = GetParam();
   const int nodes = static_cast<int>(node_sizes.size());
   auto server = StartServer();
@@ -225,6 +275,7 @@ void RunGroup(int size, Body body) {
 }
 
 TEST(NodeGroupTest, Create_LeaderWeightNotGroupSize_EveryRankInvalidArgument) {
+  SKIP_WITHOUT_GLOO();
   auto server = StartServer();
   std::vector<absl::Status> status(2);
   RunGroup(2, [&](int l, NodeGroup group) {
@@ -242,6 +293,7 @@ TEST(NodeGroupTest, Create_LeaderWeightNotGroupSize_EveryRankInvalidArgument) {
 }
 
 TEST(NodeGroupTest, Sync_CoordinatorGone_EveryRankSkipsAndKeepsParameters) {
+  SKIP_WITHOUT_GLOO();
   auto server = StartServer();
   std::vector<bool> skipped(2, false);
   std::vector<absl::Status> status(2);
@@ -276,6 +328,7 @@ TEST(NodeGroupTest, Sync_CoordinatorGone_EveryRankSkipsAndKeepsParameters) {
 }
 
 TEST(NodeGroupTest, Sync_LeaderGone_FollowerGetsAborted) {
+  SKIP_WITHOUT_GLOO();
   auto server = StartServer();
   absl::Status follower;
   RunGroup(2, [&](int l, NodeGroup group) {
@@ -304,16 +357,8 @@ TEST(NodeGroupTest, Sync_LeaderGone_FollowerGetsAborted) {
 }
 
 TEST(NodeGroupTest, MakeNodeGroup_TcpStore_FormsGlooGroup) {
-  // A free port: bind port 0 through a throwaway TCPStore server.
-  int port = 0;
-  {
-    c10d::TCPStoreOptions o;
-    o.port = 0;
-    o.isServer = true;
-    o.waitWorkers = false;
-    c10d::TCPStore probe("127.0.0.1", o);
-    port = probe.getPort();
-  }
+  SKIP_WITHOUT_GLOO();
+  const int port = FreePort();
   std::vector<absl::StatusOr<NodeGroup>> groups(3);
   std::vector<std::thread> threads;
   for (int l = 0; l < 3; ++l) {
@@ -351,6 +396,239 @@ TEST(NodeGroupTest, MakeNodeGroup_CudaWithoutNccl_FailedPrecondition) {
 
 TEST(NodeGroupTest, NcclPath_CompiledExactlyWhereConfigureFoundIt) {
   EXPECT_EQ(NodeGroupHasNccl(), LOCALSGD_EXPECT_NCCL != 0);
+}
+
+// --- NCCL on CUDA (run where the build has NCCL and a GPU is present) ---
+
+// Why the CUDA cases cannot run here; empty where they can.
+std::string CudaSkipReason() {
+  if (!NodeGroupHasNccl()) {
+    return "this build has no NCCL path (LibTorch without CUDA/NCCL)";
+  }
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 1) {
+    return "no CUDA device";
+  }
+  return "";
+}
+
+#define SKIP_WITHOUT_CUDA_NCCL()                                        \
+  do {                                                                  \
+    if (const std::string reason = CudaSkipReason(); !reason.empty()) { \
+      GTEST_SKIP() << "CUDA/NCCL case skipped: " << reason;             \
+    }                                                                   \
+  } while (0)
+
+absl::StatusOr<NodeGroup> MakeSingleGroup(bool cuda) {
+  NodeGroupOptions options;
+  options.local_rank = 0;
+  options.local_world_size = 1;
+  options.store_address = absl::StrCat("127.0.0.1:", FreePort());
+  options.cuda = cuda;
+  options.timeout = absl::Seconds(60);
+  return MakeNodeGroup(options);
+}
+
+TEST(NodeGroupCudaTest, MakeNodeGroup_Cuda_FormsNcclGroupOnCudaTensors) {
+  SKIP_WITHOUT_CUDA_NCCL();
+  absl::StatusOr<NodeGroup> group = MakeSingleGroup(/*cuda=*/true);
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ(group->rank(), 0);
+  EXPECT_EQ(group->size(), 1);
+  EXPECT_EQ(group->backend(), "nccl");
+  c10::intrusive_ptr<c10d::ProcessGroup> pg = ProcessGroupOf(*group);
+  ASSERT_TRUE(pg);
+
+  // All-reduce (SUM over one rank) and broadcast really run on cuda:0.
+  auto t =
+      torch::arange(1, 6, torch::dtype(torch::kFloat).device(torch::kCUDA));
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions sum;
+  sum.reduceOp = c10d::ReduceOp::SUM;
+  pg->allreduce(tensors, sum)->wait();
+  c10d::BroadcastOptions from0;
+  from0.rootRank = 0;
+  from0.rootTensor = 0;
+  pg->broadcast(tensors, from0)->wait();
+  EXPECT_TRUE(t.is_cuda());
+  EXPECT_TRUE(torch::equal(t.cpu(), torch::arange(1, 6, torch::kFloat)));
+
+  // NCCL takes CUDA tensors only, as ProcessGroupNCCL always did.
+  std::vector<at::Tensor> on_cpu{torch::ones({3})};
+  EXPECT_ANY_THROW(pg->allreduce(on_cpu, sum)->wait());
+}
+
+// The headline: two NCCL nodes of one process each, parameters on cuda:0,
+// and a Gloo node of two ranks on the CPU, all in threads of this process,
+// their leaders members of one coordinator. After one sync every rank holds
+// exactly the same parameters, the weighted (by node size) mean computed
+// here in double precision; the CUDA parameters stay the same tensors
+// (identity, storage, device) that the model and any optimizer hold.
+TEST(NodeGroupCudaTest, Sync_NcclNodesAndGlooNode_AllHoldWeightedMean) {
+  SKIP_WITHOUT_CUDA_NCCL();
+  struct Node {
+    bool cuda;
+    int size;
+  };
+  // Without Gloo headers (pip LibTorch), the two NCCL nodes alone.
+  std::vector<Node> nodes = {{true, 1}, {true, 1}};
+  if (NodeGroupHasGloo()) nodes.push_back({false, 2});
+  const int num_nodes = static_cast<int>(nodes.size());
+  auto server = StartServer();
+  const std::string job = "nccl-nodes";
+
+  std::vector<int> first_rank(num_nodes, 0);
+  int world = 0;
+  for (int n = 0; n < num_nodes; ++n) {
+    first_rank[n] = world;
+    world += nodes[n].size;
+  }
+  std::vector<std::string> stores;
+  for (int n = 0; n < num_nodes; ++n) {
+    stores.push_back(absl::StrCat("127.0.0.1:", FreePort()));
+  }
+  std::vector<std::vector<float>> result(world);
+  std::vector<absl::Status> status(world);
+  std::vector<std::string> backend(world);
+  std::vector<std::string> identity_problem(world);
+  std::vector<double> contributor_weight(world, 0);
+  std::vector<std::unique_ptr<Client>> clients(num_nodes);
+  std::vector<std::thread> threads;
+  for (int n = 0; n < num_nodes; ++n) {
+    for (int l = 0; l < nodes[n].size; ++l) {
+      threads.emplace_back([&, n, l] {
+        const int g = first_rank[n] + l;
+        NodeGroupOptions group_options;
+        group_options.local_rank = l;
+        group_options.local_world_size = nodes[n].size;
+        group_options.store_address = stores[n];
+        group_options.cuda = nodes[n].cuda;
+        group_options.timeout = absl::Seconds(60);
+        absl::StatusOr<NodeGroup> group = MakeNodeGroup(group_options);
+        if (!group.ok()) {
+          status[g] = group.status();
+          return;
+        }
+        backend[g] = group->backend();
+        Model model;
+        if (nodes[n].cuda) model.to(torch::Device(torch::kCUDA, 0));
+        SetValues(model, 1000 + g);
+        if (l == 0) {
+          clients[n] = MakeLeaderClient(server->port(), job, n, nodes[n].size,
+                                        num_nodes);
+        }
+        LocalSGDOptions options;
+        options.local_sgd_steps = 1;
+        options.node_group = *group;
+        options.keep_training_when_unavailable = false;
+        auto local_sgd = LocalSGD::Create(
+            model, l == 0 ? clients[n].get() : nullptr, options);
+        if (!local_sgd.ok()) {
+          status[g] = local_sgd.status();
+          return;
+        }
+        SetValues(model, g);
+        // What the model's (and an optimizer's) parameters are before.
+        std::vector<torch::Tensor> before = model.parameters();
+        std::vector<const void*> impl, data;
+        for (const auto& p : before) {
+          impl.push_back(p.unsafeGetTensorImpl());
+          data.push_back(p.data_ptr());
+        }
+        status[g] = (*local_sgd)->SyncNow();
+        const std::vector<torch::Tensor> after = model.parameters();
+        const torch::Device expected_device =
+            nodes[n].cuda ? torch::Device(torch::kCUDA, 0)
+                          : torch::Device(torch::kCPU);
+        for (size_t i = 0; i < after.size(); ++i) {
+          if (after[i].unsafeGetTensorImpl() != impl[i] ||
+              after[i].data_ptr() != data[i] ||
+              after[i].device() != expected_device ||
+              !model.w.is_same(model.named_parameters()["w"])) {
+            identity_problem[g] = absl::StrCat(
+                "parameter ", i, " changed identity, storage or device (now ",
+                after[i].device().str(), ")");
+          }
+        }
+        result[g] = Flat(model);
+        contributor_weight[g] = (*local_sgd)->last_outcome().contributor_weight;
+        (*local_sgd)->Abandon();
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+
+  for (int n = 0; n < num_nodes; ++n) {
+    for (int l = 0; l < nodes[n].size; ++l) {
+      const int g = first_rank[n] + l;
+      ASSERT_TRUE(status[g].ok())
+          << "node " << n << " rank " << l << ": " << status[g];
+      EXPECT_EQ(backend[g], nodes[n].cuda ? "nccl" : "gloo") << "node " << n;
+      EXPECT_EQ(identity_problem[g], "") << "node " << n << " rank " << l;
+    }
+    EXPECT_EQ(contributor_weight[first_rank[n]], world) << "node " << n;
+  }
+  auto found = server->coordinator()->FindJob(job);
+  ASSERT_TRUE(found.ok()) << found.status();
+  JobStatusSnapshot snapshot = (*found)->Status(10);
+  ASSERT_EQ(snapshot.members.size(), static_cast<size_t>(num_nodes));
+  for (const MemberInfo& member : snapshot.members) {
+    const int n = std::stoi(member.name.substr(4));  // "node<n>"
+    EXPECT_EQ(member.weight, nodes[n].size) << member.name;
+  }
+
+  // Independent closed form, in double: node means weighted by node size.
+  const size_t num_elements = 13 * 7 + 5;
+  for (int g = 0; g < world; ++g) ASSERT_EQ(result[g].size(), num_elements);
+  for (size_t j = 0; j < num_elements; ++j) {
+    double weighted = 0;
+    for (int n = 0; n < num_nodes; ++n) {
+      double node_sum = 0;
+      for (int l = 0; l < nodes[n].size; ++l) {
+        node_sum += Value(first_rank[n] + l, static_cast<int64_t>(j));
+      }
+      weighted += nodes[n].size * (node_sum / nodes[n].size);
+    }
+    const double expected = weighted / world;
+    for (int g = 0; g < world; ++g) {
+      ASSERT_NEAR(result[g][j], expected, 1e-5)
+          << "rank " << g << " element " << j;
+      ASSERT_EQ(result[g][j], result[0][j]) << "rank " << g << " element " << j;
+    }
+  }
+}
+
+// Several syncs on CUDA: a single NCCL node alone in its job keeps its own
+// values (the mean of one), the parameters stay on cuda:0, and the node's
+// status broadcast (on CUDA too) reports each round.
+TEST(NodeGroupCudaTest, SyncNow_NcclNodeAlone_KeepsValuesOverRounds) {
+  SKIP_WITHOUT_CUDA_NCCL();
+  auto server = StartServer();
+  absl::StatusOr<NodeGroup> group = MakeSingleGroup(/*cuda=*/true);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Model model;
+  model.to(torch::Device(torch::kCUDA, 0));
+  auto client = MakeLeaderClient(server->port(), "alone", 0, 1.0, 1);
+  LocalSGDOptions options;
+  options.local_sgd_steps = 1;
+  options.node_group = *group;
+  options.keep_training_when_unavailable = false;
+  auto local_sgd = LocalSGD::Create(model, client.get(), options);
+  ASSERT_TRUE(local_sgd.ok()) << local_sgd.status();
+  uint64_t last_round = 0;
+  for (int round = 0; round < 3; ++round) {
+    SetValues(model, 7 + round);
+    const std::vector<float> before = Flat(model);
+    ASSERT_TRUE((*local_sgd)->SyncNow().ok()) << "round " << round;
+    EXPECT_EQ(Flat(model), before) << "round " << round;
+    EXPECT_TRUE(model.w.is_cuda());
+    EXPECT_TRUE(model.b.is_cuda());
+    const uint64_t r = (*local_sgd)->last_outcome().round;
+    if (round > 0) {
+      EXPECT_GT(r, last_round);
+    }
+    last_round = r;
+  }
+  (*local_sgd)->Abandon();
 }
 
 }  // namespace
