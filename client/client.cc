@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -21,7 +24,11 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/impl/codegen/client_context.h"
+#include "grpcpp/impl/codegen/rpc_method.h"
+#include "grpcpp/impl/codegen/sync_stream.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
+#include "proto/chunk_wire.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
 
@@ -57,28 +64,60 @@ class ChunkReceiver {
         dest_(std::move(dest)),
         got_(geometry.num_chunks(), false) {}
 
+  // A chunk parsed by protobuf (a message that was not a plain chunk).
+  absl::Status Add(const v1::Chunk& chunk) {
+    ChunkView view;
+    view.index = chunk.index();
+    view.has_crc32c = chunk.has_crc32c();
+    view.crc32c = chunk.crc32c();
+    view.pieces.push_back(chunk.data());
+    view.size = chunk.data().size();
+    return Add(view);
+  }
+
   // INTERNAL for an index out of range or repeated, or a wrong size;
   // DATA_LOSS (retryable) for data that does not match its CRC32C.
-  absl::Status Add(const v1::Chunk& chunk) {
-    const uint32_t i = chunk.index();
+  absl::Status Add(const ChunkView& chunk) {
+    const uint32_t i = chunk.index;
     if (i >= got_.size() || got_[i]) {
       return absl::InternalError(
           absl::StrCat(what_, " stream out of order at chunk ", i));
     }
-    if (!chunk.has_crc32c()) {
+    if (!chunk.has_crc32c) {
       return absl::InternalError(
           absl::StrCat(what_, " chunk ", i, " has no crc32c"));
     }
-    if (Crc32c(0, chunk.data()) != chunk.crc32c()) {
+    const absl::Span<float> dest = dest_(i);
+    if (chunk.size != WireBytes(wire_, dest.size())) {
+      return absl::InternalError(absl::StrCat(
+          what_, " chunk ", i, " has ", chunk.size, " bytes; expected ",
+          WireBytes(wire_, dest.size()), " (", dest.size(), " ",
+          DTypeName(wire_), " values)"));
+    }
+    if (chunk.ComputeCrc32c() != chunk.crc32c) {
       return absl::DataLossError(absl::StrCat(
           what_, " chunk ", i, " does not match its CRC32C; fetching again"));
     }
-    absl::Status s = DecodeValues(chunk.data(), wire_, dest_(i));
-    if (!s.ok())
-      return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
+    if (wire_ == DType::kFloat32) {
+      // The wire bytes are the values' bytes (EncodeValuesTo): straight from
+      // gRPC's slices into place.
+      chunk.CopyTo(reinterpret_cast<char*>(dest.data()));
+    } else {
+      absl::string_view data;
+      if (chunk.pieces.size() == 1) {
+        data = chunk.pieces[0];
+      } else {
+        gather_.resize(chunk.size);
+        chunk.CopyTo(gather_.data());
+        data = gather_;
+      }
+      absl::Status s = DecodeValues(data, wire_, dest);
+      if (!s.ok())
+        return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
+    }
     got_[i] = true;
     ++received_;
-    bytes_ += chunk.data().size();
+    bytes_ += chunk.size;
     return absl::OkStatus();
   }
 
@@ -99,7 +138,76 @@ class ChunkReceiver {
   std::vector<bool> got_;
   uint32_t received_ = 0;
   uint64_t bytes_ = 0;
+  // A chunk that arrived in several pieces, made contiguous to decode.
+  std::string gather_;
 };
+
+// Reads the messages of a raw stream: each either a plain chunk (read in
+// place from gRPC's slices) or, parsed by protobuf, a `Message`.
+template <typename Message>
+class RawReader {
+ public:
+  // Reads the next message. False at the end of the stream.
+  template <typename Stream>
+  bool Read(Stream& stream) {
+    return stream.Read(&raw_);
+  }
+  // Whether it is a plain chunk (then chunk() holds it); otherwise parses it
+  // into message() (INVALID_ARGUMENT if it does not parse).
+  absl::StatusOr<bool> Parse(absl::string_view what) {
+    if (ParseChunkMessage(raw_, &chunk_) == ChunkParse::kChunk) return true;
+    chunk_ = ChunkView();
+    if (absl::Status s = ParseMessage(raw_, &message_, what); !s.ok()) {
+      return absl::InternalError(s.message());
+    }
+    return false;
+  }
+  const ChunkView& chunk() const { return chunk_; }
+  const Message& message() const { return message_; }
+
+ private:
+  grpc::ByteBuffer raw_;
+  ChunkView chunk_;
+  Message message_;
+};
+
+// Buffers for chunk payloads on their way out. gRPC holds each until it has
+// sent it (ChunkMessage); then it is handed out again, so payloads go through
+// warm memory instead of a fresh allocation per message. Used by one thread.
+class StagingPool {
+ public:
+  // A buffer of at least `bytes` bytes that gRPC no longer reads.
+  std::shared_ptr<std::string> Get(size_t bytes) {
+    for (std::shared_ptr<std::string>& buffer : buffers_) {
+      if (buffer.use_count() == 1) {
+        // gRPC's last reference went with a release decrement: pair it, so
+        // its reads of the old payload happen before the writes that follow.
+        std::atomic_thread_fence(std::memory_order_acquire);
+        buffer->resize(bytes);
+        return buffer;
+      }
+    }
+    auto buffer = std::make_shared<std::string>(bytes, '\0');
+    // All in flight: keep up to kMaxBuffers; beyond that a transient one.
+    if (buffers_.size() < kMaxBuffers) buffers_.push_back(buffer);
+    return buffer;
+  }
+
+ private:
+  // More than the chunks one stream's flow-control window holds.
+  static constexpr size_t kMaxBuffers = 16;
+  std::vector<std::shared_ptr<std::string>> buffers_;
+};
+
+// The full name of a Coordinator method ("/localsgd.v1.Coordinator/Sync"),
+// read from the generated descriptor.
+std::string MethodPath(absl::string_view method) {
+  const google::protobuf::ServiceDescriptor* service =
+      v1::SyncRequest::descriptor()->file()->FindServiceByName("Coordinator");
+  CHECK(service != nullptr && service->FindMethodByName(std::string(method)))
+      << "localsgd.v1.Coordinator has no method " << method;
+  return absl::StrCat("/", service->full_name(), "/", method);
+}
 
 // Ends a client stream: on a local `error` cancels the call and returns the
 // error; otherwise returns the call's status.
@@ -179,6 +287,11 @@ class Client::Replica {
         address_(std::move(address)),
         channel_(std::move(channel)),
         stub_(v1::Coordinator::NewStub(channel_)),
+        sync_method_(sync_path_.c_str(),
+                     grpc::internal::RpcMethod::BIDI_STREAMING, channel_),
+        fetch_state_method_(fetch_state_path_.c_str(),
+                            grpc::internal::RpcMethod::SERVER_STREAMING,
+                            channel_),
         incarnation_(incarnation) {}
 
   ~Replica() { StopHeartbeats(); }
@@ -312,14 +425,28 @@ class Client::Replica {
       request.set_layout_fingerprint(layout.fingerprint);
       grpc::ClientContext context;
       SetDeadline(&context, options_.sync_timeout);
-      auto reader = stub_->FetchState(&context, request);
-      v1::FetchStateResponse response;
+      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+              channel_.get(), fetch_state_method_, &context, request));
+      RawReader<v1::FetchStateResponse> in;
       // Straight into `params`: a failed fetch is retried whole.
       ChunkReceiver chunks("FetchState", local_, info_.settings.wire_dtype,
                            [&](uint32_t j) { return Slice(params, j); });
       bool header = false;
       absl::Status error;
-      while (error.ok() && reader->Read(&response)) {
+      while (error.ok() && in.Read(*reader)) {
+        absl::StatusOr<bool> is_chunk = in.Parse("FetchState response");
+        if (!is_chunk.ok()) {
+          error = is_chunk.status();
+          break;
+        }
+        if (*is_chunk) {
+          error = header ? chunks.Add(in.chunk())
+                         : absl::InternalError(
+                               "FetchState sent a chunk before its header");
+          continue;
+        }
+        const v1::FetchStateResponse& response = in.message();
         if (response.has_header()) {
           header = true;
           round = response.header().round();
@@ -444,28 +571,33 @@ class Client::Replica {
           outcome = SyncOutcome();
           grpc::ClientContext context;
           SetDeadline(&context, options_.sync_timeout);
-          auto stream = stub_->Sync(&context);
+          std::unique_ptr<
+              grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+              stream(grpc::internal::ClientReaderWriterFactory<
+                     grpc::ByteBuffer,
+                     grpc::ByteBuffer>::Create(channel_.get(), sync_method_,
+                                               &context));
           v1::SyncRequest request;
           v1::SyncHeader* header = request.mutable_header();
           header->set_job_id(options_.job_id);
           header->set_member_id(info_.member_id.str());
           header->set_round(round);
           header->set_layout_fingerprint(layout.fingerprint);
-          bool writing = stream->Write(request);
+          bool writing = stream->Write(SerializeMessage(request));
           for (uint32_t c = 0; writing && c < local_.num_chunks(); ++c) {
-            v1::Chunk* chunk = request.mutable_chunk();
-            chunk->set_index(c);
             const absl::Span<const float> values = Slice(params, c);
-            std::string* data = chunk->mutable_data();
-            data->resize(WireBytes(wire, values.size()));
+            const size_t bytes = WireBytes(wire, values.size());
+            std::shared_ptr<std::string> data = staging_.Get(bytes);
             EncodeValuesTo(values, wire, data->data());
-            chunk->set_crc32c(Crc32c(0, *data));
-            outcome.bytes_sent += data->size();
-            writing = stream->Write(request);
+            const uint32_t crc = Crc32c(0, *data);
+            outcome.bytes_sent += bytes;
+            const absl::string_view payload(*data);
+            writing = stream->Write(
+                ChunkMessage(c, crc, payload, std::move(data)));
           }
           if (writing) stream->WritesDone();
 
-          v1::SyncResponse response;
+          RawReader<v1::SyncResponse> in;
           // The result goes straight into `params`, with no staging copy.
           // A retry may then resend result values as its contribution; that
           // is harmless: result chunks arrive only once the round has
@@ -476,7 +608,20 @@ class Client::Replica {
                                [&](uint32_t j) { return Slice(params, j); });
           bool have_header = false;
           absl::Status error;
-          while (error.ok() && stream->Read(&response)) {
+          while (error.ok() && in.Read(*stream)) {
+            absl::StatusOr<bool> is_chunk = in.Parse("Sync response");
+            if (!is_chunk.ok()) {
+              error = is_chunk.status();
+              break;
+            }
+            if (*is_chunk) {
+              error = have_header
+                          ? chunks.Add(in.chunk())
+                          : absl::InternalError(
+                                "Sync sent a chunk before its result");
+              continue;
+            }
+            const v1::SyncResponse& response = in.message();
             if (response.has_result()) {
               const v1::SyncResult& r = response.result();
               have_header = true;
@@ -584,6 +729,14 @@ class Client::Replica {
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  // Sync and FetchState are called raw (grpc::ByteBuffer messages), as the
+  // service registers them, so that chunks go without protobuf copies
+  // (proto/chunk_wire.h). Declared in this order: the paths first.
+  const std::string sync_path_ = MethodPath("Sync");
+  const std::string fetch_state_path_ = MethodPath("FetchState");
+  const grpc::internal::RpcMethod sync_method_;
+  const grpc::internal::RpcMethod fetch_state_method_;
+  StagingPool staging_;
   const uint64_t incarnation_;
   JoinInfo info_;
   ShardSpec shard_;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "glog/logging.h"
+#include "proto/chunk_wire.h"
 #include "server/convert.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
@@ -55,19 +56,33 @@ ByteCounters CountersFor(Metrics* metrics, const Job& job) {
   return {c.bytes_received, c.bytes_sent};
 }
 
-// Fills `chunk` with chunk `index` of `state`, encoded in the wire dtype.
-// Reuses the message's string capacity.
-void EncodeStateChunk(const StateSnapshot& state, const ChunkGeometry& geometry,
-                      DType wire_dtype, uint32_t index, v1::Chunk* chunk) {
-  chunk->set_index(index);
+// Chunk `index` of `state` in the wire dtype, as a serialized chunk message
+// (the field is the same in SyncResponse and FetchStateResponse) whose
+// payload is not copied: fp32 on the wire is the state's own bytes, another
+// wire dtype is encoded once per state for every member
+// (StateSnapshot::WireChunk); the message keeps the state alive until gRPC
+// has sent it. Sets `*payload_bytes` to the payload's size.
+grpc::ByteBuffer StateChunkMessage(
+    const std::shared_ptr<const StateSnapshot>& state,
+    const ChunkGeometry& geometry, DType wire_dtype, uint32_t index,
+    size_t* payload_bytes) {
   const auto values =
-      absl::MakeConstSpan(state.values)
+      absl::MakeConstSpan(state->values)
           .subspan(geometry.Offset(index), geometry.Size(index));
-  std::string* data = chunk->mutable_data();
-  data->resize(WireBytes(wire_dtype, values.size()));
-  EncodeValuesTo(values, wire_dtype, data->data());
+  const size_t bytes = WireBytes(wire_dtype, values.size());
+  absl::string_view data;
+  if (wire_dtype == DType::kFloat32) {  // EncodeValuesTo would memcpy
+    data = absl::string_view(reinterpret_cast<const char*>(values.data()),
+                             bytes);
+  } else {
+    data = state->WireChunk(index, bytes, [&](char* out) {
+      EncodeValuesTo(values, wire_dtype, out);
+    });
+  }
   // Every member receives the same bytes: their checksum is computed once.
-  chunk->set_crc32c(state.WireCrc(index, [&] { return Crc32c(0, *data); }));
+  const uint32_t crc = state->WireCrc(index, [&] { return Crc32c(0, data); });
+  *payload_bytes = data.size();
+  return ChunkMessage(index, crc, data, state);
 }
 
 // The layout fingerprint a Sync header or FetchState request names must be
@@ -117,7 +132,7 @@ absl::Status CheckChunkCrc(const v1::Chunk& chunk, absl::string_view what) {
 // called only when no core callback can still arrive (it has run, or
 // SyncSession::Cancel said it never will).
 class SyncReactor final
-    : public grpc::ServerBidiReactor<v1::SyncRequest, v1::SyncResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   SyncReactor(CoordinatorService* service, Coordinator* coordinator,
               Metrics* metrics, CallerCredentials caller)
@@ -126,7 +141,7 @@ class SyncReactor final
         metrics_(metrics),
         caller_(std::move(caller)) {
     service_->StreamStarted();
-    StartRead(&request_);
+    StartRead(&raw_request_);
   }
 
   void OnReadDone(bool ok) override {
@@ -145,18 +160,21 @@ class SyncReactor final
       finish = AdvanceLocked();
     } else {
       absl::Status status =
-          request_.has_header() ? OnHeader(request_.header())
-          : request_.has_chunk()
-              ? OnChunk(request_.chunk())
-              : absl::InvalidArgumentError(
-                    "Sync message has neither header nor chunk");
+          ParseMessage(raw_request_, &request_, "Sync message");
+      if (status.ok()) {
+        status = request_.has_header() ? OnHeader(request_.header())
+                 : request_.has_chunk()
+                     ? OnChunk(request_.chunk())
+                     : absl::InvalidArgumentError(
+                           "Sync message has neither header nor chunk");
+      }
       absl::MutexLock lock(&mu_);
       if (!status.ok()) {
         FailLocked(status);
       } else if (session_->complete()) {
         reads_done_ = true;
       } else if (!finished_) {
-        StartRead(&request_);
+        StartRead(&raw_request_);
       }
       finish = AdvanceLocked();
     }
@@ -167,9 +185,7 @@ class SyncReactor final
     std::optional<grpc::Status> finish;
     {
       absl::MutexLock lock(&mu_);
-      if (ok && response_.has_chunk()) {
-        counters_.Sent(response_.chunk().data().size());
-      }
+      if (ok) counters_.Sent(response_payload_bytes_);
       if (!ok) {
         finish = FinishLocked(
             grpc::Status(grpc::StatusCode::CANCELLED,
@@ -318,12 +334,15 @@ class SyncReactor final
     if (!result_->ok()) return FinishLocked(ToGrpcStatus(result_->status()));
     writing_ = true;
     const SyncResult& r = **result_;
-    v1::SyncResult* header = response_.mutable_result();
+    v1::SyncResponse response;
+    v1::SyncResult* header = response.mutable_result();
     header->set_round(r.round);
     header->set_contributed(r.contributed);
     header->set_late(r.late);
     header->set_contributors(r.contributors);
     header->set_contributor_weight(r.contributor_weight);
+    response_ = SerializeMessage(response);
+    response_payload_bytes_ = 0;
     next_chunk_ = 0;
     StartWrite(&response_);
     return std::nullopt;
@@ -336,8 +355,9 @@ class SyncReactor final
     if (next_chunk_ >= geometry.num_chunks()) {
       return FinishLocked(grpc::Status::OK);
     }
-    EncodeStateChunk(*(*result_)->state, geometry, job_->settings().wire_dtype,
-                     next_chunk_++, response_.mutable_chunk());
+    response_ = StateChunkMessage((*result_)->state, geometry,
+                                  job_->settings().wire_dtype, next_chunk_++,
+                                  &response_payload_bytes_);
     StartWrite(&response_);
     return std::nullopt;
   }
@@ -351,8 +371,10 @@ class SyncReactor final
 
   CoordinatorService* const service_;
   Coordinator* const coordinator_;
-  Metrics* const metrics_;   // may be null
-  v1::SyncRequest request_;  // read path only
+  Metrics* const metrics_;  // may be null
+  // Read path only: the message read, and it parsed.
+  grpc::ByteBuffer raw_request_;
+  v1::SyncRequest request_;
   // --- security: the call's credentials.
   const CallerCredentials caller_;
 
@@ -370,19 +392,28 @@ class SyncReactor final
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::StatusOr<SyncResult>> result_ ABSL_GUARDED_BY(mu_);
-  v1::SyncResponse response_ ABSL_GUARDED_BY(mu_);
+  // The message being written (serialized) and its chunk payload's size.
+  grpc::ByteBuffer response_ ABSL_GUARDED_BY(mu_);
+  size_t response_payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t next_chunk_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Streams a snapshot of the job's state: a header, then every chunk.
 class FetchStateReactor final
-    : public grpc::ServerWriteReactor<v1::FetchStateResponse> {
+    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchStateReactor(CoordinatorService* service, Coordinator* coordinator,
-                    Metrics* metrics, const v1::FetchStateRequest& request,
+                    Metrics* metrics, const grpc::ByteBuffer& raw_request,
                     const CallerCredentials& caller)
       : service_(service), metrics_(metrics) {
     service_->StreamStarted();
+    v1::FetchStateRequest request;
+    if (absl::Status p =
+            ParseMessage(raw_request, &request, "FetchState request");
+        !p.ok()) {
+      Done(ToGrpcStatus(p));
+      return;
+    }
     MemberId member;
     // --- security: credentials, member binding, stream limit (auth.h).
     if (absl::Status a = service_->AdmitStream(caller, request.job_id(),
@@ -412,9 +443,11 @@ class FetchStateReactor final
       Done(ToGrpcStatus(s));
       return;
     }
-    v1::StateHeader* header = response_.mutable_header();
+    v1::FetchStateResponse response;
+    v1::StateHeader* header = response.mutable_header();
     header->set_round(state_->round);
     header->set_num_chunks(job_->geometry().num_chunks());
+    response_ = SerializeMessage(response);
     StartWrite(&response_);
   }
 
@@ -424,14 +457,14 @@ class FetchStateReactor final
                         "client went away while fetching state"));
       return;
     }
-    if (response_.has_chunk()) counters_.Sent(response_.chunk().data().size());
+    counters_.Sent(response_payload_bytes_);
     const ChunkGeometry& geometry = job_->geometry();
     if (next_chunk_ >= geometry.num_chunks()) {
       Done(grpc::Status::OK);
       return;
     }
-    EncodeStateChunk(*state_, geometry, job_->settings().wire_dtype,
-                     next_chunk_++, response_.mutable_chunk());
+    response_ = StateChunkMessage(state_, geometry, job_->settings().wire_dtype,
+                                  next_chunk_++, &response_payload_bytes_);
     StartWrite(&response_);
   }
 
@@ -455,7 +488,9 @@ class FetchStateReactor final
   CoordinatorService::StreamSlot stream_slot_;  // --- security
   std::shared_ptr<Job> job_;
   std::shared_ptr<const StateSnapshot> state_;
-  v1::FetchStateResponse response_;
+  // The message being written (serialized) and its chunk payload's size.
+  grpc::ByteBuffer response_;
+  size_t response_payload_bytes_ = 0;
   uint32_t next_chunk_ = 0;
 };
 
@@ -564,15 +599,15 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
   return FinishUnary(context, metrics_, "Heartbeat", status);
 }
 
-grpc::ServerBidiReactor<v1::SyncRequest, v1::SyncResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 CoordinatorService::Sync(grpc::CallbackServerContext* context) {
   return new SyncReactor(this, coordinator_, metrics_,
                          CallerFromContext(*context));
 }
 
-grpc::ServerWriteReactor<v1::FetchStateResponse>*
+grpc::ServerWriteReactor<grpc::ByteBuffer>*
 CoordinatorService::FetchState(grpc::CallbackServerContext* context,
-                               const v1::FetchStateRequest* request) {
+                               const grpc::ByteBuffer* request) {
   return new FetchStateReactor(this, coordinator_, metrics_, *request,
                                CallerFromContext(*context));
 }

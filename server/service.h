@@ -21,7 +21,21 @@
 
 namespace localsgd {
 
-class CoordinatorService final : public v1::Coordinator::CallbackService {
+// Every method with the callback API (as v1::Coordinator::CallbackService,
+// which this spells out): Sync and FetchState registered raw
+// (grpc::ByteBuffer in and out), so that their chunk messages are written
+// without protobuf copies of the payload (proto/chunk_wire.h); every other
+// message goes through protobuf. A method added to the proto must be added
+// here (tests/integration's every-method test fails otherwise).
+using CoordinatorServiceBase = v1::Coordinator::WithCallbackMethod_Join<
+    v1::Coordinator::WithCallbackMethod_Leave<
+        v1::Coordinator::WithCallbackMethod_Heartbeat<
+            v1::Coordinator::WithRawCallbackMethod_Sync<
+                v1::Coordinator::WithRawCallbackMethod_FetchState<
+                    v1::Coordinator::WithCallbackMethod_GetJobStatus<
+                        v1::Coordinator::Service>>>>>>;
+
+class CoordinatorService final : public CoordinatorServiceBase {
  public:
   // `coordinator`, `metrics` and `authenticator` (both may be null) must
   // outlive the service. `metrics` counts payload bytes per job and calls
@@ -49,11 +63,13 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;
-  grpc::ServerBidiReactor<v1::SyncRequest, v1::SyncResponse>* Sync(
+  // localsgd.v1 SyncRequest in, SyncResponse out, serialized.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Sync(
       grpc::CallbackServerContext* context) override;
-  grpc::ServerWriteReactor<v1::FetchStateResponse>* FetchState(
+  // A serialized FetchStateRequest in, FetchStateResponses out.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchState(
       grpc::CallbackServerContext* context,
-      const v1::FetchStateRequest* request) override;
+      const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetJobStatus(
       grpc::CallbackServerContext* context,
       const v1::GetJobStatusRequest* request,

@@ -1314,15 +1314,15 @@ std::vector<Row> Rows() {
         return std::vector<v1::SyncRequest>{h, env.ChunkOf(0, 1)};
       }),
       kInvalid, "job_id");
-  // A stream message that does not parse ends the reads: to the reactor the
-  // stream ended there.
+  // The service parses Sync messages itself (the method is raw): one that
+  // does not parse is named as such.
   add("Sync_HeaderJobIdNotUtf8_ReturnsInvalidArgument", kFp32,
       SyncWith([](Env& env, const std::string& m) {
         auto h = env.Header(m, env.next_round());
         h.mutable_header()->set_job_id("\xff");
         return std::vector<v1::SyncRequest>{h, env.ChunkOf(0, 1)};
       }),
-      kInvalid, "ended");
+      kInvalid, "does not parse as localsgd.v1.SyncRequest");
   add("Sync_HeaderUnknownJob_ReturnsNotFound", kFp32,
       SyncWith([](Env& env, const std::string& m) {
         auto h = env.Header(m, env.next_round());
