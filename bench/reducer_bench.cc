@@ -11,6 +11,8 @@
 //    over the whole state for the wire dtype; these benchmarks run that same
 //    pair per chunk.
 //  - Encode/Decode bf16 (the client's side, for reference): the fp32 values.
+//  - Crc32c (every chunk, both sides, src/crc32c.h) and its table-driven
+//    fallback Crc32cPortable: the fp32 chunk's bytes.
 //  - Memcpy/<bytes>: the same bytes copied between two reused buffers; the
 //    baselines are Memcpy of 4 x elements (fp32 chunk) and 2 x elements (bf16
 //    chunk).
@@ -25,6 +27,7 @@
 #include "absl/types/span.h"
 #include "benchmark/benchmark.h"
 #include "src/codec.h"
+#include "src/crc32c.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -135,6 +138,22 @@ void BM_DecodeBf16(benchmark::State& state) {
                           static_cast<int64_t>(n * sizeof(float)));
 }
 
+void BM_Crc32c(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  const std::string payload = Payload(n, DType::kFloat32);
+  for (auto _ : state) benchmark::DoNotOptimize(Crc32c(0, payload));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(payload.size()));
+}
+
+void BM_Crc32cPortable(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  const std::string payload = Payload(n, DType::kFloat32);
+  for (auto _ : state) benchmark::DoNotOptimize(Crc32cPortable(0, payload));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(payload.size()));
+}
+
 constexpr int64_t k256K = 256 * 1024;
 constexpr int64_t k1M = 1024 * 1024;
 
@@ -148,6 +167,8 @@ BENCHMARK(BM_FinalizeFp32)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_FinalizeBf16)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_EncodeBf16)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_DecodeBf16)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_Crc32c)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_Crc32cPortable)->Arg(k256K);
 
 }  // namespace
 }  // namespace localsgd

@@ -65,15 +65,7 @@ class ChunkReceiver {
         got_(geometry.num_chunks(), false) {}
 
   // A chunk parsed by protobuf (a message that was not a plain chunk).
-  absl::Status Add(const v1::Chunk& chunk) {
-    ChunkView view;
-    view.index = chunk.index();
-    view.has_crc32c = chunk.has_crc32c();
-    view.crc32c = chunk.crc32c();
-    view.pieces.push_back(chunk.data());
-    view.size = chunk.data().size();
-    return Add(view);
-  }
+  absl::Status Add(const v1::Chunk& chunk) { return Add(ViewOf(chunk)); }
 
   // INTERNAL for an index out of range or repeated, or a wrong size;
   // DATA_LOSS (retryable) for data that does not match its CRC32C.

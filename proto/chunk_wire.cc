@@ -151,6 +151,16 @@ grpc::ByteBuffer ChunkMessage(uint32_t index, uint32_t crc32c,
   return grpc::ByteBuffer(slices, data.empty() ? 1 : 2);
 }
 
+ChunkView ViewOf(const v1::Chunk& chunk) {
+  ChunkView view;
+  view.index = chunk.index();
+  view.has_crc32c = chunk.has_crc32c();
+  view.crc32c = chunk.crc32c();
+  view.pieces.push_back(chunk.data());
+  view.size = chunk.data().size();
+  return view;
+}
+
 uint32_t ChunkView::ComputeCrc32c() const {
   uint32_t crc = 0;
   for (absl::string_view piece : pieces) crc = Crc32c(crc, piece);

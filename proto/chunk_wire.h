@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "localsgd/v1/coordinator.pb.h"
 
 namespace localsgd {
 
@@ -65,6 +66,10 @@ struct ChunkView {
   // Copies the payload to `out` (`size` bytes).
   void CopyTo(char* out) const;
 };
+
+// A chunk parsed by protobuf, as a view: one piece, valid while `chunk`
+// lives and is not changed.
+ChunkView ViewOf(const v1::Chunk& chunk);
 
 enum class ChunkParse {
   kChunk,     // `out` holds the chunk

@@ -106,17 +106,17 @@ absl::Status CheckFingerprint(const Job& job, uint64_t fingerprint,
 }
 
 // A chunk's checksum, checked before its data goes anywhere.
-absl::Status CheckChunkCrc(const v1::Chunk& chunk, absl::string_view what) {
-  if (!chunk.has_crc32c()) {
+absl::Status CheckChunkCrc(const ChunkView& chunk, absl::string_view what) {
+  if (!chunk.has_crc32c) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " chunk ", chunk.index(), " has no crc32c"));
+        absl::StrCat(what, " chunk ", chunk.index, " has no crc32c"));
   }
-  const uint32_t crc = Crc32c(0, chunk.data());
-  if (crc != chunk.crc32c()) {
+  const uint32_t crc = chunk.ComputeCrc32c();
+  if (crc != chunk.crc32c) {
     return absl::DataLossError(absl::StrCat(
-        what, " chunk ", chunk.index(), " is corrupt: its data has CRC32C ",
+        what, " chunk ", chunk.index, " is corrupt: its data has CRC32C ",
         absl::Hex(crc, absl::kZeroPad8), ", the chunk says ",
-        absl::Hex(chunk.crc32c(), absl::kZeroPad8),
+        absl::Hex(chunk.crc32c, absl::kZeroPad8),
         "; nothing of it was counted, resend it"));
   }
   return absl::OkStatus();
@@ -159,15 +159,22 @@ class SyncReactor final
       }
       finish = AdvanceLocked();
     } else {
-      absl::Status status =
-          ParseMessage(raw_request_, &request_, "Sync message");
-      if (status.ok()) {
-        status = request_.has_header() ? OnHeader(request_.header())
-                 : request_.has_chunk()
-                     ? OnChunk(request_.chunk())
-                     : absl::InvalidArgumentError(
-                           "Sync message has neither header nor chunk");
+      // A plain chunk is read in place from gRPC's slices; anything else
+      // (the header, an unusual encoding) is parsed by protobuf.
+      absl::Status status;
+      if (ParseChunkMessage(raw_request_, &chunk_) == ChunkParse::kChunk) {
+        status = OnChunk(chunk_);
+      } else {
+        status = ParseMessage(raw_request_, &request_, "Sync message");
+        if (status.ok()) {
+          status = request_.has_header() ? OnHeader(request_.header())
+                   : request_.has_chunk()
+                       ? OnChunk(ViewOf(request_.chunk()))
+                       : absl::InvalidArgumentError(
+                             "Sync message has neither header nor chunk");
+        }
       }
+      chunk_ = ChunkView();  // let go of the slices
       absl::MutexLock lock(&mu_);
       if (!status.ok()) {
         FailLocked(status);
@@ -292,12 +299,12 @@ class SyncReactor final
     return absl::OkStatus();
   }
 
-  absl::Status OnChunk(const v1::Chunk& chunk) {
+  absl::Status OnChunk(const ChunkView& chunk) {
     SyncSession* session;
     {
       absl::MutexLock lock(&mu_);
       session = session_.get();
-      if (session != nullptr) counters_.Received(chunk.data().size());
+      if (session != nullptr) counters_.Received(chunk.size);
     }
     if (session == nullptr) {
       return absl::InvalidArgumentError(
@@ -310,7 +317,7 @@ class SyncReactor final
     }
     // Only this reactor's read path touches the session's chunk state, and
     // reads are sequential.
-    return session->AddChunk(chunk.index(), chunk.data());
+    return session->AddChunk(chunk.index, chunk.pieces);
   }
 
   // Records the first error; the stream finishes with it once no core
@@ -374,6 +381,7 @@ class SyncReactor final
   Metrics* const metrics_;  // may be null
   // Read path only: the message read, and it parsed.
   grpc::ByteBuffer raw_request_;
+  ChunkView chunk_;
   v1::SyncRequest request_;
   // --- security: the call's credentials.
   const CallerCredentials caller_;

@@ -1,6 +1,8 @@
 #include "src/codec.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -115,6 +117,89 @@ void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
       a[i] += weight * v;
     }
   }
+}
+
+namespace {
+
+// Calls run(bytes, first) for consecutive runs of whole elements of
+// `element_size` bytes, in order, `first` being the run's first element's
+// index; an element split between pieces comes as a run of one, assembled
+// in a small buffer. Stops early when run returns false. Bytes after the
+// last whole element are ignored (callers check the total size first).
+template <typename Run>
+void ForEachElementRun(absl::Span<const absl::string_view> pieces,
+                       size_t element_size, Run run) {
+  char carry[8];
+  size_t carried = 0;
+  size_t element = 0;
+  for (absl::string_view piece : pieces) {
+    if (carried > 0) {
+      const size_t take = std::min(element_size - carried, piece.size());
+      std::memcpy(carry + carried, piece.data(), take);
+      carried += take;
+      piece.remove_prefix(take);
+      if (carried < element_size) continue;
+      if (!run(absl::string_view(carry, element_size), element)) return;
+      ++element;
+      carried = 0;
+    }
+    const size_t whole = piece.size() / element_size * element_size;
+    if (whole > 0) {
+      if (!run(piece.substr(0, whole), element)) return;
+      element += whole / element_size;
+    }
+    carried = piece.size() - whole;
+    std::memcpy(carry, piece.data() + whole, carried);
+  }
+}
+
+size_t TotalSize(absl::Span<const absl::string_view> pieces) {
+  size_t n = 0;
+  for (absl::string_view piece : pieces) n += piece.size();
+  return n;
+}
+
+}  // namespace
+
+int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
+                             DType dtype) {
+  int64_t found = -1;
+  ForEachElementRun(pieces, DTypeSize(dtype),
+                    [&](absl::string_view run, size_t first) {
+                      const int64_t bad = FirstNonFinite(run, dtype);
+                      if (bad < 0) return true;
+                      found = static_cast<int64_t>(first) + bad;
+                      return false;
+                    });
+  return found;
+}
+
+void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
+                              DType dtype, float weight,
+                              absl::Span<float> acc) {
+  const size_t size = DTypeSize(dtype);
+  ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
+    AccumulateWeighted(run, dtype, weight, acc.subspan(first, run.size() / size));
+    return true;
+  });
+}
+
+absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
+                                DType dtype, absl::Span<float> out) {
+  const size_t bytes = TotalSize(pieces);
+  if (bytes != WireBytes(dtype, out.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload has ", bytes, " bytes; expected ",
+                     WireBytes(dtype, out.size()), " (", out.size(), " ",
+                     DTypeName(dtype), " values)"));
+  }
+  const size_t size = DTypeSize(dtype);
+  ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
+    // The size is right: DecodeValues cannot fail.
+    (void)DecodeValues(run, dtype, out.subspan(first, run.size() / size));
+    return true;
+  });
+  return absl::OkStatus();
 }
 
 void DivideInPlace(absl::Span<float> acc, double total_weight) {

@@ -58,6 +58,18 @@ int64_t FirstNonFinite(absl::string_view data, DType dtype);
 void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
                         absl::Span<float> acc);
 
+// The same three for a payload that arrived in pieces (gRPC's slices; an
+// element may straddle two pieces). `pieces` hold together exactly the
+// elements the single-buffer version takes.
+int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
+                             DType dtype);
+void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
+                              DType dtype, float weight,
+                              absl::Span<float> acc);
+// INVALID_ARGUMENT if the pieces do not hold WireBytes(dtype, out.size()).
+absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
+                                DType dtype, absl::Span<float> out);
+
 // acc[i] /= total_weight for every i (total_weight > 0).
 void DivideInPlace(absl::Span<float> acc, double total_weight);
 

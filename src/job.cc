@@ -100,7 +100,12 @@ absl::string_view StateSnapshot::WireChunk(
 }
 
 absl::Status SyncSession::AddChunk(uint32_t index, absl::string_view data) {
-  return job_->AddChunk(*this, index, data);
+  return job_->AddChunk(*this, index, absl::MakeConstSpan(&data, 1));
+}
+
+absl::Status SyncSession::AddChunk(
+    uint32_t index, absl::Span<const absl::string_view> pieces) {
+  return job_->AddChunk(*this, index, pieces);
 }
 
 bool SyncSession::Cancel() {
@@ -445,7 +450,7 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
 }
 
 absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
-                           absl::string_view data) {
+                           absl::Span<const absl::string_view> pieces) {
   // Validate before taking the lock or touching any accumulator.
   const uint32_t n = geometry_.num_chunks();
   if (index >= n) {
@@ -456,13 +461,15 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
   }
   const uint32_t elements = geometry_.Size(index);
   const size_t expected = WireBytes(settings_.wire_dtype, elements);
-  if (data.size() != expected) {
+  size_t size = 0;
+  for (absl::string_view piece : pieces) size += piece.size();
+  if (size != expected) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk ", index, " for round ", session.round_, " of job '", id_,
-        "' has ", data.size(), " bytes; expected ", expected, " (", elements,
-        " ", DTypeName(settings_.wire_dtype), " values)"));
+        "' has ", size, " bytes; expected ", expected, " (", elements, " ",
+        DTypeName(settings_.wire_dtype), " values)"));
   }
-  if (const int64_t bad = FirstNonFinite(data, settings_.wire_dtype);
+  if (const int64_t bad = FirstNonFinitePieces(pieces, settings_.wire_dtype);
       bad >= 0) {
     // Seeds are always refused: a seed is the state everyone starts from.
     if (settings_.nonfinite_policy != NonFinitePolicy::kDrop ||
@@ -490,8 +497,8 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
       case SyncSession::Role::kSeed:
         if (seed_ != nullptr && seed_->owner == session.member_ &&
             !seed_->got[index]) {
-          absl::Status s = DecodeValues(
-              data, settings_.wire_dtype,
+          absl::Status s = DecodeValuesPieces(
+              pieces, settings_.wire_dtype,
               absl::MakeSpan(seed_->values).subspan(offset, elements));
           if (!s.ok()) return s;
           seed_->got[index] = true;
@@ -506,8 +513,8 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
             Participant& p = it->second;
             // The whole chunk goes in under the lock: simple and, at a few
             // hundred KiB per chunk and ~17 GB/s, short.
-            AccumulateWeighted(
-                data, settings_.wire_dtype,
+            AccumulateWeightedPieces(
+                pieces, settings_.wire_dtype,
                 std::ldexp(p.weight, -open_->scale_exp),
                 absl::MakeSpan(open_->acc).subspan(offset, elements));
             open_->chunk_weight[index] += p.weight;

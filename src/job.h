@@ -46,6 +46,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "src/clock.h"
 #include "src/layout.h"
 #include "src/types.h"
@@ -193,6 +194,10 @@ class SyncSession {
   // this round is ignored (OK). NOT_FOUND: the member is gone; UNAVAILABLE:
   // the job is stopping.
   absl::Status AddChunk(uint32_t index, absl::string_view data);
+  // The same for a payload that arrived in pieces (gRPC's slices), read in
+  // place.
+  absl::Status AddChunk(uint32_t index,
+                        absl::Span<const absl::string_view> pieces);
 
   // Whether this stream has delivered every chunk.
   bool complete() const { return received_ == got_.size(); }
@@ -350,7 +355,7 @@ class Job : public std::enable_shared_from_this<Job> {
   using Deferred = std::vector<std::function<void()>>;
 
   absl::Status AddChunk(SyncSession& session, uint32_t index,
-                        absl::string_view data);
+                        absl::Span<const absl::string_view> pieces);
   bool CancelWaiter(const SyncSession& session);
   // Raises open_->scale_exp (rescaling acc, exactly) until the participants'
   // weights scaled by 2^-scale_exp sum to at most 1.

@@ -82,6 +82,37 @@ TEST(Crc32cTest, ExtendEqualsWholeAndPathsAgreeAtEveryAlignment) {
   }
 }
 
+// Long buffers take the three-stream path (blocks of 3 x 4096 bytes): it
+// must agree with the table-driven CRC at every length around the block
+// edges, from every alignment, and when continued.
+TEST(Crc32cTest, LongBuffers_InterleavedPathAgreesWithPortable) {
+  std::mt19937 rng(11);
+  std::string data(3 * 3 * 4096 + 64, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  for (size_t len : {size_t{3 * 4096 - 1}, size_t{3 * 4096},
+                     size_t{3 * 4096 + 1}, size_t{3 * 4096 + 8},
+                     size_t{2 * 3 * 4096 - 8}, size_t{2 * 3 * 4096},
+                     size_t{2 * 3 * 4096 + 17}, size_t{3 * 3 * 4096}}) {
+    for (size_t begin = 0; begin < 9; ++begin) {
+      const absl::string_view s = absl::string_view(data).substr(begin, len);
+      ASSERT_EQ(Crc32c(0, s), Crc32cPortable(0, s)) << begin << "+" << len;
+      ASSERT_EQ(Crc32c(0x12345678u, s), Crc32cPortable(0x12345678u, s))
+          << begin << "+" << len;
+    }
+  }
+  // One bit flipped anywhere in a block changes the CRC.
+  const absl::string_view block = absl::string_view(data).substr(0, 3 * 4096);
+  const uint32_t clean = Crc32c(0, block);
+  std::string flipped(block);
+  for (size_t at : {size_t{0}, size_t{4095}, size_t{4096}, size_t{8191},
+                    size_t{8192}, size_t{12287}}) {
+    flipped[at] ^= 0x10;
+    EXPECT_NE(Crc32c(0, flipped), clean) << at;
+    EXPECT_EQ(Crc32c(0, flipped), Crc32cPortable(0, flipped)) << at;
+    flipped[at] ^= 0x10;
+  }
+}
+
 // ---------------------------------------------------------------- format
 
 TensorSpec Spec(std::string name, std::vector<int64_t> shape, DType dtype) {

@@ -1,5 +1,6 @@
 #include "src/codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -356,6 +357,92 @@ TEST(CodecTest, RoundTripInPlace_Float32IsNoOp_BFloat16Rounds) {
     EXPECT_EQ(ToBits(v[i]) & 0xffffu, 0u);  // representable in bf16
   }
 }
+
+}  // namespace
+}  // namespace localsgd
+
+// ------------------------------------------------- payloads in pieces
+// gRPC hands a received chunk over as slices cut anywhere, also inside an
+// element: the pieces versions must do exactly what the single-buffer ones
+// do on the joined bytes.
+
+namespace localsgd {
+namespace {
+
+std::vector<absl::string_view> Cut(absl::string_view bytes,
+                                   std::vector<size_t> at) {
+  at.push_back(0);
+  at.push_back(bytes.size());
+  std::sort(at.begin(), at.end());
+  std::vector<absl::string_view> pieces;
+  for (size_t i = 0; i + 1 < at.size(); ++i) {
+    pieces.push_back(bytes.substr(at[i], at[i + 1] - at[i]));
+  }
+  return pieces;
+}
+
+class PiecesTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(PiecesTest, EveryCut_SameAsJoinedBytes) {
+  const DType dtype = GetParam();
+  const size_t n = 37;
+  std::vector<float> values(n);
+  for (size_t i = 0; i < n; ++i) values[i] = 0.37f * static_cast<float>(i) - 5;
+  std::string bytes;
+  EncodeValues(values, dtype, &bytes);
+  std::vector<std::vector<size_t>> cuts = {{}, {1}, {3}, {5, 6, 7}};
+  for (size_t a = 0; a <= bytes.size(); a += 3) cuts.push_back({a, a + 1});
+  for (const std::vector<size_t>& at : cuts) {
+    std::vector<size_t> clipped;
+    for (size_t x : at) clipped.push_back(std::min(x, bytes.size()));
+    const auto pieces = Cut(bytes, clipped);
+    std::vector<float> want(n), got(n);
+    ASSERT_TRUE(DecodeValues(bytes, dtype, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE(DecodeValuesPieces(pieces, dtype, absl::MakeSpan(got)).ok());
+    EXPECT_EQ(got, want);
+    std::vector<float> acc_want(n, 1.5f), acc_got(n, 1.5f);
+    AccumulateWeighted(bytes, dtype, 0.25f, absl::MakeSpan(acc_want));
+    AccumulateWeightedPieces(pieces, dtype, 0.25f, absl::MakeSpan(acc_got));
+    EXPECT_EQ(acc_got, acc_want);
+    EXPECT_EQ(FirstNonFinitePieces(pieces, dtype), -1);
+  }
+}
+
+TEST_P(PiecesTest, NonFiniteAnywhere_FoundAtItsIndexWhateverTheCut) {
+  const DType dtype = GetParam();
+  const size_t size = static_cast<size_t>(DTypeSize(dtype));
+  const size_t n = 20;
+  for (size_t bad : {size_t{0}, size_t{7}, size_t{19}}) {
+    std::vector<float> values(n, 1.0f);
+    values[bad] = std::numeric_limits<float>::quiet_NaN();
+    values[n - 1 == bad ? 0 : n - 1] = 2.0f;
+    std::string bytes;
+    EncodeValues(values, dtype, &bytes);
+    // A cut through the bad element, one before it, one after it.
+    for (size_t at : {bad * size + 1, bad * size, (bad + 1) * size}) {
+      const auto pieces = Cut(bytes, {std::min(at, bytes.size())});
+      EXPECT_EQ(FirstNonFinitePieces(pieces, dtype),
+                static_cast<int64_t>(bad))
+          << "bad " << bad << " cut at " << at;
+    }
+  }
+}
+
+TEST_P(PiecesTest, DecodeValuesPieces_WrongSize_InvalidArgument) {
+  const DType dtype = GetParam();
+  std::string bytes(4 * DTypeSize(dtype) + 1, '\0');
+  std::vector<float> out(4, 7.0f);
+  const auto pieces = Cut(bytes, {2});
+  EXPECT_EQ(DecodeValuesPieces(pieces, dtype, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, std::vector<float>(4, 7.0f));
+}
+
+INSTANTIATE_TEST_SUITE_P(WireDTypes, PiecesTest,
+                         ::testing::Values(DType::kFloat32, DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
 
 }  // namespace
 }  // namespace localsgd
