@@ -47,11 +47,15 @@ inline uint32_t LoadLe32(const unsigned char* p) {
 // The SSE4.2 crc32 instruction computes exactly CRC32C (the raw register
 // update; Crc32c adds the conditioning). It takes 3 cycles and can start
 // one per cycle: a single dependent chain runs at a third of what the unit
-// can do (~8 GB/s here). So long buffers go in blocks of three streams of
+// can do (~8 GB/s here). So buffers go in blocks of three streams of
 // kStride bytes, each its own chain, joined with the "append kStride zero
 // bytes" operator: for the raw update R_X over bytes X (linear over GF(2)),
 // R_{AB}(s) = Z(R_A(s)) ^ R_B(0), where Z is the update over |B| zeros.
-constexpr size_t kStride = 4096;
+// Two block sizes: 3 x 4 KiB for long buffers, then 3 x 512 bytes for
+// what is left (gRPC hands received payloads over in pieces of up to 16 KiB,
+// its HTTP/2 frame size).
+constexpr size_t kLongStride = 4096;
+constexpr size_t kShortStride = 512;
 
 inline uint64_t Load64(const unsigned char* p) {
   uint64_t v;
@@ -59,17 +63,18 @@ inline uint64_t Load64(const unsigned char* p) {
   return v;
 }
 
-// Z for kStride bytes as four byte-indexed tables (Z is linear, so
+// Z for `stride` bytes as four byte-indexed tables (Z is linear, so
 // Z(c) = t[0][byte 0 of c] ^ ... ^ t[3][byte 3 of c]).
 struct StrideShift {
   uint32_t t[4][256];
 };
 
-__attribute__((target("sse4.2"))) StrideShift MakeStrideShift() {
+__attribute__((target("sse4.2"))) StrideShift MakeStrideShift(
+    size_t stride) {
   uint32_t basis[32];
   for (int bit = 0; bit < 32; ++bit) {
     uint64_t c = uint64_t{1} << bit;
-    for (size_t i = 0; i < kStride; i += 8) c = _mm_crc32_u64(c, 0);
+    for (size_t i = 0; i < stride; i += 8) c = _mm_crc32_u64(c, 0);
     basis[bit] = static_cast<uint32_t>(c);
   }
   StrideShift shift{};
@@ -90,6 +95,27 @@ inline uint32_t Shift(const StrideShift& z, uint32_t c) {
          z.t[2][(c >> 16) & 0xff] ^ z.t[3][c >> 24];
 }
 
+// Runs whole blocks of 3 x kStride bytes from *p, three chains each.
+template <size_t kStride>
+__attribute__((target("sse4.2"))) inline uint64_t Interleaved(
+    uint64_t l64, const unsigned char*& p, size_t& n, const StrideShift& z) {
+  while (n >= 3 * kStride) {
+    uint64_t c0 = l64, c1 = 0, c2 = 0;
+    for (size_t i = 0; i < kStride; i += 8) {
+      c0 = _mm_crc32_u64(c0, Load64(p + i));
+      c1 = _mm_crc32_u64(c1, Load64(p + kStride + i));
+      c2 = _mm_crc32_u64(c2, Load64(p + 2 * kStride + i));
+    }
+    uint32_t c =
+        Shift(z, static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1);
+    c = Shift(z, c) ^ static_cast<uint32_t>(c2);
+    l64 = c;
+    p += 3 * kStride;
+    n -= 3 * kStride;
+  }
+  return l64;
+}
+
 __attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t l,
                                                        const unsigned char* p,
                                                        size_t n) {
@@ -98,22 +124,11 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cSse42(uint32_t l,
     --n;
   }
   uint64_t l64 = l;
-  if (n >= 3 * kStride) {
-    static const StrideShift z = MakeStrideShift();
-    do {
-      uint64_t c0 = l64, c1 = 0, c2 = 0;
-      for (size_t i = 0; i < kStride; i += 8) {
-        c0 = _mm_crc32_u64(c0, Load64(p + i));
-        c1 = _mm_crc32_u64(c1, Load64(p + kStride + i));
-        c2 = _mm_crc32_u64(c2, Load64(p + 2 * kStride + i));
-      }
-      uint32_t c = Shift(z, static_cast<uint32_t>(c0)) ^
-                   static_cast<uint32_t>(c1);
-      c = Shift(z, c) ^ static_cast<uint32_t>(c2);
-      l64 = c;
-      p += 3 * kStride;
-      n -= 3 * kStride;
-    } while (n >= 3 * kStride);
+  if (n >= 3 * kShortStride) {
+    static const StrideShift long_shift = MakeStrideShift(kLongStride);
+    static const StrideShift short_shift = MakeStrideShift(kShortStride);
+    l64 = Interleaved<kLongStride>(l64, p, n, long_shift);
+    l64 = Interleaved<kShortStride>(l64, p, n, short_shift);
   }
   while (n >= 8) {
     uint64_t v;

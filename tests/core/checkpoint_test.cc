@@ -82,7 +82,8 @@ TEST(Crc32cTest, ExtendEqualsWholeAndPathsAgreeAtEveryAlignment) {
   }
 }
 
-// Long buffers take the three-stream path (blocks of 3 x 4096 bytes): it
+// Long buffers take the three-stream paths (blocks of 3 x 4096, then of
+// 3 x 512 bytes): it
 // must agree with the table-driven CRC at every length around the block
 // edges, from every alignment, and when continued.
 TEST(Crc32cTest, LongBuffers_InterleavedPathAgreesWithPortable) {
@@ -92,7 +93,10 @@ TEST(Crc32cTest, LongBuffers_InterleavedPathAgreesWithPortable) {
   for (size_t len : {size_t{3 * 4096 - 1}, size_t{3 * 4096},
                      size_t{3 * 4096 + 1}, size_t{3 * 4096 + 8},
                      size_t{2 * 3 * 4096 - 8}, size_t{2 * 3 * 4096},
-                     size_t{2 * 3 * 4096 + 17}, size_t{3 * 3 * 4096}}) {
+                     size_t{2 * 3 * 4096 + 17}, size_t{3 * 3 * 4096},
+                     // the 3 x 512 blocks after the 3 x 4 KiB ones
+                     size_t{3 * 512 - 1}, size_t{3 * 512}, size_t{3 * 512 + 9},
+                     size_t{16384}, size_t{3 * 4096 + 3 * 512 + 7}}) {
     for (size_t begin = 0; begin < 9; ++begin) {
       const absl::string_view s = absl::string_view(data).substr(begin, len);
       ASSERT_EQ(Crc32c(0, s), Crc32cPortable(0, s)) << begin << "+" << len;
