@@ -10,7 +10,17 @@ namespace localsgd {
 
 // The loops below are written so that GCC vectorizes them at -O2/-O3: plain
 // indexed loops over restrict-free local pointers, memcpy for type punning.
+// The hot ones are also built for AVX2 and picked at load time where the CPU
+// has it (x86-64's baseline is SSE2, which has no 32->16-bit pack: bf16
+// encoding at SSE2 runs at a third of the AVX2 speed).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define LOCALSGD_KERNEL __attribute__((target_clones("avx2", "default")))
+#else
+#define LOCALSGD_KERNEL
+#endif
 
+LOCALSGD_KERNEL
 void EncodeValuesTo(absl::Span<const float> values, DType dtype, char* out) {
   if (dtype == DType::kBFloat16) {
     for (size_t i = 0; i < values.size(); ++i) {
@@ -28,6 +38,7 @@ void EncodeValues(absl::Span<const float> values, DType dtype,
   EncodeValuesTo(values, dtype, out->data());
 }
 
+LOCALSGD_KERNEL
 absl::Status DecodeValues(absl::string_view data, DType dtype,
                           absl::Span<float> out) {
   if (data.size() != WireBytes(dtype, out.size())) {
@@ -48,20 +59,32 @@ absl::Status DecodeValues(absl::string_view data, DType dtype,
   return absl::OkStatus();
 }
 
+LOCALSGD_KERNEL
 int64_t FirstNonFinite(absl::string_view data, DType dtype) {
   // Exponent all ones means Inf or NaN. Check in blocks without branches, and
   // find the index only when a block has one.
+  constexpr size_t kBlock = 1024;
   if (dtype == DType::kBFloat16) {
     const size_t n = data.size() / 2;
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, data.data() + 2 * i, 2);
-      if ((h & 0x7f80u) == 0x7f80u) return static_cast<int64_t>(i);
+    for (size_t b = 0; b < n; b += kBlock) {
+      const size_t e = std::min(n, b + kBlock);
+      uint32_t bad = 0;
+      for (size_t i = b; i < e; ++i) {
+        uint16_t h;
+        std::memcpy(&h, data.data() + 2 * i, 2);
+        bad |= ((h & 0x7f80u) == 0x7f80u);
+      }
+      if (bad) {
+        for (size_t i = b; i < e; ++i) {
+          uint16_t h;
+          std::memcpy(&h, data.data() + 2 * i, 2);
+          if ((h & 0x7f80u) == 0x7f80u) return static_cast<int64_t>(i);
+        }
+      }
     }
     return -1;
   }
   const size_t n = data.size() / 4;
-  constexpr size_t kBlock = 1024;
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t e = std::min(n, b + kBlock);
     uint32_t bad = 0;
@@ -81,6 +104,7 @@ int64_t FirstNonFinite(absl::string_view data, DType dtype) {
   return -1;
 }
 
+LOCALSGD_KERNEL
 void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
                         absl::Span<float> acc) {
   float* a = acc.data();
@@ -202,12 +226,14 @@ absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
   return absl::OkStatus();
 }
 
+LOCALSGD_KERNEL
 void DivideInPlace(absl::Span<float> acc, double total_weight) {
   // Divide (not multiply by the reciprocal) to match accelerate's `c /= world`.
   const float w = static_cast<float>(total_weight);
   for (float& v : acc) v /= w;
 }
 
+LOCALSGD_KERNEL
 void RoundTripInPlace(absl::Span<float> values, DType dtype) {
   if (dtype != DType::kBFloat16) return;
   for (float& v : values) v = BFloat16ToFloat(FloatToBFloat16(v));

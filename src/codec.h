@@ -17,14 +17,15 @@ namespace localsgd {
 
 // bfloat16 <-> float32. FloatToBFloat16 rounds to nearest even and keeps NaN a
 // NaN; BFloat16ToFloat is exact.
+// Written as a select rather than a branch so that loops over it vectorize.
 inline uint16_t FloatToBFloat16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it quiet and a NaN
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  }
   const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+  const uint32_t rounded = (bits + rounding_bias) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x0040u;  // keep NaN a NaN
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan
+                                                                   : rounded);
 }
 inline float BFloat16ToFloat(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;
