@@ -69,6 +69,7 @@
 #include "client/client.h"
 #include "glog/logging.h"
 #include "src/layout.h"
+#include "src/malloc_tuning.h"
 #include "src/types.h"
 
 ABSL_FLAG(std::string, coordinator, "",
@@ -513,6 +514,8 @@ int main(int argc, char** argv) {
       "--rounds=5 --wire_dtype=float32 [--fetch] [--coordinator_pid=PID]");
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
+  // As a worker may (src/malloc_tuning.h); forked workers inherit it.
+  localsgd::KeepFreedMemoryForReuse();
   FLAGS_logtostderr = true;
 
   localsgd::Config config;

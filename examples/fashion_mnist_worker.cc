@@ -63,6 +63,7 @@
 #include "client/local_sgd.h"
 #include "client/node_group.h"
 #include "examples/fashion_mnist.h"
+#include "src/malloc_tuning.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051",
           "gRPC target of the localsgd coordinator (host:port); for sharded "
@@ -751,6 +752,8 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // Warm buffers for the sync's messages (src/malloc_tuning.h).
+  localsgd::KeepFreedMemoryForReuse();
 
   absl::StatusOr<localsgd::examples::Config> config =
       localsgd::examples::ConfigFromFlags();

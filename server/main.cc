@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "glog/logging.h"
 #include "server/server.h"
+#include "src/malloc_tuning.h"
 
 extern char** environ;
 
@@ -53,6 +54,11 @@ ABSL_FLAG(uint32_t, chunk_elements, 256 * 1024,
           "ask for another size).");
 ABSL_FLAG(std::string, wire_dtype, "float32",
           "Default wire dtype for new jobs: float32 or bfloat16.");
+ABSL_FLAG(bool, keep_freed_memory, true,
+          "Keep memory that gRPC's message buffers free in the heap for "
+          "reuse instead of returning it to the kernel (glibc mallopt; "
+          "src/malloc_tuning.h): no page fault per 4 KiB moved. Peak memory "
+          "is the same; memory freed after a peak is kept.");
 ABSL_FLAG(int32_t, stream_window_bytes, 4 << 20,
           "HTTP/2 flow-control window per stream, fixed, in bytes: bounds "
           "the memory each worker's stream may hold in the coordinator. 0: "
@@ -275,6 +281,11 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  if (absl::GetFlag(FLAGS_keep_freed_memory) &&
+      !localsgd::KeepFreedMemoryForReuse()) {
+    LOG(WARNING) << "--keep_freed_memory: malloc refused the settings "
+                    "(not glibc?); running with its defaults";
+  }
 
   // Block the shutdown signals (and SIGHUP, the token reload) in every
   // thread (gRPC's included, which are created below) and take them

@@ -446,3 +446,21 @@ INSTANTIATE_TEST_SUITE_P(WireDTypes, PiecesTest,
 
 }  // namespace
 }  // namespace localsgd
+
+// src/malloc_tuning.h: on glibc the settings must take (an #if on a macro
+// that no header had defined yet once made it a silent no-op).
+#include "src/malloc_tuning.h"
+
+namespace localsgd {
+namespace {
+
+TEST(MallocTuningTest, KeepFreedMemoryForReuse_TakesOnGlibc) {
+#if defined(__GLIBC__)
+  EXPECT_TRUE(KeepFreedMemoryForReuse());
+#else
+  GTEST_SKIP() << "not glibc";
+#endif
+}
+
+}  // namespace
+}  // namespace localsgd
