@@ -169,6 +169,7 @@ uint32_t ChunkView::ComputeCrc32c() const {
 
 void ChunkView::CopyTo(char* out) const {
   for (absl::string_view piece : pieces) {
+    if (piece.empty()) continue;
     std::memcpy(out, piece.data(), piece.size());
     out += piece.size();
   }

@@ -159,6 +159,7 @@ void ForEachElementRun(absl::Span<const absl::string_view> pieces,
   for (absl::string_view piece : pieces) {
     if (carried > 0) {
       const size_t take = std::min(element_size - carried, piece.size());
+      if (take == 0) continue;  // an empty piece
       std::memcpy(carry + carried, piece.data(), take);
       carried += take;
       piece.remove_prefix(take);
@@ -173,7 +174,7 @@ void ForEachElementRun(absl::Span<const absl::string_view> pieces,
       element += whole / element_size;
     }
     carried = piece.size() - whole;
-    std::memcpy(carry, piece.data() + whole, carried);
+    if (carried > 0) std::memcpy(carry, piece.data() + whole, carried);
   }
 }
 
