@@ -23,10 +23,10 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
 #include "grpcpp/impl/codegen/client_context.h"
 #include "grpcpp/impl/codegen/rpc_method.h"
 #include "grpcpp/impl/codegen/sync_stream.h"
+#include "grpcpp/security/credentials.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
 #include "proto/chunk_wire.h"
 #include "src/codec.h"
@@ -81,10 +81,10 @@ class ChunkReceiver {
     }
     const absl::Span<float> dest = dest_(i);
     if (chunk.size != WireBytes(wire_, dest.size())) {
-      return absl::InternalError(absl::StrCat(
-          what_, " chunk ", i, " has ", chunk.size, " bytes; expected ",
-          WireBytes(wire_, dest.size()), " (", dest.size(), " ",
-          DTypeName(wire_), " values)"));
+      return absl::InternalError(
+          absl::StrCat(what_, " chunk ", i, " has ", chunk.size,
+                       " bytes; expected ", WireBytes(wire_, dest.size()), " (",
+                       dest.size(), " ", DTypeName(wire_), " values)"));
     }
     if (chunk.ComputeCrc32c() != chunk.crc32c) {
       return absl::DataLossError(absl::StrCat(
@@ -566,9 +566,9 @@ class Client::Replica {
           std::unique_ptr<
               grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
               stream(grpc::internal::ClientReaderWriterFactory<
-                     grpc::ByteBuffer,
-                     grpc::ByteBuffer>::Create(channel_.get(), sync_method_,
-                                               &context));
+                     grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel_.get(),
+                                                                 sync_method_,
+                                                                 &context));
           v1::SyncRequest request;
           v1::SyncHeader* header = request.mutable_header();
           header->set_job_id(options_.job_id);
@@ -584,8 +584,8 @@ class Client::Replica {
             const uint32_t crc = Crc32c(0, *data);
             outcome.bytes_sent += bytes;
             const absl::string_view payload(*data);
-            writing = stream->Write(
-                ChunkMessage(c, crc, payload, std::move(data)));
+            writing =
+                stream->Write(ChunkMessage(c, crc, payload, std::move(data)));
           }
           if (writing) stream->WritesDone();
 
@@ -607,10 +607,9 @@ class Client::Replica {
               break;
             }
             if (*is_chunk) {
-              error = have_header
-                          ? chunks.Add(in.chunk())
-                          : absl::InternalError(
-                                "Sync sent a chunk before its result");
+              error = have_header ? chunks.Add(in.chunk())
+                                  : absl::InternalError(
+                                        "Sync sent a chunk before its result");
               continue;
             }
             const v1::SyncResponse& response = in.message();

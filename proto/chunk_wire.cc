@@ -94,8 +94,8 @@ class Cursor {
       if (slice_ == slices_.size()) return false;
       const grpc::Slice& s = slices_[slice_];
       const size_t take = std::min(n, s.size() - offset_);
-      pieces->emplace_back(
-          reinterpret_cast<const char*>(s.begin()) + offset_, take);
+      pieces->emplace_back(reinterpret_cast<const char*>(s.begin()) + offset_,
+                           take);
       Advance(take);
       n -= take;
     }
@@ -128,8 +128,8 @@ grpc::ByteBuffer ChunkMessage(uint32_t index, uint32_t crc32c,
                               absl::string_view data,
                               std::shared_ptr<const void> owner) {
   // Chunk body: index (varint), crc32c (fixed32), data (length-delimited).
-  const size_t body = 1 + VarintSize(index) + 1 + 4 + 1 +
-                      VarintSize(data.size()) + data.size();
+  const size_t body =
+      1 + VarintSize(index) + 1 + 4 + 1 + VarintSize(data.size()) + data.size();
   char head[40];
   char* p = head;
   p = PutVarint(Tag(kChunkFieldNumber, kLengthDelimited), p);
@@ -182,8 +182,7 @@ ChunkParse ParseChunkMessage(const grpc::ByteBuffer& buffer, ChunkView* out) {
   Cursor in(out->slices);
   uint64_t tag = 0, length = 0;
   // One field: the chunk, spanning the rest of the message.
-  if (!in.ReadVarint(&tag) ||
-      tag != Tag(kChunkFieldNumber, kLengthDelimited) ||
+  if (!in.ReadVarint(&tag) || tag != Tag(kChunkFieldNumber, kLengthDelimited) ||
       !in.ReadVarint(&length) || length != total - in.consumed()) {
     return ChunkParse::kNotPlain;
   }

@@ -101,11 +101,11 @@ absl::Status ParseMessage(const grpc::ByteBuffer& raw, Message* message,
   const grpc::Status s =
       grpc::SerializationTraits<Message>::Deserialize(&copy, message);
   if (!s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " of ", raw.Length(), " bytes does not parse as ",
-        Message::descriptor()->full_name(),
-        " (malformed, or a string field that is not UTF-8)",
-        s.error_message().empty() ? "" : ": ", s.error_message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " of ", raw.Length(), " bytes does not parse as ",
+                     Message::descriptor()->full_name(),
+                     " (malformed, or a string field that is not UTF-8)",
+                     s.error_message().empty() ? "" : ": ", s.error_message()));
   }
   return absl::OkStatus();
 }

@@ -238,9 +238,9 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
       from = absl::StrCat("the ordinal of host name '", name, "'");
     }
     if (!absl::SimpleAtoi(index, &c.shard.index)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          from, " is not a shard index (a number or 'ordinal'): '", index,
-          "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(from, " is not a shard index (a number or 'ordinal'): '",
+                       index, "'"));
     }
   }
   c.max_jobs = absl::GetFlag(FLAGS_max_jobs);

@@ -54,14 +54,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
                     "only; see docs/security.md";
     return grpc::InsecureServerCredentials();
   }
-  absl::StatusOr<std::string> cert = ReadPemFile(
-      options.tls_cert_file, "--tls_cert", PemKind::kCertificates);
+  absl::StatusOr<std::string> cert =
+      ReadPemFile(options.tls_cert_file, "--tls_cert", PemKind::kCertificates);
   if (!cert.ok()) return cert.status();
   absl::StatusOr<std::string> key =
       ReadPemFile(options.tls_key_file, "--tls_key", PemKind::kPrivateKey);
   if (!key.ok()) return key.status();
-  if (absl::Status s = CheckKeyMatchesCertificate(*cert, *key, "--tls_cert",
-                                                  "--tls_key");
+  if (absl::Status s =
+          CheckKeyMatchesCertificate(*cert, *key, "--tls_cert", "--tls_key");
       !s.ok()) {
     return s;
   }

@@ -72,8 +72,8 @@ grpc::ByteBuffer StateChunkMessage(
   const size_t bytes = WireBytes(wire_dtype, values.size());
   absl::string_view data;
   if (wire_dtype == DType::kFloat32) {  // EncodeValuesTo would memcpy
-    data = absl::string_view(reinterpret_cast<const char*>(values.data()),
-                             bytes);
+    data =
+        absl::string_view(reinterpret_cast<const char*>(values.data()), bytes);
   } else {
     data = state->WireChunk(index, bytes, [&](char* out) {
       EncodeValuesTo(values, wire_dtype, out);
@@ -90,17 +90,18 @@ grpc::ByteBuffer StateChunkMessage(
 absl::Status CheckFingerprint(const Job& job, uint64_t fingerprint,
                               absl::string_view what) {
   if (fingerprint == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " has no layout_fingerprint; send the fingerprint of the "
-              "layout the member joined with"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     " has no layout_fingerprint; send the fingerprint of the "
+                     "layout the member joined with"));
   }
   if (fingerprint != job.layout().fingerprint) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " names layout fingerprint ",
-        absl::Hex(fingerprint, absl::kZeroPad16), " but job '", job.id(),
-        "' averages layout ",
-        absl::Hex(job.layout().fingerprint, absl::kZeroPad16),
-        "; the member's model is not the job's (did it change?)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " names layout fingerprint ",
+                     absl::Hex(fingerprint, absl::kZeroPad16), " but job '",
+                     job.id(), "' averages layout ",
+                     absl::Hex(job.layout().fingerprint, absl::kZeroPad16),
+                     "; the member's model is not the job's (did it change?)"));
   }
   return absl::OkStatus();
 }
@@ -310,8 +311,8 @@ class SyncReactor final
       return absl::InvalidArgumentError(
           "Sync stream sent a chunk before its header");
     }
-    if (absl::Status s = CheckChunkCrc(
-            chunk, absl::StrCat("Sync round ", session->round()));
+    if (absl::Status s =
+            CheckChunkCrc(chunk, absl::StrCat("Sync round ", session->round()));
         !s.ok()) {
       return s;
     }
@@ -424,9 +425,8 @@ class FetchStateReactor final
     }
     MemberId member;
     // --- security: credentials, member binding, stream limit (auth.h).
-    if (absl::Status a = service_->AdmitStream(caller, request.job_id(),
-                                               request.member_id(),
-                                               &stream_slot_);
+    if (absl::Status a = service_->AdmitStream(
+            caller, request.job_id(), request.member_id(), &stream_slot_);
         !a.ok()) {
       Done(ToGrpcStatus(a));
       return;
@@ -568,9 +568,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(
     grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
     v1::LeaveResponse* response) {
   // --- security: the job's token and the member's binding.
-  if (absl::Status s =
-          AuthorizeMemberCall(CallerFromContext(*context), request->job_id(),
-                              request->member_id());
+  if (absl::Status s = AuthorizeMemberCall(
+          CallerFromContext(*context), request->job_id(), request->member_id());
       !s.ok()) {
     return FinishUnary(context, metrics_, "Leave", s);
   }
@@ -586,9 +585,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
     grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
   // --- security: the job's token and the member's binding.
-  if (absl::Status s =
-          AuthorizeMemberCall(CallerFromContext(*context), request->job_id(),
-                              request->member_id());
+  if (absl::Status s = AuthorizeMemberCall(
+          CallerFromContext(*context), request->job_id(), request->member_id());
       !s.ok()) {
     return FinishUnary(context, metrics_, "Heartbeat", s);
   }
@@ -613,9 +611,8 @@ CoordinatorService::Sync(grpc::CallbackServerContext* context) {
                          CallerFromContext(*context));
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>*
-CoordinatorService::FetchState(grpc::CallbackServerContext* context,
-                               const grpc::ByteBuffer* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::FetchState(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new FetchStateReactor(this, coordinator_, metrics_, *request,
                                CallerFromContext(*context));
 }

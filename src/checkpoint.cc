@@ -33,7 +33,6 @@ inline uint32_t LoadLe32(const unsigned char* p) {
 
 namespace {
 
-
 constexpr char kMagic[8] = {'L', 'S', 'G', 'D', 'C', 'K', 'P', 'T'};
 constexpr size_t kPrefixBytes = 24;  // magic, version, H, file length
 constexpr size_t kCrcBytes = 4;
@@ -356,8 +355,8 @@ absl::Status Malformed(const HeaderReader& r, absl::string_view field) {
 
 // Fills everything but the values from the header bytes; returns the number
 // of values the header announces.
-absl::StatusOr<uint64_t> ParseHeader(absl::string_view header,
-                                     uint32_t version, JobCheckpoint* c) {
+absl::StatusOr<uint64_t> ParseHeader(absl::string_view header, uint32_t version,
+                                     JobCheckpoint* c) {
   HeaderReader r(header);
   if (!r.String(&c->job_id)) return Malformed(r, "job id");
   if (!r.U64(&c->round)) return Malformed(r, "round");
@@ -403,8 +402,7 @@ absl::StatusOr<uint64_t> ParseHeader(absl::string_view header,
     }
   }
   c->shard = ShardSpec();
-  if (version >= 2 &&
-      (!r.U32(&c->shard.index) || !r.U32(&c->shard.count))) {
+  if (version >= 2 && (!r.U32(&c->shard.index) || !r.U32(&c->shard.count))) {
     return Malformed(r, "shard");
   }
   uint64_t num_values;
@@ -480,9 +478,8 @@ absl::StatusOr<JobCheckpoint> Decode(Source& in) {
   }
 
   JobCheckpoint c;
-  absl::StatusOr<uint64_t> num_values =
-      ParseHeader(absl::string_view(header).substr(0, header_bytes), version,
-                  &c);
+  absl::StatusOr<uint64_t> num_values = ParseHeader(
+      absl::string_view(header).substr(0, header_bytes), version, &c);
   if (!num_values.ok()) return num_values.status();
   if (file_length < header_end + kCrcBytes ||
       (file_length - header_end - kCrcBytes) / 4 != *num_values ||

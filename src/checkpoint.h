@@ -55,9 +55,9 @@ namespace localsgd {
 // What a restarted coordinator needs to resume a job.
 struct JobCheckpoint {
   std::string job_id;
-  Layout layout;              // tensors and fingerprint
-  JobSettings settings;       // complete: the job's effective settings
-  RoundId round = 0;          // round of `values` (0: the seed)
+  Layout layout;         // tensors and fingerprint
+  JobSettings settings;  // complete: the job's effective settings
+  RoundId round = 0;     // round of `values` (0: the seed)
   // The chunks of the layout this state holds (sharded coordinators).
   ShardSpec shard;
   // The global state: one float per element of the shard's chunks, back to
