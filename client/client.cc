@@ -64,9 +64,6 @@ class ChunkReceiver {
         dest_(std::move(dest)),
         got_(geometry.num_chunks(), false) {}
 
-  // A chunk parsed by protobuf (a message that was not a plain chunk).
-  absl::Status Add(const v1::Chunk& chunk) { return Add(ViewOf(chunk)); }
-
   // INTERNAL for an index out of range or repeated, or a wrong size;
   // DATA_LOSS (retryable) for data that does not match its CRC32C.
   absl::Status Add(const ChunkView& chunk) {
@@ -134,8 +131,9 @@ class ChunkReceiver {
   std::string gather_;
 };
 
-// Reads the messages of a raw stream: each either a plain chunk (read in
-// place from gRPC's slices) or, parsed by protobuf, a `Message`.
+// Reads the messages of a raw stream: a chunk (read in place from gRPC's
+// slices when the message is a plain chunk, else parsed by protobuf) or
+// another `Message`.
 template <typename Message>
 class RawReader {
  public:
@@ -144,15 +142,17 @@ class RawReader {
   bool Read(Stream& stream) {
     return stream.Read(&raw_);
   }
-  // Whether it is a plain chunk (then chunk() holds it); otherwise parses it
-  // into message() (INVALID_ARGUMENT if it does not parse).
+  // Whether it is a chunk (then chunk() holds it); otherwise message()
+  // holds it. INTERNAL if it does not parse.
   absl::StatusOr<bool> Parse(absl::string_view what) {
     if (ParseChunkMessage(raw_, &chunk_) == ChunkParse::kChunk) return true;
     chunk_ = ChunkView();
     if (absl::Status s = ParseMessage(raw_, &message_, what); !s.ok()) {
       return absl::InternalError(s.message());
     }
-    return false;
+    if (!message_.has_chunk()) return false;
+    chunk_ = ViewOf(message_.chunk());
+    return true;
   }
   const ChunkView& chunk() const { return chunk_; }
   const Message& message() const { return message_; }
@@ -446,11 +446,9 @@ class Client::Replica {
             error = absl::InternalError(
                 "FetchState header has the wrong chunk count");
           }
-        } else if (!header) {
-          error =
-              absl::InternalError("FetchState sent a chunk before its header");
         } else {
-          error = chunks.Add(response.chunk());
+          error = absl::InternalError(
+              "FetchState sent a message with neither header nor chunk");
         }
       }
       if (absl::Status s = FinishStream(context, *reader, error); !s.ok()) {
@@ -621,11 +619,9 @@ class Client::Replica {
               outcome.late = r.late();
               outcome.contributors = r.contributors();
               outcome.contributor_weight = r.contributor_weight();
-            } else if (!have_header) {
-              error =
-                  absl::InternalError("Sync sent a chunk before its result");
             } else {
-              error = chunks.Add(response.chunk());
+              error = absl::InternalError(
+                  "Sync sent a message with neither result nor chunk");
             }
           }
           outcome.bytes_received = chunks.bytes();
