@@ -59,49 +59,44 @@ absl::Status DecodeValues(absl::string_view data, DType dtype,
   return absl::OkStatus();
 }
 
-LOCALSGD_KERNEL
-int64_t FirstNonFinite(absl::string_view data, DType dtype) {
-  // Exponent all ones means Inf or NaN. Check in blocks without branches, and
-  // find the index only when a block has one.
+namespace {
+
+// Index of the first element of `data` (elements of type Bits) whose bits
+// under `exponent` are all ones, or -1. Checks blocks without branches
+// (vectorizable) and looks for the index only in a block that has one.
+template <typename Bits>
+inline int64_t FirstWithExponentAllOnes(absl::string_view data,
+                                        uint32_t exponent) {
   constexpr size_t kBlock = 1024;
-  if (dtype == DType::kBFloat16) {
-    const size_t n = data.size() / 2;
-    for (size_t b = 0; b < n; b += kBlock) {
-      const size_t e = std::min(n, b + kBlock);
-      uint32_t bad = 0;
-      for (size_t i = b; i < e; ++i) {
-        uint16_t h;
-        std::memcpy(&h, data.data() + 2 * i, 2);
-        bad |= ((h & 0x7f80u) == 0x7f80u);
-      }
-      if (bad) {
-        for (size_t i = b; i < e; ++i) {
-          uint16_t h;
-          std::memcpy(&h, data.data() + 2 * i, 2);
-          if ((h & 0x7f80u) == 0x7f80u) return static_cast<int64_t>(i);
-        }
-      }
-    }
-    return -1;
-  }
-  const size_t n = data.size() / 4;
+  const size_t n = data.size() / sizeof(Bits);
+  auto bad_at = [&](size_t i) {
+    Bits bits;
+    std::memcpy(&bits, data.data() + sizeof(Bits) * i, sizeof(Bits));
+    return (static_cast<uint32_t>(bits) & exponent) == exponent;
+  };
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t e = std::min(n, b + kBlock);
     uint32_t bad = 0;
-    for (size_t i = b; i < e; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, data.data() + 4 * i, 4);
-      bad |= ((bits & 0x7f800000u) == 0x7f800000u);
-    }
+    for (size_t i = b; i < e; ++i) bad |= bad_at(i);
     if (bad) {
       for (size_t i = b; i < e; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, data.data() + 4 * i, 4);
-        if ((bits & 0x7f800000u) == 0x7f800000u) return static_cast<int64_t>(i);
+        if (bad_at(i)) return static_cast<int64_t>(i);
       }
     }
   }
   return -1;
+}
+
+}  // namespace
+
+LOCALSGD_KERNEL
+int64_t FirstNonFinite(absl::string_view data, DType dtype) {
+  // Exponent all ones means Inf or NaN: the same test for bf16 (the upper
+  // half of a float32) and float32 bits.
+  if (dtype == DType::kBFloat16) {
+    return FirstWithExponentAllOnes<uint16_t>(data, 0x7f80u);
+  }
+  return FirstWithExponentAllOnes<uint32_t>(data, 0x7f800000u);
 }
 
 LOCALSGD_KERNEL
@@ -204,7 +199,8 @@ void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
                               absl::Span<float> acc) {
   const size_t size = DTypeSize(dtype);
   ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
-    AccumulateWeighted(run, dtype, weight, acc.subspan(first, run.size() / size));
+    AccumulateWeighted(run, dtype, weight,
+                       acc.subspan(first, run.size() / size));
     return true;
   });
 }
