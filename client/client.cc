@@ -59,7 +59,6 @@ class ChunkReceiver {
   ChunkReceiver(absl::string_view what, const ChunkGeometry& geometry,
                 DType wire, std::function<absl::Span<float>(uint32_t)> dest)
       : what_(what),
-        geometry_(geometry),
         wire_(wire),
         dest_(std::move(dest)),
         got_(geometry.num_chunks(), false) {}
@@ -121,7 +120,6 @@ class ChunkReceiver {
 
  private:
   const std::string what_;
-  const ChunkGeometry& geometry_;
   const DType wire_;
   const std::function<absl::Span<float>(uint32_t)> dest_;
   std::vector<bool> got_;

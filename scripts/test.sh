@@ -6,6 +6,9 @@ BUILD_DIR=${BUILD_DIR:-build}
 scripts/build.sh -DLOCALSGD_BUILD_TESTS=ON
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "${JOBS:-2}" --timeout 900
 
+# --- lock annotations checked by clang (scripts/thread-safety.sh) ---
+scripts/thread-safety.sh
+
 # --- sanitizers (scripts/sanitize.sh) ---
 # ASan+UBSan and TSan builds of the tests in build-asan/ and build-tsan/
 # (~10 min cold on 2 cores, less with a warm ccache). LOCALSGD_SANITIZE_CI=0
