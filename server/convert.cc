@@ -174,6 +174,14 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
   for (const auto& n : s.open_round_contributed) {
     proto->add_open_round_contributed(n);
   }
+  if (s.round_open) {
+    const CloseDecision& d = s.open_round_decision;
+    proto->set_open_round_why(d.why_open);
+    for (const auto& n : d.waiting_for) proto->add_open_round_waiting_for(n);
+    if (d.deadline != absl::InfiniteFuture()) {
+      proto->set_open_round_deadline_unix_ms(absl::ToUnixMillis(d.deadline));
+    }
+  }
   for (const RoundRecord& r : s.recent_rounds) {
     v1::RoundStatus* p = proto->add_recent_rounds();
     p->set_round(r.round);

@@ -414,6 +414,10 @@ absl::StatusOr<uint64_t> ParseHeader(absl::string_view header, uint32_t version,
   return num_values;
 }
 
+// Longer than a screen on purpose: it reads one file front to back, and each
+// check (magic, version, header CRC, lengths, values CRC) decides whether the
+// next part can be trusted at all, with one running CRC across them; kept in
+// one piece so that the order of the checks reads top to bottom.
 absl::StatusOr<JobCheckpoint> Decode(Source& in) {
   const uint64_t size = in.size();
   if (size == 0) {
@@ -518,6 +522,29 @@ absl::StatusOr<JobCheckpoint> Decode(Source& in) {
         file_length - kCrcBytes, " bytes give ", absl::Hex(MaskCrc(crc))));
   }
   return c;
+}
+
+// The names in directory `dir` (with "." and ".."), unsorted.
+absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) {
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("list checkpoint directory ", dir));
+  }
+  while (true) {
+    errno = 0;
+    const struct dirent* entry = ::readdir(d);
+    if (entry == nullptr) break;
+    names.emplace_back(entry->d_name);
+  }
+  const int error_number = errno;
+  ::closedir(d);
+  if (error_number != 0) {
+    return absl::ErrnoToStatus(error_number,
+                               absl::StrCat("list checkpoint directory ", dir));
+  }
+  return names;
 }
 
 // Closes the descriptor it holds unless released.
@@ -712,26 +739,9 @@ absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
 absl::StatusOr<std::vector<JobCheckpoint>> CheckpointStore::LoadAll(
     std::vector<std::string>* errors) {
   absl::MutexLock dir_lock(&dir_mu_);
-  std::vector<std::string> names;
-  {
-    DIR* d = ::opendir(dir_.c_str());
-    if (d == nullptr) {
-      return absl::ErrnoToStatus(
-          errno, absl::StrCat("list checkpoint directory ", dir_));
-    }
-    while (true) {
-      errno = 0;
-      const struct dirent* entry = ::readdir(d);
-      if (entry == nullptr) break;
-      names.emplace_back(entry->d_name);
-    }
-    const int error_number = errno;
-    ::closedir(d);
-    if (error_number != 0) {
-      return absl::ErrnoToStatus(
-          error_number, absl::StrCat("list checkpoint directory ", dir_));
-    }
-  }
+  absl::StatusOr<std::vector<std::string>> listed = ListDirectory(dir_);
+  if (!listed.ok()) return listed.status();
+  std::vector<std::string> names = *std::move(listed);
   std::sort(names.begin(), names.end());
 
   std::vector<JobCheckpoint> loaded;

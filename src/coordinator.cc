@@ -54,11 +54,6 @@ absl::Status CoordinatorOptions::Validate() const {
     return absl::InvalidArgumentError(
         "max_chunk_elements and max_model_elements must be >= 1");
   }
-  if (default_settings.chunk_elements < 1 ||
-      default_settings.chunk_elements > max_chunk_elements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "default chunk_elements must be in [1, ", max_chunk_elements, "]"));
-  }
   if (!(max_join_rate >= 0) || std::isinf(max_join_rate) || join_burst < 1) {
     return absl::InvalidArgumentError(
         "max_join_rate must be finite and >= 0, join_burst >= 1");
@@ -68,19 +63,14 @@ absl::Status CoordinatorOptions::Validate() const {
         absl::StrCat("shard index ", shard.index, " of ", shard.count,
                      " is invalid: need count >= 1 and index < count"));
   }
-  if (default_settings.nonfinite_policy != NonFinitePolicy::kReject &&
-      default_settings.nonfinite_policy != NonFinitePolicy::kDrop) {
-    return absl::InvalidArgumentError(
-        "default non-finite policy must be reject or drop");
-  }
-  if (!IsWireDType(default_settings.wire_dtype)) {
-    return absl::InvalidArgumentError(
-        "default wire dtype must be float32 or bfloat16");
-  }
-  if (default_settings.mode != AveragingMode::kMean) {
-    return absl::InvalidArgumentError("default averaging mode must be MEAN");
-  }
-  return absl::OkStatus();
+  return ValidateComplete(default_settings, settings_limits(), "default ");
+}
+
+SettingsLimits CoordinatorOptions::settings_limits() const {
+  SettingsLimits limits;
+  limits.max_chunk_elements = max_chunk_elements;
+  limits.max_members = policy.max_members;
+  return limits;
 }
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
@@ -119,11 +109,12 @@ absl::Status Coordinator::Restore() {
                        " exceeds --max_message_bytes"));
     }
     if (s.ok() && !(c.shard == options_.shard)) {
-      s = absl::FailedPreconditionError(absl::StrCat(
-          "it holds shard ", c.shard.index, " of ", c.shard.count,
-          " but this coordinator is shard ", options_.shard.index, " of ",
-          options_.shard.count, " (--shard_index/--shard_count); give each "
-          "replica its own state directory"));
+      s = absl::FailedPreconditionError(
+          absl::StrCat("it holds shard ", c.shard.index, " of ", c.shard.count,
+                       " but this coordinator is shard ", options_.shard.index,
+                       " of ", options_.shard.count,
+                       " (--shard_index/--shard_count); give each "
+                       "replica its own state directory"));
     }
     if (s.ok() && jobs_.size() >= options_.max_jobs) {
       s = absl::ResourceExhaustedError(
@@ -137,8 +128,7 @@ absl::Status Coordinator::Restore() {
     const uint64_t shard_elements =
         ShardElements(*n, c.settings.chunk_elements, options_.shard);
     auto job = std::make_shared<Job>(c.job_id, c.layout, shard_elements,
-                                     c.settings,
-                                     options_.policy, clock_,
+                                     c.settings, options_.policy, clock_,
                                      checkpointer_.get(), options_.observer);
     job->RestoreState(c.round, std::move(c.values));
     LOG(INFO) << "restored job " << c.job_id << " at round " << c.round << " ("
@@ -156,8 +146,18 @@ Coordinator::~Coordinator() { Stop(); }
 
 absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
                                              JoinRequestParams params) {
-  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return s;
   if (params.weight == 0) params.weight = 1;
+  absl::StatusOr<uint64_t> num_elements = CheckJoin(job_id, params);
+  if (!num_elements.ok()) return num_elements.status();
+  absl::StatusOr<std::shared_ptr<Job>> job =
+      FindOrCreateJob(job_id, params, *num_elements);
+  if (!job.ok()) return job.status();
+  return (*job)->Join(params);
+}
+
+absl::StatusOr<uint64_t> Coordinator::CheckJoin(
+    const std::string& job_id, const JoinRequestParams& params) {
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return s;
   if (!std::isfinite(params.weight) || params.weight < 1e-6 ||
       params.weight > 1e6) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -191,36 +191,17 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
                        kMaxChunks, "; ask for larger chunk_elements"));
     }
   }
-  if (want.chunk_elements > options_.max_chunk_elements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk_elements ", want.chunk_elements,
-        " exceeds the coordinator's limit of ", options_.max_chunk_elements));
+  if (absl::Status s = ValidateSetFields(want, options_.settings_limits());
+      !s.ok()) {
+    return s;
   }
-  if (want.wire_dtype != DType::kUnspecified && !IsWireDType(want.wire_dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("wire dtype ", DTypeName(want.wire_dtype),
-                     " is not supported; use float32 or bfloat16"));
-  }
-  if (want.rendezvous_members > options_.policy.max_members) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rendezvous_members ", want.rendezvous_members,
-                     " exceeds the members a job may have (",
-                     options_.policy.max_members, ")"));
-  }
-  if (want.nonfinite_policy != NonFinitePolicy::kUnspecified &&
-      want.nonfinite_policy != NonFinitePolicy::kReject &&
-      want.nonfinite_policy != NonFinitePolicy::kDrop) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("non-finite policy ",
-                     static_cast<int>(want.nonfinite_policy),
-                     " is not supported; use reject or drop"));
-  }
-  if (want.mode != AveragingMode::kUnspecified &&
-      want.mode != AveragingMode::kMean) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "averaging mode ", static_cast<int>(want.mode), " is not supported"));
-  }
+  return *num_elements;
+}
 
+absl::StatusOr<std::shared_ptr<Job>> Coordinator::FindOrCreateJob(
+    const std::string& job_id, const JoinRequestParams& params,
+    uint64_t num_elements) {
+  const JobSettings& want = params.settings;
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
@@ -243,30 +224,19 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
             absl::StrCat("coordinator holds ", jobs_.size(),
                          " jobs, the limit (--max_jobs)"));
       }
-      JobSettings settings = options_.default_settings;
-      if (want.local_sgd_steps != 0)
-        settings.local_sgd_steps = want.local_sgd_steps;
-      if (want.chunk_elements != 0)
-        settings.chunk_elements = want.chunk_elements;
-      if (want.wire_dtype != DType::kUnspecified)
-        settings.wire_dtype = want.wire_dtype;
-      if (want.mode != AveragingMode::kUnspecified) settings.mode = want.mode;
-      if (want.rendezvous_members != 0) {
-        settings.rendezvous_members = want.rendezvous_members;
-      }
-      if (want.nonfinite_policy != NonFinitePolicy::kUnspecified) {
-        settings.nonfinite_policy = want.nonfinite_policy;
-      }
-      const uint64_t shard_elements = ShardElements(
-          *num_elements, settings.chunk_elements, options_.shard);
+      const JobSettings settings =
+          WithDefaults(want, options_.default_settings);
+      const uint64_t shard_elements =
+          ShardElements(num_elements, settings.chunk_elements, options_.shard);
       if (shard_elements == 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "a layout of ", *num_elements, " elements in chunks of ",
-            settings.chunk_elements, " has fewer chunks than the ",
-            options_.shard.count,
-            " coordinator replicas, and this replica (shard ",
-            options_.shard.index, ") would own none; ask for smaller "
-            "chunk_elements"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("a layout of ", num_elements,
+                         " elements in chunks of ", settings.chunk_elements,
+                         " has fewer chunks than the ", options_.shard.count,
+                         " coordinator replicas, and this replica (shard ",
+                         options_.shard.index,
+                         ") would own none; ask for smaller "
+                         "chunk_elements"));
       }
       job = std::make_shared<Job>(job_id, params.layout, shard_elements,
                                   settings, options_.policy, clock_,
@@ -274,19 +244,17 @@ absl::StatusOr<JoinResult> Coordinator::Join(const std::string& job_id,
       jobs_.emplace(job_id, job);
       LOG(INFO) << "job " << job_id
                 << " created: " << params.layout.tensors.size() << " tensors, "
-                << *num_elements << " elements, "
-                << job->geometry().num_chunks() << " chunks of "
-                << settings.chunk_elements
+                << num_elements << " elements, " << job->geometry().num_chunks()
+                << " chunks of " << settings.chunk_elements
                 << (options_.shard.count > 1
                         ? absl::StrCat(" (shard ", options_.shard.index, " of ",
                                        options_.shard.count, ")")
                         : std::string())
-                << ", wire "
-                << DTypeName(settings.wire_dtype)
+                << ", wire " << DTypeName(settings.wire_dtype)
                 << ", K=" << settings.local_sgd_steps;
     }
   }
-  return job->Join(params);
+  return job;
 }
 
 absl::StatusOr<std::shared_ptr<Job>> Coordinator::FindJob(
@@ -323,17 +291,17 @@ absl::Status Coordinator::TakeJoinToken(const std::string& job_id,
   if (added) {
     b.tokens = burst;
   } else {
-    b.tokens = std::min(
-        burst, b.tokens + absl::ToDoubleSeconds(now - b.refilled) *
-                              options_.max_join_rate);
+    b.tokens =
+        std::min(burst, b.tokens + absl::ToDoubleSeconds(now - b.refilled) *
+                                       options_.max_join_rate);
   }
   b.refilled = now;
   if (b.tokens < 1) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "member '", member_name, "' of job '", job_id,
-        "' joins too often: the limit is ", options_.max_join_rate,
-        " Joins per second with bursts of ", options_.join_burst,
-        " (--max_join_rate, --join_burst); retry later"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("member '", member_name, "' of job '", job_id,
+                     "' joins too often: the limit is ", options_.max_join_rate,
+                     " Joins per second with bursts of ", options_.join_burst,
+                     " (--max_join_rate, --join_burst); retry later"));
   }
   b.tokens -= 1;
   return absl::OkStatus();

@@ -21,6 +21,7 @@
 #include "src/clock.h"
 #include "src/job.h"
 #include "src/observer.h"
+#include "src/settings.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -62,6 +63,8 @@ struct CoordinatorOptions {
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;
+  // The limits on a job's settings these options imply.
+  SettingsLimits settings_limits() const;
 };
 
 struct JoinRequestCore {
@@ -84,17 +87,19 @@ class Coordinator {
   // UNAVAILABLE: draining or stopping. RESOURCE_EXHAUSTED also when this
   // (job, member name) joins faster than max_join_rate allows.
   absl::StatusOr<JoinResult> Join(const std::string& job_id,
-                                  JoinRequestParams params);
+                                  JoinRequestParams params)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // NOT_FOUND if the job does not exist; INVALID_ARGUMENT if job_id is
   // malformed.
-  absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job_id);
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(absl::string_view job_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // All jobs, sorted by id.
-  std::vector<std::shared_ptr<Job>> Jobs();
+  std::vector<std::shared_ptr<Job>> Jobs() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Expires leases and closes rounds past their deadline in every job.
-  void Tick();
+  void Tick() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The first half of a graceful shutdown. Stops opening rounds in every
   // job: a Sync that would open a round or start a seed, and a Join, fail
@@ -104,11 +109,11 @@ class Coordinator {
   // Tick). Then blocks until no round is open in any job, or until
   // `deadline` (real time, whatever options.clock says). Returns whether
   // every round closed. Idempotent; Stop() afterwards fails what is left.
-  bool Drain(absl::Time deadline);
+  bool Drain(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fails pending Syncs with UNAVAILABLE, refuses new calls, and writes the
   // checkpoints still queued. Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until every global state so far is checkpointed (no-op without a
   // store).
@@ -136,7 +141,17 @@ class Coordinator {
     absl::Time refilled;
   };
   absl::Status TakeJoinToken(const std::string& job_id,
-                             const std::string& member_name);
+                             const std::string& member_name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Join's checks of the request (id, weight, incarnation, name, rate,
+  // layout, settings); returns the layout's element count.
+  absl::StatusOr<uint64_t> CheckJoin(const std::string& job_id,
+                                     const JoinRequestParams& params)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The job `job_id`, created from `params` if it does not exist.
+  absl::StatusOr<std::shared_ptr<Job>> FindOrCreateJob(
+      const std::string& job_id, const JoinRequestParams& params,
+      uint64_t num_elements) ABSL_LOCKS_EXCLUDED(mu_);
   absl::flat_hash_map<std::pair<std::string, std::string>, JoinBucket>
       join_buckets_ ABSL_GUARDED_BY(mu_);
 };

@@ -10,6 +10,7 @@
 #include "glog/logging.h"
 #include "src/codec.h"
 #include "src/observer.h"
+#include "src/settings.h"
 
 namespace localsgd {
 namespace {
@@ -38,20 +39,6 @@ absl::Status Draining(absl::string_view what) {
 
 }  // namespace
 
-absl::string_view CloseReasonName(CloseReason reason) {
-  switch (reason) {
-    case CloseReason::kComplete:
-      return "complete";
-    case CloseReason::kDeadline:
-      return "deadline";
-    case CloseReason::kMembersGone:
-      return "members_gone";
-    case CloseReason::kSeed:
-      return "seed";
-  }
-  return "unknown";
-}
-
 // ---------------------------------------------------------------------------
 // SyncSession
 
@@ -69,8 +56,8 @@ SyncSession::~SyncSession() {
   if (!cancelled_) Cancel();
 }
 
-uint32_t StateSnapshot::WireCrc(uint32_t index,
-                                const std::function<uint32_t()>& compute) const {
+uint32_t StateSnapshot::WireCrc(
+    uint32_t index, const std::function<uint32_t()>& compute) const {
   {
     absl::MutexLock lock(&crc_mu_);
     auto it = crc_.find(index);
@@ -103,8 +90,8 @@ absl::Status SyncSession::AddChunk(uint32_t index, absl::string_view data) {
   return job_->AddChunk(*this, index, absl::MakeConstSpan(&data, 1));
 }
 
-absl::Status SyncSession::AddChunk(
-    uint32_t index, absl::Span<const absl::string_view> pieces) {
+absl::Status SyncSession::AddChunk(uint32_t index,
+                                   absl::Span<const absl::string_view> pieces) {
   return job_->AddChunk(*this, index, pieces);
 }
 
@@ -127,6 +114,8 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       clock_(clock),
       sink_(sink),
       observer_(observer),
+      close_rules_{policy.round_deadline, policy.min_quorum},
+      rule_(*MakeAveragingRule(settings.mode)),
       rendezvous_done_(settings.rendezvous_members <= 1) {}
 
 Job::~Job() = default;
@@ -143,11 +132,12 @@ void Job::RestoreState(RoundId round, std::vector<float> values) {
   regather_until_ = clock_->Now() + policy_.lease_ttl;
 }
 
-bool Job::GatheringLocked(absl::Time now) const {
-  if (now < regather_until_) return true;
-  return !rendezvous_done_ &&
-         (open_ == nullptr ||
-          open_->participants.size() < settings_.rendezvous_members);
+Gathering Job::GatheringLocked() const {
+  Gathering g;
+  g.rendezvous_pending = !rendezvous_done_;
+  g.rendezvous_members = settings_.rendezvous_members;
+  g.regather_until = regather_until_;
+  return g;
 }
 
 void Job::RunDeferred(Deferred& deferred) {
@@ -175,141 +165,117 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
   const absl::Time now = clock_->Now();
   Deferred deferred;
   JoinResult result;
+  absl::StatusOr<MemberId> id;
   {
     absl::MutexLock lock(&mu_);
-    if (stopped_) return Stopping();
-    if (draining_) return Draining("takes no new members");
-    const std::string diff = FirstDifference(layout_, params.layout);
-    if (!diff.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("layout differs from job '", id_, "': ", diff,
-                       "; every member of a job must average the same model"));
+    if (absl::Status s = CheckJoinLocked(params); !s.ok()) return s;
+    id = FindJoinedLocked(params, now, deferred);
+    if (id.ok() && id->empty()) id = AddMemberLocked(params, now);
+    if (id.ok()) {
+      result.member_id = *id;
+      result.settings = settings_;
+      result.has_state = state_ != nullptr;
+      result.state_round = state_ != nullptr ? state_->round : 0;
+      result.geometry = geometry_;
     }
-    const JobSettings& want = params.settings;
-    if (want.local_sgd_steps != 0 &&
-        want.local_sgd_steps != settings_.local_sgd_steps) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", id_, "' syncs every ", settings_.local_sgd_steps,
-          " steps; member asks for ", want.local_sgd_steps));
-    }
-    if (want.chunk_elements != 0 &&
-        want.chunk_elements != settings_.chunk_elements) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", id_, "' uses chunks of ", settings_.chunk_elements,
-          " elements; member asks for ", want.chunk_elements));
-    }
-    if (want.wire_dtype != DType::kUnspecified &&
-        want.wire_dtype != settings_.wire_dtype) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", id_, "' uses wire dtype ", DTypeName(settings_.wire_dtype),
-          "; member asks for ", DTypeName(want.wire_dtype)));
-    }
-    if (want.rendezvous_members != 0 &&
-        want.rendezvous_members != settings_.rendezvous_members) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", id_, "' starts with ", settings_.rendezvous_members,
-          " members; member asks for ", want.rendezvous_members));
-    }
-    if (want.mode != AveragingMode::kUnspecified &&
-        want.mode != settings_.mode) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", id_, "' uses another averaging mode (",
-          static_cast<int>(settings_.mode), ") than the member asks for (",
-          static_cast<int>(want.mode), ")"));
-    }
-    if (want.nonfinite_policy != NonFinitePolicy::kUnspecified &&
-        want.nonfinite_policy != settings_.nonfinite_policy) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", id_, "' treats non-finite values with policy '",
-          NonFinitePolicyName(settings_.nonfinite_policy),
-          "'; member asks for '", NonFinitePolicyName(want.nonfinite_policy),
-          "'"));
-    }
-
-    // A process is its name plus incarnation: the same pair is a retried
-    // Join, a new incarnation under the same name is a restarted process.
-    MemberId id;
-    if (!params.member_name.empty()) {
-      for (auto& [mid, m] : members_) {
-        if (m.name != params.member_name) continue;
-        // The name is the client's choice: a Join under another member's
-        // name must not take over (or replace) that member unless it has
-        // the member's credentials.
-        if (m.principal != params.principal) {
-          return absl::PermissionDeniedError(absl::StrCat(
-              "member name '", params.member_name, "' of job '", id_,
-              "' is bound to other credentials; join under another name, or "
-              "wait for that member to leave or lose its lease"));
-        }
-        if (m.incarnation == params.incarnation) {
-          id = mid;
-          m.last_seen = now;
-        } else {
-          id = MemberId();
-          const MemberId old = mid;
-          RemoveMemberLocked(old, "replaced by a new incarnation", deferred);
-        }
-        break;
-      }
-    }
-    if (id.empty()) {
-      if (members_.size() >= policy_.max_members) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("job '", id_, "' has ", members_.size(),
-                         " members, the limit (--max_members_per_job)"));
-      }
-      do {
-        id = MemberId(RandomMemberHex(bitgen_));
-      } while (members_.contains(id));
-      MemberInfo info;
-      info.id = id;
-      info.name = params.member_name.empty() ? id.str() : params.member_name;
-      info.weight = params.weight;
-      info.incarnation = params.incarnation;
-      info.principal = params.principal;
-      info.joined_at = now;
-      info.last_seen = now;
-      // Joining while a round is open: take part from the next one, unless
-      // the job is still gathering its rendezvous members; then the open
-      // round admits the joiner (it starts from the same state as the rest).
-      info.first_round = state_ == nullptr  ? 1
-                         : open_ != nullptr ? open_->id + 1
-                                            : state_->round + 1;
-      if (open_ != nullptr && GatheringLocked(now)) {
-        info.first_round = open_->id;
-        Participant p;
-        p.name = info.name;
-        p.weight = static_cast<float>(info.weight);
-        p.got.assign(geometry_.num_chunks(), false);
-        open_->participants.emplace(id, std::move(p));
-        FitScaleLocked();
-      }
-      LOG(INFO) << "job " << id_ << ": member " << info.name << " (" << id.str()
-                << ", weight " << info.weight << ") joined; "
-                << members_.size() + 1 << " members; takes part from round "
-                << info.first_round;
-      members_.emplace(id, std::move(info));
-    }
-    result.member_id = id;
-    result.settings = settings_;
-    result.has_state = state_ != nullptr;
-    result.state_round = state_ != nullptr ? state_->round : 0;
-    result.geometry = geometry_;
   }
+  // Also when the Join failed: a replaced incarnation is gone either way.
   RunDeferred(deferred);
+  if (!id.ok()) return id.status();
   return result;
 }
 
+absl::Status Job::CheckJoinLocked(const JoinRequestParams& params) const {
+  if (stopped_) return Stopping();
+  if (draining_) return Draining("takes no new members");
+  const std::string diff = FirstDifference(layout_, params.layout);
+  if (!diff.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("layout differs from job '", id_, "': ", diff,
+                     "; every member of a job must average the same model"));
+  }
+  if (const std::string d = FirstDifference(settings_, params.settings);
+      !d.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", id_, "' ", d));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MemberId> Job::FindJoinedLocked(const JoinRequestParams& params,
+                                               absl::Time now,
+                                               Deferred& deferred) {
+  // A process is its name plus incarnation: the same pair is a retried
+  // Join, a new incarnation under the same name is a restarted process.
+  if (params.member_name.empty()) return MemberId();
+  for (auto& [mid, m] : members_) {
+    if (m.name != params.member_name) continue;
+    // The name is the client's choice: a Join under another member's name
+    // must not take over (or replace) that member unless it has the
+    // member's credentials.
+    if (m.principal != params.principal) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "member name '", params.member_name, "' of job '", id_,
+          "' is bound to other credentials; join under another name, or "
+          "wait for that member to leave or lose its lease"));
+    }
+    if (m.incarnation == params.incarnation) {
+      m.last_seen = now;
+      return mid;
+    }
+    const MemberId old = mid;
+    RemoveMemberLocked(old, "replaced by a new incarnation", deferred);
+    return MemberId();
+  }
+  return MemberId();
+}
+
+absl::StatusOr<MemberId> Job::AddMemberLocked(const JoinRequestParams& params,
+                                              absl::Time now) {
+  if (members_.size() >= policy_.max_members) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job '", id_, "' has ", members_.size(),
+                     " members, the limit (--max_members_per_job)"));
+  }
+  MemberId id;
+  do {
+    id = MemberId(RandomMemberHex(bitgen_));
+  } while (members_.contains(id));
+  MemberInfo info;
+  info.id = id;
+  info.name = params.member_name.empty() ? id.str() : params.member_name;
+  info.weight = params.weight;
+  info.incarnation = params.incarnation;
+  info.principal = params.principal;
+  info.joined_at = now;
+  info.last_seen = now;
+  // Joining while a round is open: take part from the next one, unless the
+  // job is still gathering members; then the open round admits the joiner
+  // (it starts from the same state as the rest).
+  info.first_round = state_ == nullptr  ? 1
+                     : open_ != nullptr ? open_->id + 1
+                                        : state_->round + 1;
+  if (open_ != nullptr &&
+      GatheringLocked().Active(open_->participants.size(), now)) {
+    info.first_round = open_->id;
+    AddParticipantLocked(id, info);
+  }
+  LOG(INFO) << "job " << id_ << ": member " << info.name << " (" << id.str()
+            << ", weight " << info.weight << ") joined; " << members_.size() + 1
+            << " members; takes part from round " << info.first_round;
+  members_.emplace(id, std::move(info));
+  return id;
+}
+
 absl::Status Job::CheckPrincipal(const MemberId& member,
-                                absl::string_view principal) {
+                                 absl::string_view principal) {
   absl::MutexLock lock(&mu_);
   auto it = members_.find(member);
   if (it == members_.end() || it->second.principal == principal) {
     return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(absl::StrCat(
-      "member ", it->second.name, " of job '", id_,
-      "' is bound to other credentials than this call's"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("member ", it->second.name, " of job '", id_,
+                   "' is bound to other credentials than this call's"));
 }
 
 absl::Status Job::Leave(const MemberId& member) {
@@ -339,119 +305,143 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return Stopping();
-    MemberInfo* info = FindMemberLocked(member, now);
+    const MemberInfo* info = FindMemberLocked(member, now);
     if (info == nullptr) return MemberNotFound(member);
-    auto self = shared_from_this();
-    const uint32_t n = geometry_.num_chunks();
-    auto resolve_now = [&](SyncResult result) {
-      deferred.push_back([done = std::move(done), result = std::move(result)] {
-        done(result);
-      });
-    };
-
     if (round == 0) {
-      if (state_ != nullptr) {
-        resolve_now(LatestResultLocked(member, 0));
-        session.reset(
-            new SyncSession(self, member, 0, SyncSession::Role::kAdopt, 0, n));
-      } else {
-        if (seed_ == nullptr) {
-          if (draining_) return Draining("starts no seed");
-          seed_ = std::make_unique<Seed>();
-          seed_->owner = member;
-          seed_->values = TakeBufferLocked();
-          seed_->got.assign(n, false);
-          LOG(INFO) << "job " << id_ << ": " << info->name
-                    << " seeds the global state";
-        }
-        const bool owner = seed_->owner == member;
-        const uint64_t waiter_id = next_waiter_id_++;
-        seed_->waiters.emplace(waiter_id,
-                               Waiter{member, std::move(done), owner});
-        session.reset(new SyncSession(
-            self, member, 0,
-            owner ? SyncSession::Role::kSeed : SyncSession::Role::kAdopt,
-            waiter_id, n));
+      if (state_ == nullptr && seed_ == nullptr && draining_) {
+        return Draining("starts no seed");
       }
+      session = BeginSeedLocked(*info, std::move(done), deferred);
+    } else if (state_ == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", id_,
+                       "' has no global state yet; seed it with a Sync of "
+                       "round 0 (Client::Initialize) before round ",
+                       round));
+    } else if (round <= state_->round) {
+      session = BeginLateLocked(*info, round, std::move(done), deferred);
+    } else if (round == state_->round + 1) {
+      if (open_ == nullptr && draining_) {
+        return Draining("opens no new round");
+      }
+      session = BeginRoundLocked(*info, round, std::move(done), now);
     } else {
-      if (state_ == nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("job '", id_,
-                         "' has no global state yet; seed it with a Sync of "
-                         "round 0 (Client::Initialize) before round ",
-                         round));
-      }
-      const RoundId latest = state_->round;
-      if (round <= latest) {
-        // A straggler (or a retry after its round closed): adopt the latest.
-        SyncResult result = LatestResultLocked(member, round);
-        if (!result.contributed) {
-          for (RoundRecord& record : recent_) {
-            if (record.round != round) continue;
-            if (std::find(record.late.begin(), record.late.end(), info->name) ==
-                record.late.end()) {
-              record.late.push_back(info->name);
-              std::sort(record.late.begin(), record.late.end());
-            }
-            break;
-          }
-          LOG(INFO) << "job " << id_ << ": " << info->name
-                    << " is late for round " << round << "; adopts round "
-                    << latest;
-          if (observer_ != nullptr) {
-            deferred.push_back([observer = observer_, id = id_, round] {
-              observer->LateContribution(id, round);
-            });
-          }
-        }
-        resolve_now(std::move(result));
-        session.reset(new SyncSession(self, member, round,
-                                      SyncSession::Role::kAdopt, 0, n));
-      } else if (round == latest + 1) {
-        if (open_ == nullptr) {
-          if (draining_) return Draining("opens no new round");
-          open_ = std::make_unique<OpenRound>();
-          open_->id = round;
-          open_->opened = now;
-          open_->acc = TakeBufferLocked();
-          std::fill(open_->acc.begin(), open_->acc.end(), 0.0f);
-          open_->chunk_weight.assign(n, 0.0);
-          for (const auto& [mid, m] : members_) {
-            if (m.first_round > round) continue;
-            Participant p;
-            p.name = m.name;
-            p.weight = static_cast<float>(m.weight);
-            p.got.assign(n, false);
-            open_->participants.emplace(mid, std::move(p));
-          }
-          FitScaleLocked();
-          VLOG(1) << "job " << id_ << ": round " << round << " opened with "
-                  << open_->participants.size() << " participants";
-        }
-        const bool participant = open_->participants.contains(member);
-        const uint64_t waiter_id = next_waiter_id_++;
-        open_->waiters.emplace(waiter_id,
-                               Waiter{member, std::move(done), participant});
-        session.reset(new SyncSession(self, member, round,
-                                      participant
-                                          ? SyncSession::Role::kContribute
-                                          : SyncSession::Role::kAdopt,
-                                      waiter_id, n));
-      } else {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "member ", info->name, " syncs for round ", round, " but job '",
-            id_, "' is at round ", latest, " (next round ", latest + 1,
-            "); did the coordinator restart without its state? join again"));
-      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "member ", info->name, " syncs for round ", round, " but job '", id_,
+          "' is at round ", state_->round, " (next round ", state_->round + 1,
+          "); did the coordinator restart without its state? join again"));
     }
   }
   RunDeferred(deferred);
   return session;
 }
 
-absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
-                           absl::Span<const absl::string_view> pieces) {
-  // Validate before taking the lock or touching any accumulator.
+std::unique_ptr<SyncSession> Job::NewSession(const MemberId& member,
+                                             RoundId round,
+                                             SyncSession::Role role,
+                                             uint64_t waiter_id) {
+  return std::unique_ptr<SyncSession>(
+      new SyncSession(shared_from_this(), member, round, role, waiter_id,
+                      geometry_.num_chunks()));
+}
+
+std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
+                                                  SyncCallback done,
+                                                  Deferred& deferred) {
+  if (state_ != nullptr) {
+    deferred.push_back(
+        [done = std::move(done), result = LatestResultLocked(member.id, 0)] {
+          done(result);
+        });
+    return NewSession(member.id, 0, SyncSession::Role::kAdopt, 0);
+  }
+  if (seed_ == nullptr) {
+    seed_ = std::make_unique<Seed>();
+    seed_->owner = member.id;
+    seed_->values = TakeBufferLocked();
+    seed_->got.assign(geometry_.num_chunks(), false);
+    LOG(INFO) << "job " << id_ << ": " << member.name
+              << " seeds the global state";
+  }
+  const bool owner = seed_->owner == member.id;
+  const uint64_t waiter_id = next_waiter_id_++;
+  seed_->waiters.emplace(waiter_id, Waiter{member.id, std::move(done), owner});
+  return NewSession(
+      member.id, 0,
+      owner ? SyncSession::Role::kSeed : SyncSession::Role::kAdopt, waiter_id);
+}
+
+std::unique_ptr<SyncSession> Job::BeginLateLocked(const MemberInfo& member,
+                                                  RoundId round,
+                                                  SyncCallback done,
+                                                  Deferred& deferred) {
+  // A straggler (or a retry after its round closed): adopt the latest.
+  SyncResult result = LatestResultLocked(member.id, round);
+  if (!result.contributed) {
+    for (RoundRecord& record : recent_) {
+      if (record.round != round) continue;
+      if (std::find(record.late.begin(), record.late.end(), member.name) ==
+          record.late.end()) {
+        record.late.push_back(member.name);
+        std::sort(record.late.begin(), record.late.end());
+      }
+      break;
+    }
+    LOG(INFO) << "job " << id_ << ": " << member.name << " is late for round "
+              << round << "; adopts round " << state_->round;
+    if (observer_ != nullptr) {
+      deferred.push_back([observer = observer_, id = id_, round] {
+        observer->LateContribution(id, round);
+      });
+    }
+  }
+  deferred.push_back(
+      [done = std::move(done), result = std::move(result)] { done(result); });
+  return NewSession(member.id, round, SyncSession::Role::kAdopt, 0);
+}
+
+std::unique_ptr<SyncSession> Job::BeginRoundLocked(const MemberInfo& member,
+                                                   RoundId round,
+                                                   SyncCallback done,
+                                                   absl::Time now) {
+  if (open_ == nullptr) OpenRoundLocked(round, now);
+  const bool participant = open_->participants.contains(member.id);
+  const uint64_t waiter_id = next_waiter_id_++;
+  open_->waiters.emplace(waiter_id,
+                         Waiter{member.id, std::move(done), participant});
+  return NewSession(
+      member.id, round,
+      participant ? SyncSession::Role::kContribute : SyncSession::Role::kAdopt,
+      waiter_id);
+}
+
+void Job::OpenRoundLocked(RoundId round, absl::Time now) {
+  open_ = std::make_unique<OpenRound>();
+  open_->id = round;
+  open_->opened = now;
+  open_->sums = RoundAccumulator(TakeBufferLocked(), geometry_);
+  for (const auto& [id, m] : members_) {
+    if (m.first_round <= round) AddParticipantLocked(id, m);
+  }
+  VLOG(1) << "job " << id_ << ": round " << round << " opened with "
+          << open_->participants.size() << " participants";
+}
+
+void Job::AddParticipantLocked(const MemberId& id, const MemberInfo& member) {
+  Participant p;
+  p.name = member.name;
+  p.weight = static_cast<float>(member.weight);
+  p.got.assign(geometry_.num_chunks(), false);
+  open_->participants.emplace(id, std::move(p));
+  double total = 0;
+  for (const auto& [pid, q] : open_->participants) total += q.weight;
+  open_->sums.FitScale(total);
+}
+
+absl::Status Job::ValidateChunk(const SyncSession& session, uint32_t index,
+                                absl::Span<const absl::string_view> pieces,
+                                int64_t* nonfinite) const {
+  *nonfinite = -1;
   const uint32_t n = geometry_.num_chunks();
   if (index >= n) {
     return absl::InvalidArgumentError(
@@ -469,17 +459,30 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
         "' has ", size, " bytes; expected ", expected, " (", elements, " ",
         DTypeName(settings_.wire_dtype), " values)"));
   }
-  if (const int64_t bad = FirstNonFinitePieces(pieces, settings_.wire_dtype);
-      bad >= 0) {
-    // Seeds are always refused: a seed is the state everyone starts from.
-    if (settings_.nonfinite_policy != NonFinitePolicy::kDrop ||
-        session.role_ != SyncSession::Role::kContribute) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", index, " for round ", session.round_, " of job '", id_,
-          "' has a non-finite value at element ", bad, " (flat index ",
-          geometry_.Offset(index) + bad, "); contribution refused"));
-    }
-    DropNonFinite(session, index, bad);
+  const int64_t bad = FirstNonFinitePieces(pieces, settings_.wire_dtype);
+  if (bad < 0) return absl::OkStatus();
+  // Seeds are always refused: a seed is the state everyone starts from.
+  if (settings_.nonfinite_policy != NonFinitePolicy::kDrop ||
+      session.role_ != SyncSession::Role::kContribute) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", index, " for round ", session.round_, " of job '", id_,
+        "' has a non-finite value at element ", bad, " (flat index ",
+        geometry_.Offset(index) + bad, "); contribution refused"));
+  }
+  *nonfinite = bad;
+  return absl::OkStatus();
+}
+
+absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
+                           absl::Span<const absl::string_view> pieces) {
+  // Validate before taking the lock or touching any accumulator.
+  int64_t nonfinite = -1;
+  if (absl::Status s = ValidateChunk(session, index, pieces, &nonfinite);
+      !s.ok()) {
+    return s;
+  }
+  if (nonfinite >= 0) {
+    DropNonFinite(session, index, nonfinite);
     return absl::OkStatus();
   }
   if (session.got_[index]) return absl::OkStatus();
@@ -492,44 +495,59 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
     if (FindMemberLocked(session.member_, now) == nullptr) {
       return MemberNotFound(session.member_);
     }
-    const uint64_t offset = geometry_.Offset(index);
-    switch (session.role_) {
-      case SyncSession::Role::kSeed:
-        if (seed_ != nullptr && seed_->owner == session.member_ &&
-            !seed_->got[index]) {
-          absl::Status s = DecodeValuesPieces(
-              pieces, settings_.wire_dtype,
-              absl::MakeSpan(seed_->values).subspan(offset, elements));
-          if (!s.ok()) return s;
-          seed_->got[index] = true;
-          if (++seed_->received == n) CompleteSeedLocked(now, deferred);
-        }
-        break;
-      case SyncSession::Role::kContribute:
-        if (open_ != nullptr && open_->id == session.round_) {
-          auto it = open_->participants.find(session.member_);
-          if (it != open_->participants.end() && !it->second.gone &&
-              !it->second.got[index]) {
-            Participant& p = it->second;
-            // The whole chunk goes in under the lock: simple and, at a few
-            // hundred KiB per chunk and ~17 GB/s, short.
-            AccumulateWeightedPieces(
-                pieces, settings_.wire_dtype,
-                std::ldexp(p.weight, -open_->scale_exp),
-                absl::MakeSpan(open_->acc).subspan(offset, elements));
-            open_->chunk_weight[index] += p.weight;
-            p.got[index] = true;
-            if (++p.received == n) MaybeCloseRoundLocked(now, deferred);
-          }
-        }
-        break;
-      case SyncSession::Role::kAdopt:
-        break;
+    if (absl::Status s =
+            ApplyChunkLocked(session, index, pieces, now, deferred);
+        !s.ok()) {
+      return s;
     }
   }
   session.got_[index] = true;
   ++session.received_;
   RunDeferred(deferred);
+  return absl::OkStatus();
+}
+
+absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
+                                   absl::Span<const absl::string_view> pieces,
+                                   absl::Time now, Deferred& deferred) {
+  const uint32_t n = geometry_.num_chunks();
+  switch (session.role_) {
+    case SyncSession::Role::kSeed: {
+      if (seed_ == nullptr || seed_->owner != session.member_ ||
+          seed_->got[index]) {
+        return absl::OkStatus();
+      }
+      if (absl::Status s = DecodeValuesPieces(
+              pieces, settings_.wire_dtype,
+              absl::MakeSpan(seed_->values)
+                  .subspan(geometry_.Offset(index), geometry_.Size(index)));
+          !s.ok()) {
+        return s;
+      }
+      seed_->got[index] = true;
+      if (++seed_->received == n) CompleteSeedLocked(now, deferred);
+      return absl::OkStatus();
+    }
+    case SyncSession::Role::kContribute: {
+      if (open_ == nullptr || open_->id != session.round_) {
+        return absl::OkStatus();
+      }
+      auto it = open_->participants.find(session.member_);
+      if (it == open_->participants.end() || it->second.gone ||
+          it->second.got[index]) {
+        return absl::OkStatus();
+      }
+      Participant& p = it->second;
+      // The whole chunk goes in under the lock: simple and, at a few
+      // hundred KiB per chunk and ~17 GB/s, short.
+      open_->sums.Add(index, pieces, settings_.wire_dtype, p.weight);
+      p.got[index] = true;
+      if (++p.received == n) MaybeCloseRoundLocked(now, deferred);
+      return absl::OkStatus();
+    }
+    case SyncSession::Role::kAdopt:
+      break;
+  }
   return absl::OkStatus();
 }
 
@@ -562,24 +580,6 @@ void Job::DropNonFinite(SyncSession& session, uint32_t index, int64_t bad) {
     ++session.received_;
   }
   RunDeferred(deferred);
-}
-
-void Job::FitScaleLocked() {
-  double total = 0;
-  for (const auto& [id, p] : open_->participants) total += p.weight;
-  int exp = 0;
-  while (std::ldexp(1.0, exp) < total) ++exp;
-  if (exp <= open_->scale_exp) return;
-  const int shift = exp - open_->scale_exp;
-  open_->scale_exp = exp;
-  const bool any_sums =
-      std::any_of(open_->chunk_weight.begin(), open_->chunk_weight.end(),
-                  [](double w) { return w > 0; });
-  if (!any_sums) return;
-  // Only when the rendezvous admits members into a round that has sums.
-  // Multiplying by a power of two is exact (short of subnormals).
-  const float factor = std::ldexp(1.0f, -shift);
-  for (float& v : open_->acc) v *= factor;
 }
 
 bool Job::CancelWaiter(const SyncSession& session) {
@@ -624,47 +624,22 @@ void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
   }
 }
 
+CloseDecision Job::DecideCloseLocked(absl::Time now) const {
+  return DecideClose(open_->participants, open_->opened, GatheringLocked(),
+                     close_rules_, now);
+}
+
 void Job::MaybeCloseRoundLocked(absl::Time now, Deferred& deferred) {
   if (open_ == nullptr) return;
-  bool all_accounted = !GatheringLocked(now);
-  bool any_gone = false;
-  uint32_t complete = 0;
-  for (const auto& [id, p] : open_->participants) {
-    if (p.complete()) {
-      ++complete;
-    } else if (p.gone) {
-      any_gone = true;
-    } else {
-      all_accounted = false;
-    }
-  }
-  if (all_accounted) {
-    CloseRoundLocked(
-        any_gone ? CloseReason::kMembersGone : CloseReason::kComplete, now,
-        deferred);
-  } else if (policy_.round_deadline > absl::ZeroDuration() &&
-             now >= open_->opened + policy_.round_deadline &&
-             complete >= policy_.min_quorum) {
-    CloseRoundLocked(CloseReason::kDeadline, now, deferred);
-  }
+  const CloseDecision decision = DecideCloseLocked(now);
+  if (decision.close) CloseRoundLocked(decision.reason, now, deferred);
 }
 
 void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                            Deferred& deferred) {
   std::unique_ptr<OpenRound> round = std::move(open_);
-  std::vector<float> values = std::move(round->acc);
-  const std::vector<float>& previous = state_->values;
-  for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
-    auto slice =
-        absl::MakeSpan(values).subspan(geometry_.Offset(c), geometry_.Size(c));
-    if (round->chunk_weight[c] > 0) {
-      DivideInPlace(slice,
-                    std::ldexp(round->chunk_weight[c], -round->scale_exp));
-    } else {
-      std::copy_n(previous.begin() + geometry_.Offset(c), slice.size(),
-                  slice.begin());
-    }
-  }
+  std::vector<float> values =
+      rule_->NextState(std::move(round->sums), state_->values);
   // Store exactly what members receive, so that a late joiner's fetched state
   // equals what the others hold.
   RoundTripInPlace(absl::MakeSpan(values), settings_.wire_dtype);
@@ -674,6 +649,7 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
   record.reason = reason;
   record.opened = round->opened;
   record.closed = now;
+  absl::flat_hash_set<MemberId> refused;
   for (const auto& [id, p] : round->participants) {
     record.participants.push_back(p.name);
     if (p.complete()) {
@@ -682,6 +658,7 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
       record.contributor_weight += p.weight;
     } else {
       record.dropped.push_back(p.name);
+      if (p.nonfinite) refused.insert(id);
     }
   }
   if (record.participants.size() >= settings_.rendezvous_members &&
@@ -690,64 +667,8 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
     LOG(INFO) << "job " << id_ << ": rendezvous of "
               << settings_.rendezvous_members << " members complete";
   }
-  record.participants = Sorted(std::move(record.participants));
-  record.contributors = Sorted(std::move(record.contributors));
-  record.dropped = Sorted(std::move(record.dropped));
-
-  auto state = std::make_shared<StateSnapshot>();
-  state->round = round->id;
-  state->values = std::move(values);
-  std::shared_ptr<StateSnapshot> old = std::move(state_);
-  state_ = state;
-  // Recycle the old state's memory for the next accumulator unless a stream
-  // (or the checkpointer) still reads it: fresh pages cost ~20x more than
-  // reused ones.
-  if (old.use_count() == 1 && spare_.empty()) spare_ = std::move(old->values);
-  NotifySinkLocked(state, deferred);
-
-  LOG(INFO) << "job " << id_ << ": round " << record.round << " closed ("
-            << CloseReasonName(reason) << ") in "
-            << absl::FormatDuration(now - record.opened) << "; contributors ["
-            << absl::StrJoin(record.contributors, ", ") << "]"
-            << (record.dropped.empty()
-                    ? ""
-                    : absl::StrCat("; dropped [",
-                                   absl::StrJoin(record.dropped, ", "), "]"));
-
-  if (observer_ != nullptr) {
-    RoundClosedEvent event;
-    event.job_id = id_;
-    event.round = record.round;
-    event.reason = reason;
-    event.duration = now - record.opened;
-    event.participants = static_cast<uint32_t>(record.participants.size());
-    event.contributors = static_cast<uint32_t>(record.contributors.size());
-    event.dropped = static_cast<uint32_t>(record.dropped.size());
-    deferred.push_back([observer = observer_, event = std::move(event)] {
-      observer->RoundClosed(event);
-    });
-  }
-
-  for (auto& [wid, w] : round->waiters) {
-    SyncResult result;
-    result.round = record.round;
-    result.contributed = record.contributor_ids.contains(w.member);
-    // Not counted: late, unless dropped for non-finite values (it was on
-    // time, and refused).
-    result.late = !result.contributed;
-    if (auto p = round->participants.find(w.member);
-        p != round->participants.end() && p->second.nonfinite) {
-      result.late = false;
-    }
-    result.contributors = static_cast<uint32_t>(record.contributors.size());
-    result.contributor_weight = record.contributor_weight;
-    result.state = state;
-    deferred.push_back([done = std::move(w.done), result = std::move(result)] {
-      done(result);
-    });
-  }
-  recent_.push_front(std::move(record));
-  while (recent_.size() > policy_.max_recent_rounds) recent_.pop_back();
+  CommitLocked(std::move(record), std::move(values), std::move(round->waiters),
+               refused, deferred);
 }
 
 void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
@@ -765,18 +686,13 @@ void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
 
 void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   std::unique_ptr<Seed> seed = std::move(seed_);
-  auto state = std::make_shared<StateSnapshot>();
-  state->round = 0;
-  state->values = std::move(seed->values);
-  state_ = state;
-  NotifySinkLocked(state, deferred);
   RoundRecord record;
   record.round = 0;
   record.reason = CloseReason::kSeed;
   record.opened = now;
   record.closed = now;
-  double weight = 1;
   std::string name = seed->owner.str();
+  double weight = 1;
   if (auto it = members_.find(seed->owner); it != members_.end()) {
     name = it->second.name;
     weight = it->second.weight;
@@ -785,24 +701,44 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   record.contributors = {name};
   record.contributor_ids.insert(seed->owner);
   record.contributor_weight = weight;
-  LOG(INFO) << "job " << id_ << ": seeded by " << name;
-  if (observer_ != nullptr) {
-    RoundClosedEvent event;
-    event.job_id = id_;
-    event.round = 0;
-    event.reason = CloseReason::kSeed;
-    event.participants = 1;
-    event.contributors = 1;
-    deferred.push_back([observer = observer_, event = std::move(event)] {
-      observer->RoundClosed(event);
-    });
+  CommitLocked(std::move(record), std::move(seed->values),
+               std::move(seed->waiters), /*refused=*/{}, deferred);
+}
+
+void Job::CommitLocked(RoundRecord record, std::vector<float> values,
+                       Waiters waiters,
+                       const absl::flat_hash_set<MemberId>& refused,
+                       Deferred& deferred) {
+  std::sort(record.participants.begin(), record.participants.end());
+  std::sort(record.contributors.begin(), record.contributors.end());
+  std::sort(record.dropped.begin(), record.dropped.end());
+
+  auto state = std::make_shared<StateSnapshot>();
+  state->round = record.round;
+  state->values = std::move(values);
+  std::shared_ptr<StateSnapshot> old = std::move(state_);
+  state_ = state;
+  // Recycle the old state's memory for the next accumulator unless a stream
+  // (or the checkpointer) still reads it: fresh pages cost ~20x more than
+  // reused ones.
+  if (old != nullptr && old.use_count() == 1 && spare_.empty()) {
+    spare_ = std::move(old->values);
   }
-  for (auto& [wid, w] : seed->waiters) {
+  NotifySinkLocked(state, deferred);
+
+  ReportCommitLocked(record, deferred);
+
+  for (auto& [wid, w] : waiters) {
     SyncResult result;
-    result.round = 0;
-    result.contributed = w.member == seed->owner;
-    result.contributors = 1;
-    result.contributor_weight = weight;
+    result.round = record.round;
+    result.contributed = record.contributor_ids.contains(w.member);
+    // Not counted: late, unless dropped for non-finite values (it was on
+    // time, and refused) or adopting the seed (there was nothing to be late
+    // for).
+    result.late =
+        !result.contributed && record.round != 0 && !refused.contains(w.member);
+    result.contributors = static_cast<uint32_t>(record.contributors.size());
+    result.contributor_weight = record.contributor_weight;
     result.state = state;
     deferred.push_back([done = std::move(w.done), result = std::move(result)] {
       done(result);
@@ -810,6 +746,35 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   }
   recent_.push_front(std::move(record));
   while (recent_.size() > policy_.max_recent_rounds) recent_.pop_back();
+}
+
+void Job::ReportCommitLocked(const RoundRecord& record, Deferred& deferred) {
+  if (record.reason == CloseReason::kSeed) {
+    LOG(INFO) << "job " << id_ << ": seeded by " << record.contributors[0];
+  } else {
+    LOG(INFO) << "job " << id_ << ": round " << record.round << " closed ("
+              << CloseReasonName(record.reason) << ") in "
+              << absl::FormatDuration(record.closed - record.opened)
+              << "; contributors [" << absl::StrJoin(record.contributors, ", ")
+              << "]"
+              << (record.dropped.empty()
+                      ? ""
+                      : absl::StrCat("; dropped [",
+                                     absl::StrJoin(record.dropped, ", "), "]"));
+  }
+  if (observer_ != nullptr) {
+    RoundClosedEvent event;
+    event.job_id = id_;
+    event.round = record.round;
+    event.reason = record.reason;
+    event.duration = record.closed - record.opened;
+    event.participants = static_cast<uint32_t>(record.participants.size());
+    event.contributors = static_cast<uint32_t>(record.contributors.size());
+    event.dropped = static_cast<uint32_t>(record.dropped.size());
+    deferred.push_back([observer = observer_, event = std::move(event)] {
+      observer->RoundClosed(event);
+    });
+  }
 }
 
 void Job::NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
@@ -965,6 +930,8 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   s.state_round = state_ != nullptr ? state_->round : 0;
   if (open_ != nullptr) {
     s.round_open = true;
+    s.open_round = open_->id;
+    s.open_round_decision = DecideCloseLocked(clock_->Now());
     for (const auto& [id, p] : open_->participants) {
       s.open_round_participants.push_back(p.name);
       if (p.complete()) s.open_round_contributed.push_back(p.name);

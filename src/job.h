@@ -47,8 +47,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "src/averaging.h"
 #include "src/clock.h"
 #include "src/layout.h"
+#include "src/round.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -103,9 +105,6 @@ struct SyncResult {
 };
 using SyncCallback = std::function<void(absl::StatusOr<SyncResult>)>;
 
-enum class CloseReason { kComplete, kDeadline, kMembersGone, kSeed };
-absl::string_view CloseReasonName(CloseReason reason);
-
 struct MemberInfo {
   MemberId id;
   std::string name;
@@ -143,8 +142,12 @@ struct JobStatusSnapshot {
   bool has_state = false;
   RoundId state_round = 0;
   bool round_open = false;
+  RoundId open_round = 0;
   std::vector<std::string> open_round_participants;
   std::vector<std::string> open_round_contributed;
+  // Why the open round is still open, and whom it waits for until when
+  // (DecideClose as of the status call).
+  CloseDecision open_round_decision;
   std::vector<RoundRecord> recent_rounds;  // most recent first
 };
 
@@ -243,7 +246,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // after the restore the job regathers: an open round admits members that
   // join and does not close before the TTL has passed, so that members that
   // return a little later than the first still take part.
-  void RestoreState(RoundId round, std::vector<float> values);
+  void RestoreState(RoundId round, std::vector<float> values)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const Layout& layout() const { return layout_; }
 
@@ -256,22 +260,25 @@ class Job : public std::enable_shared_from_this<Job> {
   // incarnation). FAILED_PRECONDITION: layout or settings differ (the message
   // names the first difference). RESOURCE_EXHAUSTED: max_members reached.
   // UNAVAILABLE: draining or stopped.
-  absl::StatusOr<JoinResult> Join(const JoinRequestParams& params);
+  absl::StatusOr<JoinResult> Join(const JoinRequestParams& params)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes the member at once; an open round stops waiting for it. OK if it
   // is not (or no longer) a member.
-  absl::Status Leave(const MemberId& member);
+  absl::Status Leave(const MemberId& member) ABSL_LOCKS_EXCLUDED(mu_);
 
   // PERMISSION_DENIED if `member` is a member bound to credentials other
   // than `principal` (see JoinRequestParams::principal); changes nothing.
   // OK otherwise, also for an unknown member (the call that follows then
   // reports it).
   absl::Status CheckPrincipal(const MemberId& member,
-                              absl::string_view principal);
+                              absl::string_view principal)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Renews the lease. NOT_FOUND if the member is unknown or its lease ran out.
   // Returns the round of the current state.
-  absl::StatusOr<RoundId> Heartbeat(const MemberId& member);
+  absl::StatusOr<RoundId> Heartbeat(const MemberId& member)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Starts a Sync of `member` for `round`. `done` runs exactly once unless
   // SyncSession::Cancel returns true: with the round's result when it closes
@@ -282,93 +289,129 @@ class Job : public std::enable_shared_from_this<Job> {
   // a new round or start a seed).
   absl::StatusOr<std::unique_ptr<SyncSession>> BeginSync(const MemberId& member,
                                                          RoundId round,
-                                                         SyncCallback done);
+                                                         SyncCallback done)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The current state. NOT_FOUND (member), FAILED_PRECONDITION (no state).
   absl::StatusOr<std::shared_ptr<const StateSnapshot>> GetState(
-      const MemberId& member);
+      const MemberId& member) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Expires leases and closes rounds whose deadline has passed, as of the
   // clock's now. Call periodically.
-  void Tick();
+  void Tick() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Starts draining: from now on no round opens and no seed starts (such a
   // Sync, and a Join, fail with UNAVAILABLE so that clients retry, later or
   // against a restarted coordinator); the open round and a seed in progress
   // go on and close by the usual rules. Idempotent.
-  void BeginDrain();
+  void BeginDrain() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until no round is open, no seed is in progress and the last new
   // state has reached the StateSink; or the job is stopped; or `deadline`
   // (real time, whatever the job's clock) has passed. Returns whether the
   // job is then idle (no round open, no seed, nothing for the sink).
-  bool AwaitIdle(absl::Time deadline);
+  bool AwaitIdle(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fails every pending callback with UNAVAILABLE and refuses new Syncs.
   // Returns once every new state so far has reached the StateSink (so that
   // stopping the sink next loses none). Idempotent. Not to be called from
   // a StateSink or observer callback.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  JobStatusSnapshot Status(uint32_t max_rounds);
-  size_t num_members();
+  JobStatusSnapshot Status(uint32_t max_rounds) ABSL_LOCKS_EXCLUDED(mu_);
+  size_t num_members() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend class SyncSession;
 
-  struct Participant {
-    std::string name;
-    float weight = 1;
-    std::vector<bool> got;
-    uint32_t received = 0;
-    bool gone = false;
-    // Dropped for a non-finite value (NonFinitePolicy::kDrop); also gone.
-    bool nonfinite = false;
-    bool complete() const { return received == got.size(); }
-  };
   struct Waiter {
     MemberId member;
     SyncCallback done;
     bool participant = false;
   };
+  using Waiters = absl::flat_hash_map<uint64_t, Waiter>;
   struct OpenRound {
     RoundId id = 0;
     absl::Time opened;
-    absl::flat_hash_map<MemberId, Participant> participants;
-    // num_elements: sums of weight * 2^-scale_exp * value. With the
-    // weights scaled so that they sum to at most 1, every partial sum is
-    // bounded by the largest |value|: finite inputs never overflow fp32.
-    // Scaling by a power of two is exact.
-    std::vector<float> acc;
-    int scale_exp = 0;
-    std::vector<double> chunk_weight;  // num_chunks, unscaled weights
-    absl::flat_hash_map<uint64_t, Waiter> waiters;
+    Participants participants;
+    RoundAccumulator sums;
+    Waiters waiters;
   };
   struct Seed {
     MemberId owner;
     std::vector<float> values;
     std::vector<bool> got;
     uint32_t received = 0;
-    uint64_t owner_waiter = 0;
-    absl::flat_hash_map<uint64_t, Waiter> waiters;
+    Waiters waiters;
   };
   using Deferred = std::vector<std::function<void()>>;
 
+  // Join, in steps: the checks that refuse it; the member a repeated Join
+  // names (or none, after replacing an old incarnation); a new member.
+  absl::Status CheckJoinLocked(const JoinRequestParams& params) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<MemberId> FindJoinedLocked(const JoinRequestParams& params,
+                                            absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<MemberId> AddMemberLocked(const JoinRequestParams& params,
+                                           absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // BeginSync, one function per kind: round 0 (seed or adopt the seed), a
+  // round that has closed (adopt), the open or next round.
+  std::unique_ptr<SyncSession> BeginSeedLocked(const MemberInfo& member,
+                                               SyncCallback done,
+                                               Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<SyncSession> BeginLateLocked(const MemberInfo& member,
+                                               RoundId round, SyncCallback done,
+                                               Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<SyncSession> BeginRoundLocked(const MemberInfo& member,
+                                                RoundId round,
+                                                SyncCallback done,
+                                                absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<SyncSession> NewSession(const MemberId& member, RoundId round,
+                                          SyncSession::Role role,
+                                          uint64_t waiter_id);
+
+  // AddChunk: the checks that need no lock (index, size, non-finite values;
+  // `*nonfinite` is set to the first bad element, or -1), then applying it.
+  absl::Status ValidateChunk(const SyncSession& session, uint32_t index,
+                             absl::Span<const absl::string_view> pieces,
+                             int64_t* nonfinite) const;
   absl::Status AddChunk(SyncSession& session, uint32_t index,
-                        absl::Span<const absl::string_view> pieces);
-  bool CancelWaiter(const SyncSession& session);
-  // Raises open_->scale_exp (rescaling acc, exactly) until the participants'
-  // weights scaled by 2^-scale_exp sum to at most 1.
-  void FitScaleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                        absl::Span<const absl::string_view> pieces)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ApplyChunkLocked(const SyncSession& session, uint32_t index,
+                                absl::Span<const absl::string_view> pieces,
+                                absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CancelWaiter(const SyncSession& session) ABSL_LOCKS_EXCLUDED(mu_);
   // NonFinitePolicy::kDrop: drops the session's member from its round for a
   // non-finite value at element `bad` of chunk `index`.
-  void DropNonFinite(SyncSession& session, uint32_t index, int64_t bad);
+  void DropNonFinite(SyncSession& session, uint32_t index, int64_t bad)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Marks `member` gone: removed from members_, dropped from the open round,
   // seed aborted if it owned it. `why` goes to the log.
   void RemoveMemberLocked(const MemberId& member, absl::string_view why,
                           Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Rounds: opening one, the close decision as of `now` (DecideClose over
+  // the open round), closing it when the decision says so.
+  void OpenRoundLocked(RoundId round, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `member` to the open round's participants and refits its scale.
+  void AddParticipantLocked(const MemberId& id, const MemberInfo& member)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  CloseDecision DecideCloseLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether, and until when, the job gathers members into its open round
+  // (rendezvous, or regathering after a restore).
+  Gathering GatheringLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCloseRoundLocked(absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseRoundLocked(CloseReason reason, absl::Time now, Deferred& deferred)
@@ -377,10 +420,17 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteSeedLocked(absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the job is still gathering members: an open round admits joiners
-  // and closes only at its deadline (rendezvous, or regathering after a
-  // restore).
-  bool GatheringLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Seed completion and round closure, one path: makes `values` the state
+  // of `record.round`, tells the sink and the observer, answers `waiters`
+  // (a waiter in `refused` was dropped for non-finite values: not counted,
+  // and not late) and keeps the record.
+  void CommitLocked(RoundRecord record, std::vector<float> values,
+                    Waiters waiters,
+                    const absl::flat_hash_set<MemberId>& refused,
+                    Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The log line and the observer's event of a commit.
+  void ReportCommitLocked(const RoundRecord& record, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
                         Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The result of the latest closed round, for `member`.
@@ -401,6 +451,7 @@ class Job : public std::enable_shared_from_this<Job> {
   Clock* const clock_;
   StateSink* const sink_;                // may be null
   CoordinatorObserver* const observer_;  // may be null
+  const CloseRules close_rules_;
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
@@ -413,6 +464,8 @@ class Job : public std::enable_shared_from_this<Job> {
   std::shared_ptr<StateSnapshot> state_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<OpenRound> open_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Seed> seed_ ABSL_GUARDED_BY(mu_);
+  // settings_.mode's rule; holds the rule's own state, if any.
+  std::unique_ptr<AveragingRule> rule_ ABSL_GUARDED_BY(mu_);
   std::deque<RoundRecord> recent_ ABSL_GUARDED_BY(mu_);
   std::vector<float> spare_ ABSL_GUARDED_BY(mu_);
   // Whether a round has had settings_.rendezvous_members participants.

@@ -45,6 +45,16 @@ absl::string_view NonFinitePolicyName(NonFinitePolicy policy) {
   return "unspecified";
 }
 
+absl::string_view AveragingModeName(AveragingMode mode) {
+  switch (mode) {
+    case AveragingMode::kMean:
+      return "mean";
+    case AveragingMode::kUnspecified:
+      break;
+  }
+  return "unspecified";
+}
+
 bool IsWireDType(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kBFloat16;
 }

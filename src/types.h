@@ -31,6 +31,8 @@ enum class AveragingMode : int {
   kUnspecified = 0,
   kMean = 1,
 };
+// "mean"; "unspecified" for kUnspecified.
+absl::string_view AveragingModeName(AveragingMode mode);
 
 // What a chunk with a NaN or infinity does; see localsgd.v1.NonFinitePolicy.
 enum class NonFinitePolicy : int {

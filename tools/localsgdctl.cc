@@ -144,6 +144,9 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
         << job.open_round_participants_size() << " participants ["
         << Names(job.open_round_participants()) << "]; contributed ["
         << Names(job.open_round_contributed()) << "]\n";
+    if (!job.open_round_why().empty()) {
+      out << "still open: " << job.open_round_why() << "\n";
+    }
   }
   out << "\nmembers\n";
   if (job.members().empty()) {

@@ -1644,6 +1644,12 @@ TEST_F(JobTest, Status_RecentRounds_ListNamesAndReasons) {
   EXPECT_TRUE(s.round_open);
   EXPECT_THAT(s.open_round_participants, ElementsAre("a", "b", "c"));
   EXPECT_THAT(s.open_round_contributed, ElementsAre("a"));
+  // Why it is still open: the close decision as of now.
+  EXPECT_EQ(s.open_round, 4u);
+  EXPECT_FALSE(s.open_round_decision.close);
+  EXPECT_THAT(s.open_round_decision.waiting_for, ElementsAre("b", "c"));
+  EXPECT_THAT(s.open_round_decision.why_open,
+              HasSubstr("waiting for 2 of 3 participants (b, c)"));
 
   ASSERT_EQ(s.recent_rounds.size(), 4u);
   const RoundRecord& r3 = s.recent_rounds[0];

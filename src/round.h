@@ -1,0 +1,136 @@
+// The parts of a round that do not need a job around them: who takes part
+// and how far each has come, the pure decision whether the round closes now
+// (and why not, if it stays open), and the accumulator of the contributions.
+//
+// No locks, no clock, no I/O: Job (src/job.h) owns one OpenRound under its
+// lock, feeds it chunks and asks DecideClose after every change and tick.
+#ifndef LOCALSGD_SRC_ROUND_H_
+#define LOCALSGD_SRC_ROUND_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "src/layout.h"
+#include "src/types.h"
+
+namespace localsgd {
+
+enum class CloseReason { kComplete, kDeadline, kMembersGone, kSeed };
+absl::string_view CloseReasonName(CloseReason reason);
+
+// One participant of a round: how many of its chunks arrived, and whether it
+// went away (left, lost its lease, dropped for a non-finite value) first.
+struct Participant {
+  std::string name;
+  float weight = 1;
+  std::vector<bool> got;
+  uint32_t received = 0;
+  bool gone = false;
+  // Dropped for a non-finite value (NonFinitePolicy::kDrop); also gone.
+  bool nonfinite = false;
+  bool complete() const { return received == got.size(); }
+};
+using Participants = absl::flat_hash_map<MemberId, Participant>;
+
+// The coordinator's rules for closing a round before everyone is in.
+struct CloseRules {
+  // Zero: no deadline.
+  absl::Duration round_deadline = absl::ZeroDuration();
+  // Complete contributions a round needs to close at its deadline.
+  uint32_t min_quorum = 1;
+};
+
+// Whether the job still gathers members into its open round: then the round
+// admits members that join, and closes only at its deadline.
+struct Gathering {
+  // Until some round has had this many participants (rendezvous_pending),
+  // the open round gathers.
+  bool rendezvous_pending = false;
+  uint32_t rendezvous_members = 0;
+  // After a restore, until this time (see Job::RestoreState).
+  absl::Time regather_until = absl::InfinitePast();
+
+  // Whether a round with `participants` participants gathers at `now`.
+  bool Active(size_t participants, absl::Time now) const {
+    return now < regather_until ||
+           (rendezvous_pending && participants < rendezvous_members);
+  }
+};
+
+// What DecideClose says of an open round.
+struct CloseDecision {
+  bool close = false;
+  CloseReason reason = CloseReason::kComplete;  // when close
+  // When it stays open: why, in words ("waiting for 2 of 4 participants
+  // (a, b)", "gathering: 3 of 4 rendezvous members"), and the participants
+  // it waits for (sorted), and the time at which its deadline would close
+  // it if the quorum is in (InfiniteFuture without a deadline).
+  std::string why_open;
+  std::vector<std::string> waiting_for;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// The close decision, a pure function of the round's state and `now`. The
+// round closes
+//   (kComplete)     when not gathering and every participant is complete;
+//   (kMembersGone)  when not gathering and every participant is complete or
+//                   gone, some gone;
+//   (kDeadline)     when rules.round_deadline has passed since `opened` and
+//                   at least rules.min_quorum participants are complete.
+CloseDecision DecideClose(const Participants& participants, absl::Time opened,
+                          const Gathering& gathering, const CloseRules& rules,
+                          absl::Time now);
+
+// The weighted sums of one round, chunk by chunk, in fp32, O(model) memory
+// whatever the number of members. Overflow: the sums are of
+// weight * 2^-scale_exp * value, with scale_exp the least exponent for
+// which the participants' weights times 2^-scale_exp sum to at most 1 (a
+// power of two: exact), so every partial sum is bounded by the largest
+// |value| and finite inputs never overflow.
+//
+// Not thread-safe: its owner (the job) serializes calls.
+class RoundAccumulator {
+ public:
+  RoundAccumulator() = default;
+  // Starts from `buffer` (recycled memory, resized and zeroed) for a
+  // geometry of `geometry`.
+  RoundAccumulator(std::vector<float> buffer, const ChunkGeometry& geometry);
+
+  // Raises the scale (rescaling the sums exactly) so that participants of
+  // `total_weight` in all stay bounded. Call whenever the participants
+  // change.
+  void FitScale(double total_weight);
+
+  // Adds chunk `index` (elements at its offset), given as the pieces of its
+  // wire form in `dtype`, with `weight`. The payload must have been
+  // validated (size, finite values).
+  void Add(uint32_t index, absl::Span<const absl::string_view> pieces,
+           DType dtype, float weight);
+
+  // Total weight that went into chunk `index` (0: none).
+  double chunk_weight(uint32_t index) const { return chunk_weight_[index]; }
+  // Chunk `index`'s sums as they are scaled: sum_i w_i * 2^-scale * v_i.
+  absl::Span<float> scaled_sums(uint32_t index);
+  // What chunk `index`'s scaled sums divide by to give its weighted mean:
+  // chunk_weight * 2^-scale. Requires chunk_weight(index) > 0.
+  double scaled_weight(uint32_t index) const;
+
+  const ChunkGeometry& geometry() const { return geometry_; }
+  // Hands the buffer over (the accumulator is empty afterwards).
+  std::vector<float> TakeBuffer() { return std::move(sums_); }
+
+ private:
+  ChunkGeometry geometry_;
+  std::vector<float> sums_;
+  int scale_exp_ = 0;
+  std::vector<double> chunk_weight_;  // unscaled
+};
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SRC_ROUND_H_

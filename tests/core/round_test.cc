@@ -1,0 +1,378 @@
+// The pure parts of a round (src/round.h, src/averaging.h) and the settings
+// rules (src/settings.h), without a job around them.
+#include "src/round.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "src/averaging.h"
+#include "src/codec.h"
+#include "src/settings.h"
+
+namespace localsgd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const absl::Time kOpened = absl::FromUnixSeconds(1000);
+
+// A participant named `name` of a 2-chunk layout that has delivered
+// `received` chunks; `gone` if it left.
+Participant P(std::string name, uint32_t received, bool gone = false) {
+  Participant p;
+  p.name = std::move(name);
+  p.got.assign(2, false);
+  for (uint32_t i = 0; i < received; ++i) p.got[i] = true;
+  p.received = received;
+  p.gone = gone;
+  return p;
+}
+
+Participants Of(std::vector<Participant> list) {
+  Participants out;
+  int i = 0;
+  for (Participant& p : list) {
+    out.emplace(MemberId(absl::StrCat(std::string(31, '0'), i++)),
+                std::move(p));
+  }
+  return out;
+}
+
+struct CloseCase {
+  std::string name;
+  std::vector<Participant> participants;
+  Gathering gathering;
+  CloseRules rules;
+  absl::Duration since_open;
+  bool close;
+  CloseReason reason;
+  std::vector<std::string> waiting_for;
+  std::string why;  // a substring of why_open when it stays open
+};
+
+class DecideCloseTest : public ::testing::TestWithParam<CloseCase> {};
+
+TEST_P(DecideCloseTest, DecidesAsDocumented) {
+  const CloseCase& c = GetParam();
+  const CloseDecision d = DecideClose(Of(c.participants), kOpened, c.gathering,
+                                      c.rules, kOpened + c.since_open);
+  EXPECT_EQ(d.close, c.close);
+  if (c.close) {
+    EXPECT_EQ(d.reason, c.reason) << CloseReasonName(d.reason);
+    EXPECT_THAT(d.why_open, IsEmpty());
+  } else {
+    EXPECT_THAT(d.why_open, HasSubstr(c.why));
+  }
+  EXPECT_EQ(d.waiting_for, c.waiting_for);
+}
+
+CloseRules Deadline(absl::Duration d, uint32_t quorum) {
+  return CloseRules{d, quorum};
+}
+
+Gathering Rendezvous(uint32_t n) {
+  Gathering g;
+  g.rendezvous_pending = true;
+  g.rendezvous_members = n;
+  return g;
+}
+
+Gathering Regather(absl::Duration d) {
+  Gathering g;
+  g.regather_until = kOpened + d;
+  return g;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, DecideCloseTest,
+    ::testing::Values(CloseCase{"AllComplete_Closes",
+                                {P("a", 2), P("b", 2)},
+                                {},
+                                {},
+                                absl::ZeroDuration(),
+                                true,
+                                CloseReason::kComplete,
+                                {},
+                                ""},
+                      CloseCase{"OneMissing_StaysOpenNamingIt",
+                                {P("a", 2), P("b", 1)},
+                                {},
+                                {},
+                                absl::Hours(1),
+                                false,
+                                {},
+                                {"b"},
+                                "waiting for 1 of 2 participants (b)"},
+                      CloseCase{"MissingOneGone_ClosesMembersGone",
+                                {P("a", 2), P("b", 1, /*gone=*/true)},
+                                {},
+                                {},
+                                absl::ZeroDuration(),
+                                true,
+                                CloseReason::kMembersGone,
+                                {},
+                                ""},
+                      CloseCase{"EveryoneGone_ClosesMembersGone",
+                                {P("a", 0, true), P("b", 1, true)},
+                                {},
+                                {},
+                                absl::ZeroDuration(),
+                                true,
+                                CloseReason::kMembersGone,
+                                {},
+                                ""},
+                      CloseCase{"DeadlinePassedWithQuorum_ClosesDeadline",
+                                {P("a", 2), P("b", 0), P("c", 1)},
+                                {},
+                                Deadline(absl::Seconds(10), 1),
+                                absl::Seconds(10),
+                                true,
+                                CloseReason::kDeadline,
+                                {"b", "c"},
+                                ""},
+                      CloseCase{"DeadlineNotYet_StaysOpenSayingUntil",
+                                {P("a", 2), P("b", 0)},
+                                {},
+                                Deadline(absl::Seconds(10), 1),
+                                absl::Seconds(9),
+                                false,
+                                {},
+                                {"b"},
+                                "deadline 1970-01-01T00:16:50+00:00"},
+                      CloseCase{"DeadlinePassedWithoutQuorum_StaysOpen",
+                                {P("a", 2), P("b", 0), P("c", 1)},
+                                {},
+                                Deadline(absl::Seconds(10), 2),
+                                absl::Seconds(11),
+                                false,
+                                {},
+                                {"b", "c"},
+                                "deadline passed with 1 of 2 complete"},
+                      CloseCase{"RendezvousShort_StaysOpenThoughComplete",
+                                {P("a", 2), P("b", 2)},
+                                Rendezvous(3),
+                                {},
+                                absl::Hours(1),
+                                false,
+                                {},
+                                {},
+                                "gathering: 2 of 3 rendezvous members"},
+                      CloseCase{"RendezvousReached_Closes",
+                                {P("a", 2), P("b", 2), P("c", 2)},
+                                Rendezvous(3),
+                                {},
+                                absl::ZeroDuration(),
+                                true,
+                                CloseReason::kComplete,
+                                {},
+                                ""},
+                      CloseCase{
+                          "RendezvousShortAtDeadlineWithQuorum_ClosesDeadline",
+                          {P("a", 2)},
+                          Rendezvous(3),
+                          Deadline(absl::Seconds(5), 1),
+                          absl::Seconds(5),
+                          true,
+                          CloseReason::kDeadline,
+                          {},
+                          ""},
+                      CloseCase{"Regathering_StaysOpenUntilTheTtl",
+                                {P("a", 2)},
+                                Regather(absl::Seconds(30)),
+                                {},
+                                absl::Seconds(29),
+                                false,
+                                {},
+                                {},
+                                "regathering members after a restart"},
+                      CloseCase{"RegatherOver_Closes",
+                                {P("a", 2)},
+                                Regather(absl::Seconds(30)),
+                                {},
+                                absl::Seconds(30),
+                                true,
+                                CloseReason::kComplete,
+                                {},
+                                ""}),
+    [](const ::testing::TestParamInfo<CloseCase>& info) {
+      return info.param.name;
+    });
+
+TEST(GatheringTest, Active_RendezvousOnlyWhilePendingAndShort) {
+  const absl::Time now = kOpened;
+  EXPECT_FALSE(Gathering().Active(0, now));
+  EXPECT_TRUE(Rendezvous(2).Active(1, now));
+  EXPECT_FALSE(Rendezvous(2).Active(2, now));
+  Gathering done = Rendezvous(2);
+  done.rendezvous_pending = false;
+  EXPECT_FALSE(done.Active(1, now));
+  EXPECT_TRUE(Regather(absl::Seconds(1)).Active(5, now));
+}
+
+// The accumulator and the mean rule against an independent computation:
+// members i = 0..N-1 with weight i+1 send value i+1 + e/8 for element e; a
+// chunk no one contributed to keeps the previous state.
+TEST(MeanRuleTest, NextState_IsWeightedMeanAndKeepsUntouchedChunks) {
+  const ChunkGeometry geometry(10, 4);  // chunks of 4, 4, 2
+  const std::vector<float> previous(10, -7.0f);
+  RoundAccumulator sums(std::vector<float>(3, 99.0f), geometry);
+  const int n = 3;
+  double total = 0;
+  for (int i = 0; i < n; ++i) total += i + 1;
+  sums.FitScale(total);
+  double want_num[10] = {0};
+  for (int i = 0; i < n; ++i) {
+    for (uint32_t c = 0; c < 2; ++c) {  // chunk 2: no one
+      std::vector<float> values(geometry.Size(c));
+      for (uint32_t k = 0; k < values.size(); ++k) {
+        const uint64_t e = geometry.Offset(c) + k;
+        values[k] = static_cast<float>(i + 1 + e / 8.0);
+        want_num[e] += (i + 1) * values[k];
+      }
+      std::string wire;
+      EncodeValues(values, DType::kFloat32, &wire);
+      const absl::string_view piece(wire);
+      sums.Add(c, absl::MakeConstSpan(&piece, 1), DType::kFloat32,
+               static_cast<float>(i + 1));
+    }
+  }
+  EXPECT_EQ(sums.chunk_weight(0), total);
+  EXPECT_EQ(sums.chunk_weight(2), 0);
+  MeanRule rule;
+  const std::vector<float> next = rule.NextState(std::move(sums), previous);
+  ASSERT_EQ(next.size(), 10u);
+  for (int e = 0; e < 8; ++e) {
+    EXPECT_NEAR(next[e], want_num[e] / total, 1e-6) << "element " << e;
+  }
+  EXPECT_EQ(next[8], -7.0f);
+  EXPECT_EQ(next[9], -7.0f);
+}
+
+// Weights whose sum exceeds 1 are scaled by a power of two, so that values
+// near the fp32 limit do not overflow while they are summed.
+TEST(MeanRuleTest, NextState_LargeValuesDoNotOverflow) {
+  const ChunkGeometry geometry(2, 2);
+  RoundAccumulator sums({}, geometry);
+  sums.FitScale(3.0);
+  const std::vector<float> values = {3e38f, -3e38f};
+  std::string wire;
+  EncodeValues(values, DType::kFloat32, &wire);
+  const absl::string_view piece(wire);
+  for (int i = 0; i < 3; ++i) {
+    sums.Add(0, absl::MakeConstSpan(&piece, 1), DType::kFloat32, 1.0f);
+  }
+  MeanRule rule;
+  const std::vector<float> next =
+      rule.NextState(std::move(sums), std::vector<float>(2, 0.0f));
+  EXPECT_FLOAT_EQ(next[0], 3e38f);
+  EXPECT_FLOAT_EQ(next[1], -3e38f);
+}
+
+TEST(MakeAveragingRuleTest, Mean_HasARule_Unspecified_IsInvalidArgument) {
+  absl::StatusOr<std::unique_ptr<AveragingRule>> mean =
+      MakeAveragingRule(AveragingMode::kMean);
+  ASSERT_TRUE(mean.ok());
+  EXPECT_EQ((*mean)->name(), "mean");
+  EXPECT_EQ(MakeAveragingRule(AveragingMode::kUnspecified).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+JobSettings Complete() {
+  JobSettings s;
+  s.local_sgd_steps = 16;
+  s.chunk_elements = 1024;
+  s.wire_dtype = DType::kFloat32;
+  s.mode = AveragingMode::kMean;
+  s.nonfinite_policy = NonFinitePolicy::kReject;
+  return s;
+}
+
+TEST(SettingsTest, WithDefaults_TakesOnlyTheFieldsTheRequestSets) {
+  JobSettings asked;
+  asked.chunk_elements = 7;
+  asked.wire_dtype = DType::kBFloat16;
+  const JobSettings s = WithDefaults(asked, Complete());
+  EXPECT_EQ(s.local_sgd_steps, 16u);
+  EXPECT_EQ(s.chunk_elements, 7u);
+  EXPECT_EQ(s.wire_dtype, DType::kBFloat16);
+  EXPECT_EQ(s.mode, AveragingMode::kMean);
+  EXPECT_EQ(s.nonfinite_policy, NonFinitePolicy::kReject);
+  EXPECT_EQ(s.rendezvous_members, 0u);
+}
+
+TEST(SettingsTest, FirstDifference_EmptyForNoPreferenceOrEqual) {
+  EXPECT_EQ(FirstDifference(Complete(), JobSettings()), "");
+  EXPECT_EQ(FirstDifference(Complete(), Complete()), "");
+}
+
+TEST(SettingsTest, FirstDifference_NamesEachFieldThatDiffers) {
+  struct Case {
+    void (*change)(JobSettings&);
+    std::string says;
+  };
+  const Case cases[] = {
+      {[](JobSettings& s) { s.local_sgd_steps = 8; },
+       "syncs every 16 steps; member asks for 8"},
+      {[](JobSettings& s) { s.chunk_elements = 9; },
+       "uses chunks of 1024 elements; member asks for 9"},
+      {[](JobSettings& s) { s.wire_dtype = DType::kBFloat16; },
+       "uses wire dtype float32; member asks for bfloat16"},
+      {[](JobSettings& s) { s.rendezvous_members = 3; },
+       "starts with 0 members; member asks for 3"},
+      {[](JobSettings& s) { s.nonfinite_policy = NonFinitePolicy::kDrop; },
+       "treats non-finite values with policy 'reject'; member asks for "
+       "'drop'"},
+  };
+  for (const Case& c : cases) {
+    JobSettings asked;
+    c.change(asked);
+    EXPECT_EQ(FirstDifference(Complete(), asked), c.says);
+  }
+}
+
+TEST(SettingsTest, ValidateSetFields_RefusesWhatTheLimitsDoNotAllow) {
+  SettingsLimits limits;
+  limits.max_chunk_elements = 100;
+  limits.max_members = 4;
+  EXPECT_TRUE(ValidateSetFields(JobSettings(), limits).ok());
+  JobSettings s;
+  s.chunk_elements = 101;
+  EXPECT_THAT(ValidateSetFields(s, limits).message(),
+              HasSubstr("chunk_elements 101 exceeds the coordinator's limit"));
+  s = JobSettings();
+  s.wire_dtype = DType::kFloat64;
+  EXPECT_THAT(ValidateSetFields(s, limits).message(),
+              HasSubstr("wire dtype float64 is not supported"));
+  s = JobSettings();
+  s.rendezvous_members = 5;
+  EXPECT_THAT(ValidateSetFields(s, limits).message(),
+              HasSubstr("rendezvous_members 5 exceeds"));
+  s = JobSettings();
+  s.mode = static_cast<AveragingMode>(9);
+  EXPECT_EQ(ValidateSetFields(s, limits).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SettingsTest, ValidateComplete_NeedsEveryFieldWithoutADefaultMeaning) {
+  SettingsLimits limits;
+  EXPECT_TRUE(ValidateComplete(Complete(), limits, "").ok());
+  JobSettings s = Complete();
+  s.chunk_elements = 0;
+  EXPECT_THAT(ValidateComplete(s, limits, "default ").message(),
+              HasSubstr("default chunk_elements must be in [1, "));
+  s = Complete();
+  s.wire_dtype = DType::kUnspecified;
+  EXPECT_EQ(ValidateComplete(s, limits, "").code(),
+            absl::StatusCode::kInvalidArgument);
+  s = Complete();
+  s.nonfinite_policy = NonFinitePolicy::kUnspecified;
+  EXPECT_EQ(ValidateComplete(s, limits, "").code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace localsgd
