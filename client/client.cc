@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/credentials.h"
+#include "client/rejoin_policy.h"
 #include "glog/logging.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -29,17 +30,14 @@
 #include "grpcpp/security/credentials.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
 #include "proto/chunk_wire.h"
+#include "proto/convert.h"
+#include "proto/grpc_status.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
+#include "src/settings.h"
 
 namespace localsgd {
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
-}
 
 bool Retryable(const absl::Status& status) {
   // CANCELLED: a call the server cut off while shutting down (the client's
@@ -209,7 +207,7 @@ absl::Status FinishStream(grpc::ClientContext& context, Stream& stream,
     stream.Finish();
     return error;
   }
-  return FromGrpc(stream.Finish());
+  return FromGrpcStatus(stream.Finish());
 }
 
 std::string DefaultMemberName() {
@@ -247,10 +245,14 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "ClientOptions.weight must be in [1e-6, 1e6]; got ", weight));
   }
-  if (settings.wire_dtype != DType::kUnspecified &&
-      !IsWireDType(settings.wire_dtype)) {
-    return absl::InvalidArgumentError(
-        "ClientOptions.settings.wire_dtype must be float32 or bfloat16");
+  // Only what any coordinator refuses: its own limits it checks at Join.
+  SettingsLimits any;
+  any.max_chunk_elements = ~uint32_t{0};
+  any.max_members = ~uint32_t{0};
+  if (absl::Status s =
+          ValidateSetFields(settings, any, "ClientOptions.settings: ");
+      !s.ok()) {
+    return s;
   }
   if (rpc_timeout <= absl::ZeroDuration() ||
       sync_timeout <= absl::ZeroDuration() ||
@@ -302,48 +304,24 @@ class Client::Replica {
     request.set_member_name(options_.member_name);
     request.set_weight(options_.weight);
     request.set_incarnation(incarnation_);
-    v1::Layout* l = request.mutable_layout();
-    l->set_fingerprint(layout.fingerprint);
-    for (const TensorSpec& spec : layout.tensors) {
-      v1::TensorSpec* t = l->add_tensors();
-      t->set_name(spec.name);
-      for (int64_t d : spec.shape) t->add_shape(d);
-      t->set_dtype(static_cast<v1::DType>(static_cast<int>(spec.dtype)));
-    }
-    v1::JobSettings* s = request.mutable_settings();
-    s->set_local_sgd_steps(options_.settings.local_sgd_steps);
-    s->set_chunk_elements(options_.settings.chunk_elements);
-    s->set_rendezvous_members(options_.settings.rendezvous_members);
-    s->set_wire_dtype(
-        static_cast<v1::DType>(static_cast<int>(options_.settings.wire_dtype)));
-    s->set_mode(static_cast<v1::AveragingMode>(
-        static_cast<int>(options_.settings.mode)));
-    s->set_nonfinite_policy(static_cast<v1::NonFinitePolicy>(
-        static_cast<int>(options_.settings.nonfinite_policy)));
+    LayoutToProto(layout, request.mutable_layout());
+    SettingsToProto(options_.settings, request.mutable_settings());
 
     v1::JoinResponse response;
     absl::Status status = WithRetries("Join", [&] {
       grpc::ClientContext context;
       SetDeadline(&context, options_.rpc_timeout);
-      return FromGrpc(stub_->Join(&context, request, &response));
+      return FromGrpcStatus(stub_->Join(&context, request, &response));
     });
     if (!status.ok()) return status;
 
-    JoinInfo info;
-    info.member_id = MemberId(response.member_id());
-    info.settings.local_sgd_steps = response.settings().local_sgd_steps();
-    info.settings.chunk_elements = response.settings().chunk_elements();
-    info.settings.rendezvous_members = response.settings().rendezvous_members();
-    info.settings.wire_dtype =
-        static_cast<DType>(response.settings().wire_dtype());
-    info.settings.mode = static_cast<AveragingMode>(response.settings().mode());
-    info.settings.nonfinite_policy =
-        static_cast<NonFinitePolicy>(response.settings().nonfinite_policy());
-    info.lease_ttl = absl::Milliseconds(response.policy().lease_ttl_ms());
-    info.has_state = response.has_state();
-    info.state_round = response.state_round();
-    info.num_chunks = response.num_chunks();
-    info.num_elements = response.num_elements();
+    absl::StatusOr<JoinInfo> parsed = JoinInfoFromProto(response);
+    if (!parsed.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "coordinator ", address_, ": Join response does not parse (",
+          parsed.status().message(), "); is it a compatible version?"));
+    }
+    const JoinInfo info = *std::move(parsed);
     if (!IsWireDType(info.settings.wire_dtype) ||
         info.settings.chunk_elements == 0 || info.num_chunks == 0 ||
         info.lease_ttl <= absl::ZeroDuration()) {
@@ -352,8 +330,7 @@ class Client::Replica {
           ": Join response is malformed (wire dtype, chunk size or lease); "
           "is it a compatible version?"));
     }
-    ShardSpec shard{response.shard_index(),
-                    std::max<uint32_t>(response.shard_count(), 1)};
+    const ShardSpec shard = info.shard;
     if (shard.index >= shard.count) {
       return absl::InternalError(absl::StrCat("coordinator ", address_,
                                               " says it is shard ", shard.index,
@@ -464,11 +441,9 @@ class Client::Replica {
                                    absl::Span<float> params) {
     absl::StatusOr<SyncOutcome> outcome =
         SyncRound(layout, state_round_ + 1, params);
-    // NOT_FOUND: the coordinator forgot the member (lease, restart) or the
-    // job (restart without state). FAILED_PRECONDITION: the job has no state
-    // or is behind this member. Joining again mends both.
-    if (absl::IsNotFound(outcome.status()) ||
-        absl::IsFailedPrecondition(outcome.status())) {
+    // The coordinator forgot the member or the job, or is behind it
+    // (rejoin_policy.h): joining again mends it.
+    if (SyncNeedsRejoin(outcome.status())) {
       LOG(WARNING) << "job " << options_.job_id << " at " << address_ << ": "
                    << outcome.status().message() << "; joining again";
       outcome = Rejoin(layout, params);
@@ -485,7 +460,8 @@ class Client::Replica {
     v1::LeaveResponse response;
     grpc::ClientContext context;
     SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(5)));
-    absl::Status status = FromGrpc(stub_->Leave(&context, request, &response));
+    absl::Status status =
+        FromGrpcStatus(stub_->Leave(&context, request, &response));
     info_.member_id = MemberId();
     if (status.ok()) {
       LOG(INFO) << "left job " << options_.job_id << " at " << address_;
@@ -508,36 +484,23 @@ class Client::Replica {
       return s;
     }
     absl::StatusOr<SyncOutcome> outcome;
-    if (!info_.has_state) {
-      // The coordinator lost the job: re-seed it (or adopt another member's
-      // re-seed), then contribute these parameters to its first round, as
-      // the members that re-join after the seed do: so every member takes
-      // part in that round and none waits for one that already returned.
-      std::vector<float> own;
-      own.reserve(local_.num_elements());
-      for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
-        const absl::Span<const float> slice = Slice(params, j);
-        own.insert(own.end(), slice.begin(), slice.end());
+    const RejoinDecision decision =
+        DecideRejoin(info_.has_state, info_.state_round, trained_from);
+    switch (decision.action) {
+      case RejoinAction::kReseedThenContribute:
+        outcome = ReseedThenContribute(layout, params);
+        break;
+      case RejoinAction::kContribute:
+        outcome = SyncRound(layout, decision.round, params);
+        break;
+      case RejoinAction::kAdopt: {
+        absl::StatusOr<RoundId> round = FetchState(layout, params);
+        if (!round.ok()) return round.status();
+        outcome = SyncOutcome();
+        outcome->round = *round;
+        outcome->late = true;
+        break;
       }
-      outcome = SyncRound(layout, 0, params);
-      if (outcome.ok()) {
-        for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
-          const auto from = absl::MakeConstSpan(own).subspan(local_.Offset(j),
-                                                             local_.Size(j));
-          std::copy(from.begin(), from.end(), Slice(params, j).begin());
-        }
-        outcome = SyncRound(layout, state_round_ + 1, params);
-      }
-    } else if (info_.state_round <= trained_from) {
-      // The job's state is not newer than the one `params` grew from: they
-      // are a valid contribution to its next round.
-      outcome = SyncRound(layout, info_.state_round + 1, params);
-    } else {
-      absl::StatusOr<RoundId> round = FetchState(layout, params);
-      if (!round.ok()) return round.status();
-      outcome = SyncOutcome();
-      outcome->round = *round;
-      outcome->late = true;
     }
     if (outcome.ok()) {
       outcome->rejoined = true;
@@ -546,6 +509,28 @@ class Client::Replica {
                 << (outcome->contributed ? " (contributed)" : " (adopted)");
     }
     return outcome;
+  }
+
+  // The coordinator lost the job: re-seed it (or adopt another member's
+  // re-seed), then contribute these parameters to its first round, as the
+  // members that re-join after the seed do: so every member takes part in
+  // that round and none waits for one that already returned.
+  absl::StatusOr<SyncOutcome> ReseedThenContribute(const Layout& layout,
+                                                   absl::Span<float> params) {
+    std::vector<float> own;
+    own.reserve(local_.num_elements());
+    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+      const absl::Span<const float> slice = Slice(params, j);
+      own.insert(own.end(), slice.begin(), slice.end());
+    }
+    absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, 0, params);
+    if (!outcome.ok()) return outcome;
+    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+      const auto from =
+          absl::MakeConstSpan(own).subspan(local_.Offset(j), local_.Size(j));
+      std::copy(from.begin(), from.end(), Slice(params, j).begin());
+    }
+    return SyncRound(layout, state_round_ + 1, params);
   }
 
   // Sends the replica's chunks of `params` for `round` (0: seed) and stores
@@ -610,13 +595,9 @@ class Client::Replica {
             }
             const v1::SyncResponse& response = in.message();
             if (response.has_result()) {
-              const v1::SyncResult& r = response.result();
               have_header = true;
-              outcome.round = r.round();
-              outcome.contributed = r.contributed();
-              outcome.late = r.late();
-              outcome.contributors = r.contributors();
-              outcome.contributor_weight = r.contributor_weight();
+              static_cast<RoundOutcome&>(outcome) =
+                  RoundOutcomeFromProto(response.result());
             } else {
               error = absl::InternalError(
                   "Sync sent a message with neither result nor chunk");

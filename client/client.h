@@ -94,18 +94,10 @@ struct ClientOptions {
   absl::Status Validate() const;
 };
 
-// What a Sync did.
-struct SyncOutcome {
-  // The round whose average the parameters now hold.
-  RoundId round = 0;
-  // Whether this member's parameters were counted in it.
-  bool contributed = false;
-  // The member's round had closed already (or it joined while the round was
-  // open): it adopted the latest average instead.
-  bool late = false;
-  // Members counted in the round and their total weight.
-  uint32_t contributors = 0;
-  double contributor_weight = 0;
+// What a Sync did: how the round ended for this member (RoundOutcome:
+// round, contributed, late, contributors, contributor_weight) and what it
+// cost.
+struct SyncOutcome : RoundOutcome {
   // Bytes of chunk payload sent and received.
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
@@ -114,16 +106,7 @@ struct SyncOutcome {
   bool rejoined = false;
 };
 
-// What Join learnt.
-struct JoinInfo {
-  MemberId member_id;
-  JobSettings settings;      // the job's, after defaults
-  absl::Duration lease_ttl;  // heartbeats go every lease_ttl / 3
-  bool has_state = false;    // whether the job had global state at Join
-  RoundId state_round = 0;   // round of that state
-  uint32_t num_chunks = 0;
-  uint64_t num_elements = 0;
-};
+// What Join learnt: JoinInfo (src/types.h).
 
 class Client {
  public:

@@ -1,35 +1,17 @@
-// Conversions between localsgd.v1 messages and core types, and the one place
-// where absl::Status becomes grpc::Status.
+// The server's own conversions: a job's status (core) to localsgd.v1. The
+// conversions of the value types both sides share live in the protocol
+// layer (proto/convert.h), the absl <-> gRPC status conversion in
+// proto/grpc_status.h; both are included here for the service.
 #ifndef LOCALSGD_SERVER_CONVERT_H_
 #define LOCALSGD_SERVER_CONVERT_H_
 
-#include <string>
-
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "grpcpp/support/status.h"
+#include "absl/time/time.h"
 #include "localsgd/v1/coordinator.pb.h"
+#include "proto/convert.h"
+#include "proto/grpc_status.h"
 #include "src/job.h"
-#include "src/layout.h"
-#include "src/types.h"
 
 namespace localsgd {
-
-grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status);
-
-// INVALID_ARGUMENT for values outside the enum. `what` names the field.
-absl::StatusOr<DType> DTypeFromProto(int value, absl::string_view what);
-v1::DType DTypeToProto(DType dtype);
-
-absl::StatusOr<Layout> LayoutFromProto(const v1::Layout& proto);
-void LayoutToProto(const Layout& layout, v1::Layout* proto);
-
-absl::StatusOr<JobSettings> SettingsFromProto(const v1::JobSettings& proto);
-void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto);
-
-// INVALID_ARGUMENT unless `hex` is a well-formed member id.
-absl::StatusOr<MemberId> ParseMemberId(const std::string& hex);
 
 void JobStatusToProto(const JobStatusSnapshot& status, absl::Time now,
                       v1::JobStatus* proto);

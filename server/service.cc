@@ -341,14 +341,8 @@ class SyncReactor final
     if (!reads_done_ || !result_.has_value()) return std::nullopt;
     if (!result_->ok()) return FinishLocked(ToGrpcStatus(result_->status()));
     writing_ = true;
-    const SyncResult& r = **result_;
     v1::SyncResponse response;
-    v1::SyncResult* header = response.mutable_result();
-    header->set_round(r.round);
-    header->set_contributed(r.contributed);
-    header->set_late(r.late);
-    header->set_contributors(r.contributors);
-    header->set_contributor_weight(r.contributor_weight);
+    RoundOutcomeToProto(**result_, response.mutable_result());
     response_ = SerializeMessage(response);
     response_payload_bytes_ = 0;
     next_chunk_ = 0;
@@ -538,22 +532,20 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(
     absl::StatusOr<JoinResult> result =
         coordinator_->Join(request->job_id(), std::move(params));
     if (!result.ok()) return result.status();
-    response->set_member_id(result->member_id.str());
-    SettingsToProto(result->settings, response->mutable_settings());
     const CoordinatorOptions& options = coordinator_->options();
-    v1::CoordinatorPolicy* policy = response->mutable_policy();
-    policy->set_lease_ttl_ms(
-        absl::ToInt64Milliseconds(options.policy.lease_ttl));
-    policy->set_round_deadline_ms(
-        absl::ToInt64Milliseconds(options.policy.round_deadline));
-    policy->set_min_quorum(options.policy.min_quorum);
-    policy->set_max_message_bytes(static_cast<uint64_t>(max_message_bytes_));
-    response->set_has_state(result->has_state);
-    response->set_state_round(result->state_round);
-    response->set_num_chunks(result->geometry.num_chunks());
-    response->set_num_elements(result->geometry.num_elements());
-    response->set_shard_index(options.shard.index);
-    response->set_shard_count(options.shard.count);
+    JoinInfo info;
+    info.member_id = result->member_id;
+    info.settings = result->settings;
+    info.lease_ttl = options.policy.lease_ttl;
+    info.round_deadline = options.policy.round_deadline;
+    info.min_quorum = options.policy.min_quorum;
+    info.max_message_bytes = static_cast<uint64_t>(max_message_bytes_);
+    info.has_state = result->has_state;
+    info.state_round = result->state_round;
+    info.num_chunks = result->geometry.num_chunks();
+    info.num_elements = result->geometry.num_elements();
+    info.shard = options.shard;
+    JoinInfoToProto(info, response);
     return absl::OkStatus();
   }();
   if (!status.ok()) {

@@ -94,13 +94,9 @@ struct StateSnapshot {
       ABSL_GUARDED_BY(crc_mu_);
 };
 
-// What a Sync resolves to.
-struct SyncResult {
-  RoundId round = 0;
-  bool contributed = false;
-  bool late = false;
-  uint32_t contributors = 0;
-  double contributor_weight = 0;
+// What a Sync resolves to: how the round ended for the member, and the
+// state it ended with.
+struct SyncResult : RoundOutcome {
   std::shared_ptr<const StateSnapshot> state;
 };
 using SyncCallback = std::function<void(absl::StatusOr<SyncResult>)>;

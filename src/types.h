@@ -8,6 +8,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace localsgd {
 
@@ -98,6 +99,37 @@ class MemberId {
 
  private:
   std::string hex_;
+};
+
+// What a Join tells the member (localsgd.v1.JoinResponse).
+struct JoinInfo {
+  MemberId member_id;
+  JobSettings settings;      // the job's, after defaults
+  absl::Duration lease_ttl;  // heartbeats go every lease_ttl / 3
+  // The coordinator's round rules and message limit.
+  absl::Duration round_deadline;  // zero: none
+  uint32_t min_quorum = 1;
+  uint64_t max_message_bytes = 0;
+  bool has_state = false;   // whether the job had global state at Join
+  RoundId state_round = 0;  // round of that state
+  // This replica's chunks and elements (all of the layout's unsharded).
+  uint32_t num_chunks = 0;
+  uint64_t num_elements = 0;
+  ShardSpec shard;
+};
+
+// How a round ended for one member (localsgd.v1.SyncResult).
+struct RoundOutcome {
+  // The round whose result the member now holds.
+  RoundId round = 0;
+  // Whether this member's contribution was counted in it.
+  bool contributed = false;
+  // The member's round had closed already (or it joined while the round was
+  // open): it adopted the latest result instead.
+  bool late = false;
+  // Members counted in the round and their total weight.
+  uint32_t contributors = 0;
+  double contributor_weight = 0;
 };
 
 }  // namespace localsgd

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fuzz_input.pb.h"
+#include "proto/convert.h"
 #include "src/layout.h"
 
 namespace localsgd {
@@ -41,15 +42,7 @@ void FillLayout(const std::vector<int64_t>& sizes, v1::Layout* proto,
   for (size_t i = 0; i < sizes.size(); ++i) {
     tensors.push_back({"t" + std::to_string(i), {sizes[i]}, dtype});
   }
-  const Layout layout = MakeLayout(tensors);
-  proto->Clear();
-  proto->set_fingerprint(layout.fingerprint);
-  for (const TensorSpec& t : layout.tensors) {
-    v1::TensorSpec* p = proto->add_tensors();
-    p->set_name(t.name);
-    for (int64_t d : t.shape) p->add_shape(d);
-    p->set_dtype(static_cast<v1::DType>(static_cast<int>(t.dtype)));
-  }
+  LayoutToProto(MakeLayout(tensors), proto);
 }
 
 std::string Floats(std::vector<float> values) {

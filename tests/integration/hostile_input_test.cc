@@ -44,6 +44,7 @@
 #include "gtest/gtest.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
 #include "prometheus/counter.h"
+#include "proto/convert.h"
 #include "server/server.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
@@ -78,17 +79,6 @@ Layout HonestLayout() {
     tensors.push_back({absl::StrCat("layer", i), {kSizes[i]}, DType::kFloat32});
   }
   return MakeLayout(std::move(tensors));
-}
-
-void LayoutToProto(const Layout& layout, v1::Layout* proto) {
-  proto->Clear();
-  proto->set_fingerprint(layout.fingerprint);
-  for (const TensorSpec& t : layout.tensors) {
-    v1::TensorSpec* p = proto->add_tensors();
-    p->set_name(t.name);
-    for (int64_t d : t.shape) p->add_shape(d);
-    p->set_dtype(static_cast<v1::DType>(static_cast<int>(t.dtype)));
-  }
 }
 
 uint32_t ChunkSize(uint32_t index) {

@@ -22,6 +22,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
+#include "proto/convert.h"
 #include "server/server.h"
 #include "src/clock.h"
 #include "src/codec.h"
@@ -152,11 +153,7 @@ class MetricsTest : public ::testing::Test {
     request.set_job_id(job);
     request.set_member_name(name);
     request.set_incarnation(7);
-    request.mutable_layout()->set_fingerprint(layout_.fingerprint);
-    v1::TensorSpec* t = request.mutable_layout()->add_tensors();
-    t->set_name("w");
-    t->add_shape(kElements);
-    t->set_dtype(v1::DTYPE_FLOAT32);
+    LayoutToProto(layout_, request.mutable_layout());
     v1::JoinResponse response;
     grpc::ClientContext context;
     grpc::Status status = stub_->Join(&context, request, &response);

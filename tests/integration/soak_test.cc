@@ -20,6 +20,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
+#include "proto/convert.h"
 #include "server/server.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
@@ -97,14 +98,7 @@ class SoakTest : public ::testing::Test {
     request.set_member_name(absl::StrCat("k", uid));
     request.set_weight(weight);
     request.set_incarnation(1000 + uid);
-    v1::Layout* l = request.mutable_layout();
-    l->set_fingerprint(layout_.fingerprint);
-    for (const TensorSpec& t : layout_.tensors) {
-      v1::TensorSpec* p = l->add_tensors();
-      p->set_name(t.name);
-      p->add_shape(t.shape[0]);
-      p->set_dtype(v1::DTYPE_FLOAT32);
-    }
+    LayoutToProto(layout_, request.mutable_layout());
     v1::JoinResponse response;
     grpc::ClientContext context;
     grpc::Status status = stub_->Join(&context, request, &response);

@@ -15,6 +15,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
+#include "proto/convert.h"
 #include "server/server.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
@@ -294,7 +295,7 @@ class BadInputTest : public ::testing::Test {
     request.set_job_id("job");
     request.set_member_name(name);
     request.set_incarnation(42);
-    FillLayout(layout_, request.mutable_layout());
+    LayoutToProto(layout_, request.mutable_layout());
     v1::JoinResponse response;
     grpc::ClientContext context;
     grpc::Status status = stub_->Join(&context, request, &response);
@@ -311,16 +312,6 @@ class BadInputTest : public ::testing::Test {
     v1::LeaveResponse response;
     grpc::ClientContext context;
     ASSERT_TRUE(stub_->Leave(&context, request, &response).ok());
-  }
-
-  static void FillLayout(const Layout& layout, v1::Layout* proto) {
-    proto->set_fingerprint(layout.fingerprint);
-    for (const TensorSpec& t : layout.tensors) {
-      v1::TensorSpec* p = proto->add_tensors();
-      p->set_name(t.name);
-      for (int64_t d : t.shape) p->add_shape(d);
-      p->set_dtype(v1::DTYPE_FLOAT32);
-    }
   }
 
   // Runs one raw Sync stream; returns its status.
@@ -389,7 +380,7 @@ TEST_F(BadInputTest,
   request.set_job_id("job");
   request.set_member_name("other");
   request.set_incarnation(7);
-  FillLayout(LayoutOfSizes({50, 26}), request.mutable_layout());
+  LayoutToProto(LayoutOfSizes({50, 26}), request.mutable_layout());
   v1::JoinResponse response;
   grpc::ClientContext context;
   grpc::Status status = stub_->Join(&context, request, &response);
@@ -403,7 +394,7 @@ TEST_F(BadInputTest, Join_WrongFingerprint_ReturnsInvalidArgument) {
   v1::JoinRequest request;
   request.set_job_id("job");
   request.set_incarnation(7);
-  FillLayout(layout_, request.mutable_layout());
+  LayoutToProto(layout_, request.mutable_layout());
   request.mutable_layout()->set_fingerprint(layout_.fingerprint ^ 1);
   v1::JoinResponse response;
   grpc::ClientContext context;
@@ -526,7 +517,7 @@ TEST_F(BadInputTest, Join_ReportsTheCoordinatorsPolicy) {
   request.set_job_id("job");
   request.set_member_name("policy");
   request.set_incarnation(9);
-  FillLayout(layout_, request.mutable_layout());
+  LayoutToProto(layout_, request.mutable_layout());
   v1::JoinResponse response;
   grpc::ClientContext context;
   ASSERT_TRUE(stub_->Join(&context, request, &response).ok());

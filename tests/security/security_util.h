@@ -33,6 +33,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
+#include "proto/convert.h"
 #include "server/server.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
@@ -202,13 +203,7 @@ class RawClient {
     request.set_job_id(job);
     request.set_member_name(name);
     request.set_incarnation(incarnation);
-    request.mutable_layout()->set_fingerprint(layout.fingerprint);
-    for (const TensorSpec& t : layout.tensors) {
-      v1::TensorSpec* p = request.mutable_layout()->add_tensors();
-      p->set_name(t.name);
-      for (int64_t d : t.shape) p->add_shape(d);
-      p->set_dtype(v1::DTYPE_FLOAT32);
-    }
+    LayoutToProto(layout, request.mutable_layout());
     v1::JoinResponse response;
     grpc::ClientContext context;
     Prepare(&context);

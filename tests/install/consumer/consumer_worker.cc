@@ -35,9 +35,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "Create: %s\n", client.status().ToString().c_str());
     return 1;
   }
-  const localsgd::Layout layout = localsgd::MakeLayout(
-      {{"w", {10, 100}, localsgd::DType::kFloat32},
-       {"b", {24}, localsgd::DType::kFloat32}});
+  const localsgd::Layout layout =
+      localsgd::MakeLayout({{"w", {10, 100}, localsgd::DType::kFloat32},
+                            {"b", {24}, localsgd::DType::kFloat32}});
   std::vector<float> params(1024, static_cast<float>(rank));
   if (auto s = (*client)->Join(layout); !s.ok()) {
     std::fprintf(stderr, "Join: %s\n", s.ToString().c_str());
@@ -58,8 +58,9 @@ int main(int argc, char** argv) {
     }
     if (outcome->contributors != static_cast<uint32_t>(workers) ||
         !outcome->contributed) {
-      std::fprintf(stderr, "round %d: %u contributors (want %d), contributed=%d\n",
-                   r, outcome->contributors, workers, outcome->contributed);
+      std::fprintf(stderr,
+                   "round %d: %u contributors (want %d), contributed=%d\n", r,
+                   outcome->contributors, workers, outcome->contributed);
       return 1;
     }
     for (size_t e = 0; e < params.size(); ++e) {

@@ -1,0 +1,222 @@
+#include "proto/convert.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace localsgd {
+namespace {
+
+absl::StatusOr<NonFinitePolicy> NonFinitePolicyFromProto(int value) {
+  switch (value) {
+    case v1::NON_FINITE_POLICY_UNSPECIFIED:
+      return NonFinitePolicy::kUnspecified;
+    case v1::NON_FINITE_POLICY_REJECT:
+      return NonFinitePolicy::kReject;
+    case v1::NON_FINITE_POLICY_DROP:
+      return NonFinitePolicy::kDrop;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("settings.nonfinite_policy has unknown value ", value));
+  }
+}
+
+v1::NonFinitePolicy NonFinitePolicyToProto(NonFinitePolicy policy) {
+  switch (policy) {
+    case NonFinitePolicy::kReject:
+      return v1::NON_FINITE_POLICY_REJECT;
+    case NonFinitePolicy::kDrop:
+      return v1::NON_FINITE_POLICY_DROP;
+    case NonFinitePolicy::kUnspecified:
+      break;
+  }
+  return v1::NON_FINITE_POLICY_UNSPECIFIED;
+}
+
+absl::StatusOr<AveragingMode> AveragingModeFromProto(int value) {
+  switch (value) {
+    case v1::AVERAGING_MODE_UNSPECIFIED:
+      return AveragingMode::kUnspecified;
+    case v1::AVERAGING_MODE_MEAN:
+      return AveragingMode::kMean;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("settings.mode has unknown value ", value));
+  }
+}
+
+v1::AveragingMode AveragingModeToProto(AveragingMode mode) {
+  switch (mode) {
+    case AveragingMode::kMean:
+      return v1::AVERAGING_MODE_MEAN;
+    case AveragingMode::kUnspecified:
+      break;
+  }
+  return v1::AVERAGING_MODE_UNSPECIFIED;
+}
+
+}  // namespace
+
+absl::StatusOr<DType> DTypeFromProto(int value, absl::string_view what) {
+  switch (value) {
+    case v1::DTYPE_UNSPECIFIED:
+      return DType::kUnspecified;
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_BFLOAT16:
+      return DType::kBFloat16;
+    case v1::DTYPE_FLOAT16:
+      return DType::kFloat16;
+    case v1::DTYPE_FLOAT64:
+      return DType::kFloat64;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has unknown dtype value ", value));
+  }
+}
+
+v1::DType DTypeToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+    case DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+    case DType::kFloat64:
+      return v1::DTYPE_FLOAT64;
+    case DType::kUnspecified:
+      break;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<Layout> LayoutFromProto(const v1::Layout& proto) {
+  Layout layout;
+  layout.fingerprint = proto.fingerprint();
+  layout.tensors.reserve(proto.tensors_size());
+  for (int i = 0; i < proto.tensors_size(); ++i) {
+    const v1::TensorSpec& t = proto.tensors(i);
+    TensorSpec spec;
+    spec.name = t.name();
+    spec.shape.assign(t.shape().begin(), t.shape().end());
+    absl::StatusOr<DType> dtype =
+        DTypeFromProto(t.dtype(), absl::StrCat("layout tensor ", i));
+    if (!dtype.ok()) return dtype.status();
+    spec.dtype = *dtype;
+    layout.tensors.push_back(std::move(spec));
+  }
+  return layout;
+}
+
+void LayoutToProto(const Layout& layout, v1::Layout* proto) {
+  proto->Clear();
+  proto->set_fingerprint(layout.fingerprint);
+  for (const TensorSpec& spec : layout.tensors) {
+    v1::TensorSpec* t = proto->add_tensors();
+    t->set_name(spec.name);
+    for (int64_t d : spec.shape) t->add_shape(d);
+    t->set_dtype(DTypeToProto(spec.dtype));
+  }
+}
+
+v1::Layout LayoutToProto(const Layout& layout) {
+  v1::Layout proto;
+  LayoutToProto(layout, &proto);
+  return proto;
+}
+
+absl::StatusOr<JobSettings> SettingsFromProto(const v1::JobSettings& proto) {
+  JobSettings settings;
+  settings.local_sgd_steps = proto.local_sgd_steps();
+  settings.chunk_elements = proto.chunk_elements();
+  settings.rendezvous_members = proto.rendezvous_members();
+  absl::StatusOr<DType> dtype =
+      DTypeFromProto(proto.wire_dtype(), "settings.wire_dtype");
+  if (!dtype.ok()) return dtype.status();
+  settings.wire_dtype = *dtype;
+  absl::StatusOr<NonFinitePolicy> policy =
+      NonFinitePolicyFromProto(proto.nonfinite_policy());
+  if (!policy.ok()) return policy.status();
+  settings.nonfinite_policy = *policy;
+  absl::StatusOr<AveragingMode> mode = AveragingModeFromProto(proto.mode());
+  if (!mode.ok()) return mode.status();
+  settings.mode = *mode;
+  return settings;
+}
+
+void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto) {
+  proto->set_local_sgd_steps(settings.local_sgd_steps);
+  proto->set_chunk_elements(settings.chunk_elements);
+  proto->set_rendezvous_members(settings.rendezvous_members);
+  proto->set_wire_dtype(DTypeToProto(settings.wire_dtype));
+  proto->set_mode(AveragingModeToProto(settings.mode));
+  proto->set_nonfinite_policy(
+      NonFinitePolicyToProto(settings.nonfinite_policy));
+}
+
+absl::StatusOr<MemberId> ParseMemberId(const std::string& hex) {
+  if (!MemberId::IsWellFormed(hex)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "member_id '", hex.substr(0, 40), hex.size() > 40 ? "..." : "",
+        "' is malformed: expected the 32 lower-case hex digits Join returned"));
+  }
+  return MemberId(hex);
+}
+
+void JoinInfoToProto(const JoinInfo& info, v1::JoinResponse* proto) {
+  proto->set_member_id(info.member_id.str());
+  SettingsToProto(info.settings, proto->mutable_settings());
+  v1::CoordinatorPolicy* policy = proto->mutable_policy();
+  policy->set_lease_ttl_ms(absl::ToInt64Milliseconds(info.lease_ttl));
+  policy->set_round_deadline_ms(absl::ToInt64Milliseconds(info.round_deadline));
+  policy->set_min_quorum(info.min_quorum);
+  policy->set_max_message_bytes(info.max_message_bytes);
+  proto->set_has_state(info.has_state);
+  proto->set_state_round(info.state_round);
+  proto->set_num_chunks(info.num_chunks);
+  proto->set_num_elements(info.num_elements);
+  proto->set_shard_index(info.shard.index);
+  proto->set_shard_count(info.shard.count);
+}
+
+absl::StatusOr<JoinInfo> JoinInfoFromProto(const v1::JoinResponse& proto) {
+  JoinInfo info;
+  absl::StatusOr<MemberId> id = ParseMemberId(proto.member_id());
+  if (!id.ok()) return id.status();
+  info.member_id = *std::move(id);
+  absl::StatusOr<JobSettings> settings = SettingsFromProto(proto.settings());
+  if (!settings.ok()) return settings.status();
+  info.settings = *settings;
+  info.lease_ttl = absl::Milliseconds(proto.policy().lease_ttl_ms());
+  info.round_deadline = absl::Milliseconds(proto.policy().round_deadline_ms());
+  info.min_quorum = proto.policy().min_quorum();
+  info.max_message_bytes = proto.policy().max_message_bytes();
+  info.has_state = proto.has_state();
+  info.state_round = proto.state_round();
+  info.num_chunks = proto.num_chunks();
+  info.num_elements = proto.num_elements();
+  info.shard = ShardSpec{proto.shard_index(),
+                         std::max<uint32_t>(proto.shard_count(), 1)};
+  return info;
+}
+
+void RoundOutcomeToProto(const RoundOutcome& outcome, v1::SyncResult* proto) {
+  proto->set_round(outcome.round);
+  proto->set_contributed(outcome.contributed);
+  proto->set_late(outcome.late);
+  proto->set_contributors(outcome.contributors);
+  proto->set_contributor_weight(outcome.contributor_weight);
+}
+
+RoundOutcome RoundOutcomeFromProto(const v1::SyncResult& proto) {
+  RoundOutcome outcome;
+  outcome.round = proto.round();
+  outcome.contributed = proto.contributed();
+  outcome.late = proto.late();
+  outcome.contributors = proto.contributors();
+  outcome.contributor_weight = proto.contributor_weight();
+  return outcome;
+}
+
+}  // namespace localsgd
