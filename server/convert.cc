@@ -76,4 +76,20 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
   }
 }
 
+absl::StatusOr<JoinRequestParams> JoinParamsFromProto(
+    const v1::JoinRequest& request, std::string principal) {
+  JoinRequestParams params;
+  params.principal = std::move(principal);
+  params.member_name = request.member_name();
+  params.weight = request.weight();
+  params.incarnation = request.incarnation();
+  absl::StatusOr<Layout> layout = LayoutFromProto(request.layout());
+  if (!layout.ok()) return layout.status();
+  params.layout = *std::move(layout);
+  absl::StatusOr<JobSettings> settings = SettingsFromProto(request.settings());
+  if (!settings.ok()) return settings.status();
+  params.settings = *settings;
+  return params;
+}
+
 }  // namespace localsgd

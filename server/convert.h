@@ -5,6 +5,9 @@
 #ifndef LOCALSGD_SERVER_CONVERT_H_
 #define LOCALSGD_SERVER_CONVERT_H_
 
+#include <string>
+
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "localsgd/v1/coordinator.pb.h"
 #include "proto/convert.h"
@@ -15,6 +18,12 @@ namespace localsgd {
 
 void JobStatusToProto(const JobStatusSnapshot& status, absl::Time now,
                       v1::JobStatus* proto);
+
+// A Join request as the core takes it, for a caller bound to `principal`
+// (server/auth.h Principal::BindingKey). INVALID_ARGUMENT for an unknown
+// dtype, mode or policy; limits are the coordinator's to check.
+absl::StatusOr<JoinRequestParams> JoinParamsFromProto(
+    const v1::JoinRequest& request, std::string principal);
 
 }  // namespace localsgd
 

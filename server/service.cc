@@ -513,24 +513,15 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(
     grpc::CallbackServerContext* context, const v1::JoinRequest* request,
     v1::JoinResponse* response) {
   absl::Status status = [&]() -> absl::Status {
-    JoinRequestParams params;
     // --- security: the job's token; the member is bound to the caller.
     absl::StatusOr<Principal> principal =
         AuthorizeCall(CallerFromContext(*context), request->job_id());
     if (!principal.ok()) return principal.status();
-    params.principal = principal->BindingKey();
-    params.member_name = request->member_name();
-    params.weight = request->weight();
-    params.incarnation = request->incarnation();
-    absl::StatusOr<Layout> layout = LayoutFromProto(request->layout());
-    if (!layout.ok()) return layout.status();
-    params.layout = *std::move(layout);
-    absl::StatusOr<JobSettings> settings =
-        SettingsFromProto(request->settings());
-    if (!settings.ok()) return settings.status();
-    params.settings = *settings;
+    absl::StatusOr<JoinRequestParams> params =
+        JoinParamsFromProto(*request, principal->BindingKey());
+    if (!params.ok()) return params.status();
     absl::StatusOr<JoinResult> result =
-        coordinator_->Join(request->job_id(), std::move(params));
+        coordinator_->Join(request->job_id(), *std::move(params));
     if (!result.ok()) return result.status();
     const CoordinatorOptions& options = coordinator_->options();
     JoinInfo info;

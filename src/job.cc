@@ -37,6 +37,15 @@ absl::Status Draining(absl::string_view what) {
                    "; retry, it or its replacement will take it"));
 }
 
+// The job's averaging rule. The settings are validated before a job exists
+// (Coordinator::Join, checkpoint restore): a mode without a rule here is a
+// bug, not bad input.
+std::unique_ptr<AveragingRule> RuleFor(AveragingMode mode) {
+  absl::StatusOr<std::unique_ptr<AveragingRule>> rule = MakeAveragingRule(mode);
+  CHECK(rule.ok()) << rule.status();
+  return *std::move(rule);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -115,7 +124,7 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       sink_(sink),
       observer_(observer),
       close_rules_{policy.round_deadline, policy.min_quorum},
-      rule_(*MakeAveragingRule(settings.mode)),
+      rule_(RuleFor(settings.mode)),
       rendezvous_done_(settings.rendezvous_members <= 1) {}
 
 Job::~Job() = default;
@@ -258,6 +267,7 @@ absl::StatusOr<MemberId> Job::AddMemberLocked(const JoinRequestParams& params,
       GatheringLocked().Active(open_->participants.size(), now)) {
     info.first_round = open_->id;
     AddParticipantLocked(id, info);
+    FitScaleLocked();
   }
   LOG(INFO) << "job " << id_ << ": member " << info.name << " (" << id.str()
             << ", weight " << info.weight << ") joined; " << members_.size() + 1
@@ -423,6 +433,7 @@ void Job::OpenRoundLocked(RoundId round, absl::Time now) {
   for (const auto& [id, m] : members_) {
     if (m.first_round <= round) AddParticipantLocked(id, m);
   }
+  FitScaleLocked();
   VLOG(1) << "job " << id_ << ": round " << round << " opened with "
           << open_->participants.size() << " participants";
 }
@@ -433,8 +444,11 @@ void Job::AddParticipantLocked(const MemberId& id, const MemberInfo& member) {
   p.weight = static_cast<float>(member.weight);
   p.got.assign(geometry_.num_chunks(), false);
   open_->participants.emplace(id, std::move(p));
+}
+
+void Job::FitScaleLocked() {
   double total = 0;
-  for (const auto& [pid, q] : open_->participants) total += q.weight;
+  for (const auto& [pid, p] : open_->participants) total += p.weight;
   open_->sums.FitScale(total);
 }
 

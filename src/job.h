@@ -400,9 +400,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // the open round), closing it when the decision says so.
   void OpenRoundLocked(RoundId round, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds `member` to the open round's participants and refits its scale.
+  // Adds `member` to the open round's participants; FitScaleLocked after.
   void AddParticipantLocked(const MemberId& id, const MemberInfo& member)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fits the open round's accumulator to its participants' total weight.
+  void FitScaleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   CloseDecision DecideCloseLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether, and until when, the job gathers members into its open round

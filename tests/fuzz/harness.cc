@@ -196,19 +196,13 @@ std::shared_ptr<Harness::Stream>& Harness::Slot(uint32_t index) {
 
 absl::Status Harness::DoJoin(const v1::JoinRequest& request,
                              std::string* member_id) {
-  JoinRequestParams params;
-  params.member_name = request.member_name();
-  params.weight = request.weight();
-  params.incarnation = request.incarnation();
-  absl::StatusOr<Layout> layout = LayoutFromProto(request.layout());
-  if (!layout.ok()) return layout.status();
-  params.layout = *std::move(layout);
-  absl::StatusOr<JobSettings> settings = SettingsFromProto(request.settings());
-  if (!settings.ok()) return settings.status();
-  params.settings = *settings;
-  const Layout requested_layout = params.layout;
+  // The service's own decoding (no credentials in the fuzzer).
+  absl::StatusOr<JoinRequestParams> params =
+      JoinParamsFromProto(request, /*principal=*/"");
+  if (!params.ok()) return params.status();
+  const Layout requested_layout = params->layout;
   absl::StatusOr<JoinResult> result =
-      coordinator_->Join(request.job_id(), std::move(params));
+      coordinator_->Join(request.job_id(), *std::move(params));
   if (!result.ok()) return result.status();
 
   // The response, as the service fills it, and what must hold of it.

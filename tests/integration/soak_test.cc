@@ -127,8 +127,7 @@ class SoakTest : public ::testing::Test {
       request.mutable_chunk()->set_index(c);
       EncodeValues(values, DType::kFloat32,
                    request.mutable_chunk()->mutable_data());
-      request.mutable_chunk()->set_crc32c(
-          Crc32c(0, request.chunk().data()));
+      request.mutable_chunk()->set_crc32c(Crc32c(0, request.chunk().data()));
       stream->Write(request);
     }
     stream->WritesDone();

@@ -93,8 +93,9 @@ class TempDir {
 // 32 random hex digits.
 inline std::string RandomToken() {
   static absl::BitGen* gen = new absl::BitGen();
-  return absl::StrCat(absl::Hex(absl::Uniform<uint64_t>(*gen), absl::kZeroPad16),
-                      absl::Hex(absl::Uniform<uint64_t>(*gen), absl::kZeroPad16));
+  return absl::StrCat(
+      absl::Hex(absl::Uniform<uint64_t>(*gen), absl::kZeroPad16),
+      absl::Hex(absl::Uniform<uint64_t>(*gen), absl::kZeroPad16));
 }
 
 // Certificates for the TLS tests, made once per process with the openssl
@@ -145,7 +146,8 @@ leaf other_client "/O=localsgd/CN=worker-a" other_ca "$CLIENT"
 leaf other_server "/CN=localhost" other_ca "$SERVER"
 )");
     const std::string script_path = dir_.Write("make.sh", script);
-    const int rc = std::system(absl::StrCat("bash '", script_path, "'").c_str());
+    const int rc =
+        std::system(absl::StrCat("bash '", script_path, "'").c_str());
     if (rc != 0) {
       error_ = absl::StrCat("making certificates with ", LOCALSGD_OPENSSL,
                             " failed (", rc, "); see ", script_path);
