@@ -3,7 +3,8 @@
 # --state_dir when a round closes and restores them when it starts. A real
 # coordinator (--lease_ttl=2s, --state_dir) and 3 real LibTorch workers
 # (localsgd-fashion-mnist, k=4, --max_rounds=30) train; once round 5 has
-# closed the coordinator is SIGKILLed (workers sync constantly, so most
+# closed and a checkpoint of it (or a later round) is written, the
+# coordinator is SIGKILLed (workers sync constantly, so most
 # likely in the middle of a round) and started again on the same port with
 # the same --state_dir. The workers ride it out: their Syncs retry
 # UNAVAILABLE, then join again (Client::Sync) and carry on.
@@ -14,9 +15,10 @@
 #  - every worker exits 0 and reaches round 30, all in the same final round,
 #    with byte-identical final parameters (last --dump_dir dump and
 #    --dump_params);
-#  - the restarted coordinator's first closed round is > 5 and not below the
-#    last round the first one closed: round numbering resumed from the
-#    checkpoint instead of starting over from 1 (a re-seed);
+#  - the SIGKILL comes once a checkpoint of round >= 5 is on disk; the
+#    restarted coordinator restores a round in [5, the last round the first
+#    one closed] and its first closed round is the next one: round numbering
+#    resumed from the checkpoint instead of starting over from 1 (a re-seed);
 #  - no worker's sync rounds went backwards;
 #  - the workers noticed the restart: at least one printed rejoined=1 or a
 #    skipped sync, and the restarted coordinator logged their joins, each
@@ -59,7 +61,9 @@ left() {
 start_coordinator() {
   local name=$1 address=$2
   rm -f "$E2E_TMP/$name.port"
-  e2e_start "$name" "$COORDINATOR" --listen="$address" \
+  # GLOG_vmodule: the checkpointer's "checkpointed job J at round R" lines,
+  # which the test waits on before the SIGKILL.
+  GLOG_vmodule=checkpointer=1 e2e_start "$name" "$COORDINATOR" --listen="$address" \
     --port_file="$E2E_TMP/$name.port" --state_dir="$state" \
     --lease_ttl="$LEASE_TTL"
   local pid=$E2E_PID
@@ -103,6 +107,11 @@ clog1=$E2E_TMP/coordinator1.log
 clog2=$E2E_TMP/coordinator2.log
 e2e_wait_line "$clog1" ": round $KILL_AFTER_ROUND closed " "$(left)" "$coordinator_pid" ||
   e2e_die "round $KILL_AFTER_ROUND never closed on the first coordinator"
+# Checkpoints are written in the background after a round closes (and a newer
+# state replaces one still queued), so wait until one of round
+# >= KILL_AFTER_ROUND is on disk: the SIGKILL then proves what survives one.
+e2e_wait_line "$clog1" "checkpointed job restart at round ([5-9]|[1-9][0-9]+)$" "$(left)" "$coordinator_pid" ||
+  e2e_die "no checkpoint of round >= $KILL_AFTER_ROUND was written by the first coordinator"
 kill -KILL "$coordinator_pid"
 rc=0
 e2e_wait_exit "$coordinator_pid" 10 || rc=$?
@@ -140,14 +149,21 @@ e2e_check
 
 # --- assertions ---
 first_closed_2=$(closed_rounds "$clog2" | head -n 1)
+restored=$(sed -n 's/.*restored job restart at round \([0-9]*\) .*/\1/p' "$clog2" | head -n 1)
+if [[ -z $restored ]]; then
+  e2e_fail "the restarted coordinator did not log restoring job restart from $state"
+elif ((restored < KILL_AFTER_ROUND || restored > last_closed_1)); then
+  e2e_fail "the restarted coordinator restored round $restored, want one in [$KILL_AFTER_ROUND, $last_closed_1]: a checkpoint of round >= $KILL_AFTER_ROUND was on disk and the first coordinator closed no round after $last_closed_1"
+fi
 if [[ -z $first_closed_2 ]]; then
   e2e_fail "the restarted coordinator closed no round"
-elif ((first_closed_2 <= KILL_AFTER_ROUND)); then
-  e2e_fail "the restarted coordinator's first closed round is $first_closed_2, want > $KILL_AFTER_ROUND: round numbering did not resume from the checkpoint in --state_dir"
-elif ((first_closed_2 < last_closed_1)); then
-  e2e_fail "the restarted coordinator's first closed round is $first_closed_2, below the $last_closed_1 the first one had closed: the checkpoint lost closed rounds"
+elif [[ -n $restored ]] && ((first_closed_2 != restored + 1)); then
+  e2e_fail "the restarted coordinator's first closed round is $first_closed_2, want $((restored + 1)) (the round after the restored $restored): round numbering did not resume from the checkpoint in --state_dir"
 else
-  e2e_log "first coordinator closed rounds up to $last_closed_1; the restarted one went on with round $first_closed_2"
+  # Rounds closed after the newest checkpoint on disk are lost to a SIGKILL
+  # (checkpoints are written in the background); their members adopt the
+  # restored state when they join again.
+  e2e_log "first coordinator closed rounds up to $last_closed_1, restored round $restored; the restarted one went on with round $first_closed_2"
 fi
 if grep -q "seeded by" "$clog2"; then
   e2e_fail "the restarted coordinator's job was seeded again: it did not restore the job's state ($(grep -m 1 "seeded by" "$clog2"))"
