@@ -153,26 +153,8 @@ grpc::ByteBuffer ChunkMessage(uint32_t index, uint32_t crc32c,
 
 ChunkView ViewOf(const v1::Chunk& chunk) {
   ChunkView view;
-  view.index = chunk.index();
-  view.has_crc32c = chunk.has_crc32c();
-  view.crc32c = chunk.crc32c();
-  view.pieces.push_back(chunk.data());
-  view.size = chunk.data().size();
+  static_cast<ChunkPieces&>(view) = PiecesOf(chunk);
   return view;
-}
-
-uint32_t ChunkView::ComputeCrc32c() const {
-  uint32_t crc = 0;
-  for (absl::string_view piece : pieces) crc = Crc32c(crc, piece);
-  return crc;
-}
-
-void ChunkView::CopyTo(char* out) const {
-  for (absl::string_view piece : pieces) {
-    if (piece.empty()) continue;
-    std::memcpy(out, piece.data(), piece.size());
-    out += piece.size();
-  }
 }
 
 ChunkParse ParseChunkMessage(const grpc::ByteBuffer& buffer, ChunkView* out) {

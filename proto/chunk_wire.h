@@ -35,6 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "localsgd/v1/coordinator.pb.h"
+#include "proto/chunk.h"
 
 namespace localsgd {
 
@@ -50,25 +51,14 @@ grpc::ByteBuffer ChunkMessage(uint32_t index, uint32_t crc32c,
                               absl::string_view data,
                               std::shared_ptr<const void> owner);
 
-// A received chunk, read in place from gRPC's slices.
-struct ChunkView {
-  uint32_t index = 0;
-  bool has_crc32c = false;
-  uint32_t crc32c = 0;
-  // The payload, in order; together `size` bytes. They point into `slices`.
-  std::vector<absl::string_view> pieces;
-  size_t size = 0;
-  // Keeps the pieces' memory alive.
+// A received chunk, read in place from gRPC's slices: the pieces point
+// into `slices`, which keep their memory alive.
+struct ChunkView : ChunkPieces {
   std::vector<grpc::Slice> slices;
-
-  // CRC32C of the payload.
-  uint32_t ComputeCrc32c() const;
-  // Copies the payload to `out` (`size` bytes).
-  void CopyTo(char* out) const;
 };
 
 // A chunk parsed by protobuf, as a view: one piece, valid while `chunk`
-// lives and is not changed.
+// lives and is not changed; no slices.
 ChunkView ViewOf(const v1::Chunk& chunk);
 
 enum class ChunkParse {

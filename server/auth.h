@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "server/digest.h"
 #include "src/types.h"
 
 namespace grpc {
@@ -68,16 +69,6 @@ struct Principal {
   // call matches. Holds no secret.
   std::string BindingKey() const;
 };
-
-// SHA-256 digest.
-using Digest = std::array<uint8_t, 32>;
-Digest Sha256(absl::string_view data);
-// Lower-case hex of `bytes`.
-std::string ToHex(absl::string_view bytes);
-
-// A reference to a member that status may show without letting the reader
-// act as the member: the first 12 hex digits of SHA-256(member id).
-std::string MemberRef(const MemberId& member);
 
 // The parsed token file: job id -> SHA-256 of its token.
 using TokenTable = absl::flat_hash_map<std::string, Digest>;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/auth.h"
+#include "server/digest.h"
 
 namespace localsgd {
 

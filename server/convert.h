@@ -1,7 +1,7 @@
-// The server's own conversions: a job's status (core) to localsgd.v1. The
-// conversions of the value types both sides share live in the protocol
-// layer (proto/convert.h), the absl <-> gRPC status conversion in
-// proto/grpc_status.h; both are included here for the service.
+// The server's own conversions: a job's status (core) to localsgd.v1, a
+// Join request to the core's parameters. Part of the server's gRPC-free
+// protocol layer (server/protocol.h); the conversions of the value types
+// both sides share live in proto/convert.h.
 #ifndef LOCALSGD_SERVER_CONVERT_H_
 #define LOCALSGD_SERVER_CONVERT_H_
 
@@ -11,7 +11,6 @@
 #include "absl/time/time.h"
 #include "localsgd/v1/coordinator.pb.h"
 #include "proto/convert.h"
-#include "proto/grpc_status.h"
 #include "src/job.h"
 
 namespace localsgd {

@@ -1,6 +1,8 @@
-// The gRPC face of the coordinator: a callback service that translates
-// localsgd.v1.Coordinator calls into calls on the core (src/coordinator.h) and
-// back. No averaging arithmetic lives here. Handlers never block: a Sync that
+// The gRPC face of the coordinator: a callback service that checks each
+// call's credentials (server/auth.h) and hands it to the gRPC-free protocol
+// layer (server/protocol.h for the unary calls, server/streams.h for the
+// Sync and FetchState state machines), moving bytes between gRPC and it. No
+// protocol logic or averaging arithmetic lives here. Handlers never block: a Sync that
 // waits for its round is a stored completion in the core, finished when the
 // round closes.
 #ifndef LOCALSGD_SERVER_SERVICE_H_
@@ -17,6 +19,7 @@
 #include "localsgd/v1/coordinator.grpc.pb.h"
 #include "server/auth.h"
 #include "server/metrics.h"
+#include "server/state_wire.h"
 #include "src/coordinator.h"
 
 namespace localsgd {
@@ -127,6 +130,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
 
   const Authenticator* const authenticator_;  // may be null
   const uint32_t max_streams_per_member_;     // 0: no limit
+  // The wire form of the states the streams are sending (per job).
+  WireCache wires_;
 
   absl::Mutex mu_;
   int streams_ ABSL_GUARDED_BY(mu_) = 0;

@@ -65,36 +65,6 @@ SyncSession::~SyncSession() {
   if (!cancelled_) Cancel();
 }
 
-uint32_t StateSnapshot::WireCrc(
-    uint32_t index, const std::function<uint32_t()>& compute) const {
-  {
-    absl::MutexLock lock(&crc_mu_);
-    auto it = crc_.find(index);
-    if (it != crc_.end()) return it->second;
-  }
-  // Two streams may both compute it first: the same value, no harm.
-  const uint32_t crc = compute();
-  absl::MutexLock lock(&crc_mu_);
-  crc_.emplace(index, crc);
-  return crc;
-}
-
-absl::string_view StateSnapshot::WireChunk(
-    uint32_t index, size_t bytes,
-    const std::function<void(char*)>& encode) const {
-  {
-    absl::MutexLock lock(&crc_mu_);
-    auto it = wire_.find(index);
-    if (it != wire_.end()) return absl::string_view(it->second.get(), bytes);
-  }
-  // Two streams may both encode it first: the same bytes; one copy is kept.
-  auto encoded = std::make_unique<char[]>(bytes);
-  encode(encoded.get());
-  absl::MutexLock lock(&crc_mu_);
-  auto [it, inserted] = wire_.try_emplace(index, std::move(encoded));
-  return absl::string_view(it->second.get(), bytes);
-}
-
 absl::Status SyncSession::AddChunk(uint32_t index, absl::string_view data) {
   return job_->AddChunk(*this, index, absl::MakeConstSpan(&data, 1));
 }

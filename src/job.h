@@ -70,28 +70,6 @@ struct JobPolicy {
 struct StateSnapshot {
   RoundId round = 0;
   std::vector<float> values;
-
-  // The CRC32C of chunk `index` in its wire form: `compute()` the first time
-  // any stream asks, remembered for every other member that receives this
-  // state. Thread-safe; `compute` runs without a lock held.
-  uint32_t WireCrc(uint32_t index,
-                   const std::function<uint32_t()>& compute) const;
-
-  // Chunk `index` in a wire form other than the values' own bytes (bf16):
-  // `encode` fills `bytes` bytes the first time any stream asks; every other
-  // member is sent the same bytes. Costs up to the state's size in that
-  // wire form, for as long as the state lives. Thread-safe; `encode` runs
-  // without a lock held. The view is valid while this snapshot lives.
-  absl::string_view WireChunk(uint32_t index, size_t bytes,
-                              const std::function<void(char*)>& encode) const;
-
- private:
-  mutable absl::Mutex crc_mu_;
-  // index -> CRC32C; small next to the state (a few per MiB of values).
-  mutable absl::flat_hash_map<uint32_t, uint32_t> crc_ ABSL_GUARDED_BY(crc_mu_);
-  // index -> encoded chunk (WireChunk).
-  mutable absl::flat_hash_map<uint32_t, std::unique_ptr<char[]>> wire_
-      ABSL_GUARDED_BY(crc_mu_);
 };
 
 // What a Sync resolves to: how the round ended for the member, and the

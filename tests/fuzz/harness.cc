@@ -12,7 +12,8 @@
 #include "absl/types/span.h"
 #include "glog/logging.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/convert.h"
+#include "proto/convert.h"
+#include "server/protocol.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
 #include "src/layout.h"
@@ -63,58 +64,8 @@ float HonestValue(uint32_t seed, uint32_t member, uint64_t j) {
   return static_cast<float>(static_cast<int>(h % 129) - 64) / 8.0f;
 }
 
-// MIRROR of Resolve in server/service.cc.
-absl::Status Resolve(Coordinator* coordinator, const std::string& job_id,
-                     const std::string& member_hex, std::shared_ptr<Job>* job,
-                     MemberId* member) {
-  absl::StatusOr<std::shared_ptr<Job>> j = coordinator->FindJob(job_id);
-  if (!j.ok()) return j.status();
-  absl::StatusOr<MemberId> m = ParseMemberId(member_hex);
-  if (!m.ok()) return m.status();
-  *job = *std::move(j);
-  *member = *std::move(m);
-  return absl::OkStatus();
-}
-
-// MIRROR of CheckFingerprint in server/service.cc.
-absl::Status CheckFingerprint(const Job& job, uint64_t fingerprint,
-                              absl::string_view what) {
-  if (fingerprint == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " has no layout_fingerprint"));
-  }
-  if (fingerprint != job.layout().fingerprint) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " names another layout fingerprint"));
-  }
-  return absl::OkStatus();
-}
-
-// MIRROR of CheckChunkCrc in server/service.cc.
-absl::Status CheckChunkCrc(const v1::Chunk& chunk, absl::string_view what) {
-  if (!chunk.has_crc32c()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " chunk ", chunk.index(), " has no crc32c"));
-  }
-  if (Crc32c(0, chunk.data()) != chunk.crc32c()) {
-    return absl::DataLossError(
-        absl::StrCat(what, " chunk ", chunk.index(), " is corrupt"));
-  }
-  return absl::OkStatus();
-}
-
-// MIRROR of EncodeStateChunk in server/service.cc.
-void EncodeStateChunk(const StateSnapshot& state, const ChunkGeometry& geometry,
-                      DType wire_dtype, uint32_t index, v1::Chunk* chunk) {
-  chunk->set_index(index);
-  const auto values =
-      absl::MakeConstSpan(state.values)
-          .subspan(geometry.Offset(index), geometry.Size(index));
-  std::string* data = chunk->mutable_data();
-  data->resize(WireBytes(wire_dtype, values.size()));
-  EncodeValuesTo(values, wire_dtype, data->data());
-  chunk->set_crc32c(Crc32c(0, *data));
-}
+// The server's message limit the harness reports on Join.
+constexpr uint64_t kMaxMessageBytes = 64 << 20;
 
 std::vector<float> Decode(absl::string_view data, DType dtype) {
   std::vector<float> out(data.size() / DTypeSize(dtype));
@@ -192,35 +143,33 @@ std::shared_ptr<Harness::Stream>& Harness::Slot(uint32_t index) {
 }
 
 // ---------------------------------------------------------------------------
-// Join: MIRROR of CoordinatorService::Join.
+// Join, through the service's handler.
 
 absl::Status Harness::DoJoin(const v1::JoinRequest& request,
                              std::string* member_id) {
-  // The service's own decoding (no credentials in the fuzzer).
-  absl::StatusOr<JoinRequestParams> params =
-      JoinParamsFromProto(request, /*principal=*/"");
-  if (!params.ok()) return params.status();
-  const Layout requested_layout = params->layout;
-  absl::StatusOr<JoinResult> result =
-      coordinator_->Join(request.job_id(), *std::move(params));
-  if (!result.ok()) return result.status();
-
-  // The response, as the service fills it, and what must hold of it.
   v1::JoinResponse response;
-  response.set_member_id(result->member_id.str());
-  SettingsToProto(result->settings, response.mutable_settings());
-  response.set_num_chunks(result->geometry.num_chunks());
-  response.set_num_elements(result->geometry.num_elements());
+  if (absl::Status s = HandleJoin(*coordinator_, request, /*principal=*/"",
+                                  kMaxMessageBytes, &response);
+      !s.ok()) {
+    return s;
+  }
+  // What must hold of the response, read with the client's own decoder.
   const std::string where = absl::StrCat("Join of '", request.member_name(),
                                          "' to '", request.job_id(), "'");
-  Check(MemberId::IsWellFormed(response.member_id()),
-        absl::StrCat(where, ": malformed member id ", response.member_id()));
-  const JobSettings& s = result->settings;
+  absl::StatusOr<JoinInfo> info = JoinInfoFromProto(response);
+  Check(info.ok(), absl::StrCat(where, ": the response does not decode: ",
+                                info.status().ToString()));
+  absl::StatusOr<Layout> requested_layout = LayoutFromProto(request.layout());
+  Check(requested_layout.ok(),
+        absl::StrCat(where, ": joined with a layout that does not decode"));
+  const JobSettings& s = info->settings;
   Check(
       s.chunk_elements >= 1 && s.chunk_elements <= options_.max_chunk_elements,
       absl::StrCat(where, ": chunk_elements ", s.chunk_elements));
   Check(IsWireDType(s.wire_dtype), absl::StrCat(where, ": wire dtype"));
   Check(s.mode == AveragingMode::kMean, absl::StrCat(where, ": mode"));
+  Check(info->max_message_bytes == kMaxMessageBytes,
+        absl::StrCat(where, ": max_message_bytes"));
   const v1::JobSettings& want = request.settings();
   Check(want.chunk_elements() == 0 || want.chunk_elements() == s.chunk_elements,
         absl::StrCat(where, ": got chunks of ", s.chunk_elements,
@@ -232,30 +181,29 @@ absl::Status Harness::DoJoin(const v1::JoinRequest& request,
             want.local_sgd_steps() == s.local_sgd_steps,
         absl::StrCat(where, ": got another K than asked for"));
   uint64_t elements = 0;
-  for (const TensorSpec& t : requested_layout.tensors) {
+  for (const TensorSpec& t : requested_layout->tensors) {
     elements += NumElements(t);
   }
-  Check(result->geometry.num_elements() == elements,
-        absl::StrCat(where, ": ", result->geometry.num_elements(),
-                     " elements for a layout of ", elements));
-  Check(result->geometry.num_chunks() ==
-            (elements + s.chunk_elements - 1) / s.chunk_elements,
-        absl::StrCat(where, ": ", result->geometry.num_chunks(), " chunks"));
+  Check(info->num_elements == elements,
+        absl::StrCat(where, ": ", info->num_elements, " elements for a layout of ",
+                     elements));
+  Check(info->num_chunks == (elements + s.chunk_elements - 1) / s.chunk_elements,
+        absl::StrCat(where, ": ", info->num_chunks, " chunks"));
   absl::StatusOr<std::shared_ptr<Job>> job =
       coordinator_->FindJob(request.job_id());
   Check(job.ok(), absl::StrCat(where, ": the joined job is not found"));
-  Check(FirstDifference((*job)->layout(), requested_layout).empty() &&
-            (*job)->layout().fingerprint == requested_layout.fingerprint,
+  Check(FirstDifference((*job)->layout(), *requested_layout).empty() &&
+            (*job)->layout().fingerprint == requested_layout->fingerprint,
         absl::StrCat(where, ": the job averages another layout"));
 
   JobModel& model = jobs_[request.job_id()];
   if (model.job == nullptr) model.job = *job;
   Check(model.job == *job, absl::StrCat(where, ": the job was replaced"));
-  if (!model.has_state && result->has_state) {
+  if (!model.has_state && info->has_state) {
     // Cannot happen: the harness sees every seed close.
     Violation(absl::StrCat(where, ": state appeared unseen"));
   }
-  const std::string& id = response.member_id();
+  const std::string id = info->member_id.str();
   bool known = false;
   for (const Member& m : members_)
     known |= m.job_id == request.job_id() && m.id == id;
@@ -300,215 +248,212 @@ void Harness::ApplyJoin(const JoinStep& step, bool retry) {
 }
 
 // ---------------------------------------------------------------------------
-// Sync: MIRROR of SyncReactor.
+// Streams: the server's state machines, driven as a reactor drives them.
 
-void Harness::OnSyncMessage(const std::shared_ptr<Stream>& stream,
-                            const v1::SyncRequest& request) {
-  // The reactor stops reading once the stream is complete or failed.
-  if (stream->finished || stream->reads_done || !stream->error.ok()) return;
-  absl::Status status =
-      request.has_header()  ? OnHeader(stream, request.header())
-      : request.has_chunk() ? OnChunk(*stream, request.chunk())
-                            : absl::InvalidArgumentError(
-                                  "Sync message has neither header nor chunk");
-  if (!status.ok()) {
-    Fail(*stream, status);
-  } else if (stream->session->complete()) {
-    stream->reads_done = true;
-  }
-  Advance(*stream);
+std::shared_ptr<Harness::Stream> Harness::NewStream() {
+  auto stream = std::make_shared<Stream>();
+  Reader* reader = &stream->reader;
+  stream->machine = std::make_unique<SyncServerStream>(
+      coordinator_.get(), &wires_, /*admit=*/nullptr,
+      [this, reader](StreamAction action) { Act(*reader, std::move(action)); });
+  stream->machine->Start();
+  Check(stream->reader.read_wanted, "a new Sync stream asks for no message");
+  return stream;
 }
 
-absl::Status Harness::OnHeader(const std::shared_ptr<Stream>& stream,
-                               const v1::SyncHeader& header) {
-  if (stream->header_seen) {
-    return absl::InvalidArgumentError("Sync stream has a second header");
-  }
-  stream->header_seen = true;
-  MemberId member;
-  std::shared_ptr<Job> job;
-  if (absl::Status s = Resolve(coordinator_.get(), header.job_id(),
-                               header.member_id(), &job, &member);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          CheckFingerprint(*job, header.layout_fingerprint(), "Sync header");
-      !s.ok()) {
-    return s;
-  }
-  stream->model = ModelOf(header.job_id());
-  Check(stream->model != nullptr && stream->model->job == job,
-        "Sync: a job the harness never joined");
-  stream->job_id = header.job_id();
-  stream->member_id = header.member_id();
-  stream->callback_pending = true;
-  std::weak_ptr<Stream> weak = stream;
-  absl::StatusOr<std::unique_ptr<SyncSession>> session = job->BeginSync(
-      member, header.round(), [this, weak](absl::StatusOr<SyncResult> result) {
-        std::shared_ptr<Stream> s = weak.lock();
-        // The reactor would be gone: a callback after a successful Cancel,
-        // or after the stream was destroyed, is a use-after-free there.
-        Check(s != nullptr, "a Sync callback ran for a destroyed stream");
-        Check(s->callback_pending, "a Sync callback ran twice");
-        s->callback_pending = false;
-        s->result = std::move(result);
-        Advance(*s);
-      });
-  if (!session.ok()) {
-    Check(stream->callback_pending, "BeginSync failed but ran its callback");
-    stream->callback_pending = false;
-    return session.status();
-  }
-  stream->session = *std::move(session);
-  return absl::OkStatus();
-}
-
-absl::Status Harness::OnChunk(Stream& stream, const v1::Chunk& chunk) {
-  if (stream.session == nullptr) {
-    return absl::InvalidArgumentError(
-        "Sync stream sent a chunk before its header");
-  }
-  if (absl::Status s = CheckChunkCrc(chunk, "Sync"); !s.ok()) return s;
-  JobModel& model = *stream.model;
-  const RoundId round = stream.session->round();
-  // Whether this member's data for the chunk could be counted: its round is
-  // not closed yet (observed state round, updated after every step).
-  const bool open = round == 0 ? !model.has_state
-                               : !model.has_state || round > model.state_round;
-  const absl::Status s = stream.session->AddChunk(chunk.index(), chunk.data());
-  if (s.ok() && open) {
-    if (round == 0) {
-      model.seed_data[chunk.index()].push_back(chunk.data());
-    } else {
-      model.first[round][chunk.index()].emplace(stream.member_id, chunk.data());
-    }
-  }
-  return s;
-}
-
-void Harness::EndStream(const std::shared_ptr<Stream>& stream) {
-  if (stream == nullptr || stream->finished || stream->reads_done) return;
-  if (stream->error.ok()) {
-    if (stream->session == nullptr) {
-      Fail(*stream,
-           absl::InvalidArgumentError("Sync stream ended before its header"));
-    } else if (!stream->session->complete()) {
-      Fail(*stream, absl::InvalidArgumentError("Sync stream ended early"));
-    }
-  }
-  Advance(*stream);
-}
-
-void Harness::CancelStream(const std::shared_ptr<Stream>& stream) {
-  if (stream == nullptr || stream->finished) return;
-  Fail(*stream, absl::CancelledError("Sync cancelled by the client"));
-  Advance(*stream);
-}
-
-void Harness::Fail(Stream& stream, absl::Status status) {
-  if (stream.error.ok()) stream.error = std::move(status);
-  if (stream.session != nullptr && stream.callback_pending &&
-      stream.session->Cancel()) {
-    stream.callback_pending = false;
+void Harness::Act(Reader& reader, StreamAction action) {
+  Check(!reader.finished, "a stream machine acted after it finished");
+  switch (action.kind) {
+    case StreamAction::Kind::kRead:
+      Check(!reader.read_wanted && !reader.write.has_value(),
+            "a stream machine asked for a read while one was pending or "
+            "while writing");
+      reader.read_wanted = true;
+      return;
+    case StreamAction::Kind::kWriteMessage:
+    case StreamAction::Kind::kWriteChunk:
+      Check(!reader.write.has_value(),
+            "a stream machine wrote while a write was in flight");
+      Check(!reader.read_wanted, "a stream machine wrote while reading");
+      reader.write = std::move(action);
+      return;
+    case StreamAction::Kind::kFinish:
+      Check(!reader.write.has_value(),
+            "a stream machine finished with a write in flight");
+      reader.finished = true;
+      reader.read_wanted = false;
+      reader.status = std::move(action.status);
+      return;
   }
 }
 
-void Harness::Advance(Stream& stream) {
-  if (stream.finished) return;
-  if (!stream.error.ok()) {
-    if (stream.callback_pending) return;
-    FinishStream(stream, stream.error);
+template <typename Machine>
+void Harness::Pump(Reader& reader, Machine& machine, const JobModel* model) {
+  while (reader.write.has_value()) {
+    CheckWrite(reader, model);
+    reader.write.reset();
+    machine.OnWriteDone(true);
+  }
+}
+
+// One write of a Sync or FetchState stream, as the member reads it.
+void Harness::CheckWrite(Reader& reader, const JobModel* model) {
+  StreamAction& w = *reader.write;
+  if (!reader.header_read) {
+    Check(w.kind == StreamAction::Kind::kWriteMessage,
+          "a stream's first write is not its header");
+    Check(reader.fetch ? reader.fetch_header.ParseFromString(w.message)
+                       : reader.sync_header.ParseFromString(w.message),
+          "a stream's header does not parse");
+    reader.header_read = true;
     return;
   }
-  if (!stream.reads_done || !stream.result.has_value()) return;
-  if (!stream.result->ok()) {
-    FinishStream(stream, stream.result->status());
-    return;
-  }
-  const SyncResult& r = **stream.result;
-  Check(r.state != nullptr, "a Sync result without state");
-  Check(r.state->round == r.round,
-        absl::StrCat("a Sync result for round ", r.round,
-                     " carries the state of round ", r.state->round));
-  Check(r.contributors >= (r.contributed ? 1u : 0u) &&
-            std::isfinite(r.contributor_weight) && r.contributor_weight >= 0,
-        "a Sync result with inconsistent contributors");
-  Check(r.round <= stream.session->round() || stream.session->round() == 0,
-        absl::StrCat("a Sync for round ", stream.session->round(),
-                     " got the result of later round ", r.round));
-  CheckStreamedState(*stream.model, *r.state);
-  FinishStream(stream, absl::OkStatus());
-}
-
-void Harness::FinishStream(Stream& stream, const absl::Status& status) {
-  stream.finished = true;
-  CheckCode("Sync", status,
-            {C::kInvalidArgument, C::kFailedPrecondition, C::kNotFound,
-             C::kAborted, C::kDataLoss, C::kCancelled});
-}
-
-void Harness::CheckStreamedState(const JobModel& model,
-                                 const StateSnapshot& state) {
-  const Job& job = *model.job;
+  Check(w.kind == StreamAction::Kind::kWriteChunk,
+        "a stream wrote a message after its header");
+  Check(model != nullptr, "a stream sent state of an unknown job");
+  Check(w.wire != nullptr && w.wire->state() != nullptr,
+        "a chunk without its state");
+  if (reader.wire == nullptr) reader.wire = w.wire;
+  Check(reader.wire == w.wire, "a stream sent chunks of two states");
+  const Job& job = *model->job;
   const ChunkGeometry& g = job.geometry();
   const DType wire = job.settings().wire_dtype;
+  Check(w.index == reader.chunks_read && w.index < g.num_chunks(),
+        absl::StrCat("a stream sent chunk ", w.index, " after ",
+                     reader.chunks_read, " of ", g.num_chunks()));
+  ++reader.chunks_read;
+  Check(w.chunk.data.size() == WireBytes(wire, g.Size(w.index)),
+        absl::StrCat("streamed chunk ", w.index, " has ", w.chunk.data.size(),
+                     " bytes"));
+  Check(w.chunk.crc32c == Crc32c(0, w.chunk.data),
+        absl::StrCat("streamed chunk ", w.index, " has a wrong CRC32C"));
+  const StateSnapshot& state = *w.wire->state();
   Check(state.values.size() == g.num_elements(),
         absl::StrCat("a state of ", state.values.size(), " values for ",
                      g.num_elements(), " elements"));
-  v1::Chunk chunk;
-  for (uint32_t c = 0; c < g.num_chunks(); ++c) {
-    EncodeStateChunk(state, g, wire, c, &chunk);
-    Check(chunk.data().size() == WireBytes(wire, g.Size(c)),
-          "a streamed chunk of the wrong size");
-    const std::vector<float> back = Decode(chunk.data(), wire);
-    for (uint32_t j = 0; j < g.Size(c); ++j) {
-      // The state holds wire-dtype values: the round trip is exact.
-      Check(SameBits(back[j], state.values[g.Offset(c) + j]),
-            absl::StrCat("state element ", g.Offset(c) + j,
-                         " does not survive the wire dtype"));
-    }
+  const std::vector<float> back = Decode(w.chunk.data, wire);
+  for (uint32_t j = 0; j < g.Size(w.index); ++j) {
+    // The state holds wire-dtype values: the round trip is exact.
+    Check(SameBits(back[j], state.values[g.Offset(w.index) + j]),
+          absl::StrCat("streamed state element ", g.Offset(w.index) + j,
+                       " is not the state's value"));
   }
 }
 
+void Harness::OnSyncMessage(const std::shared_ptr<Stream>& stream,
+                            const v1::SyncRequest& request) {
+  // A reactor reads only when the machine asks.
+  if (!stream->reader.read_wanted) return;
+  stream->reader.read_wanted = false;
+  SyncServerStream& machine = *stream->machine;
+  const bool accepted_before = machine.job() != nullptr;
+  JobModel* model = nullptr;
+  RoundId round = 0;
+  bool open = false;
+  if (request.has_chunk() && accepted_before) {
+    model = stream->model;
+    round = machine.round();
+    // Whether this member's data for the chunk could be counted: its round
+    // is not closed yet (observed state round, updated after every step).
+    open = round == 0 ? !model->has_state
+                      : !model->has_state || round > model->state_round;
+  }
+  machine.OnMessage(request);
+  if (request.has_header() && !accepted_before && machine.job() != nullptr) {
+    stream->model = ModelOf(request.header().job_id());
+    Check(stream->model != nullptr && stream->model->job == machine.job(),
+          "Sync: a job the harness never joined");
+    stream->member_id = request.header().member_id();
+  }
+  // A chunk that applied: the machine recorded no error for it.
+  if (model != nullptr && open && machine.error().ok()) {
+    const v1::Chunk& chunk = request.chunk();
+    if (round == 0) {
+      model->seed_data[chunk.index()].push_back(chunk.data());
+    } else {
+      model->first[round][chunk.index()].emplace(stream->member_id,
+                                                 chunk.data());
+    }
+  }
+  Pump(stream->reader, machine, stream->model);
+  CheckSyncEnd(*stream);
+}
+
+void Harness::EndStream(const std::shared_ptr<Stream>& stream) {
+  if (stream == nullptr || !stream->reader.read_wanted) return;
+  stream->reader.read_wanted = false;
+  stream->machine->OnReadsDone();
+  Pump(stream->reader, *stream->machine, stream->model);
+  CheckSyncEnd(*stream);
+}
+
+void Harness::CancelStream(const std::shared_ptr<Stream>& stream) {
+  if (stream == nullptr || stream->reader.finished) return;
+  stream->machine->OnCancel();
+  Pump(stream->reader, *stream->machine, stream->model);
+  CheckSyncEnd(*stream);
+}
+
+// What a finished Sync stream gave its member.
+void Harness::CheckSyncEnd(const Stream& stream) {
+  const Reader& r = stream.reader;
+  if (!r.finished) return;
+  CheckCode("Sync", r.status,
+            {C::kInvalidArgument, C::kFailedPrecondition, C::kNotFound,
+             C::kAborted, C::kDataLoss, C::kCancelled});
+  if (!r.status.ok()) return;
+  Check(r.header_read && r.sync_header.has_result(),
+        "a Sync ended OK without a result header");
+  const RoundOutcome outcome = RoundOutcomeFromProto(r.sync_header.result());
+  const JobModel& model = *stream.model;
+  Check(r.chunks_read == model.job->geometry().num_chunks(),
+        absl::StrCat("a Sync ended OK after ", r.chunks_read, " of ",
+                     model.job->geometry().num_chunks(), " result chunks"));
+  Check(r.wire->round() == outcome.round,
+        absl::StrCat("a Sync result for round ", outcome.round,
+                     " carries the state of round ", r.wire->round()));
+  Check(outcome.contributors >= (outcome.contributed ? 1u : 0u) &&
+            std::isfinite(outcome.contributor_weight) &&
+            outcome.contributor_weight >= 0,
+        "a Sync result with inconsistent contributors");
+  const RoundId asked = stream.machine->round();
+  Check(outcome.round <= asked || asked == 0,
+        absl::StrCat("a Sync for round ", asked,
+                     " got the result of later round ", outcome.round));
+}
+
 // ---------------------------------------------------------------------------
-// Unary calls and FetchState: MIRRORs of the service's handlers.
+// Unary calls and FetchState, through the service's handlers and machine.
 
 void Harness::DoLeave(const MemberCall& call) {
-  std::string job_id = call.job_id(), member_id = call.member_id();
+  v1::LeaveRequest request;
+  request.set_job_id(call.job_id());
+  request.set_member_id(call.member_id());
   if (const Member* m = Ref(call.member_ref()); m != nullptr) {
-    member_id = m->id;
-    if (job_id.empty()) job_id = m->job_id;
+    request.set_member_id(m->id);
+    if (request.job_id().empty()) request.set_job_id(m->job_id);
   }
-  std::shared_ptr<Job> job;
-  MemberId member;
-  absl::Status status =
-      Resolve(coordinator_.get(), job_id, member_id, &job, &member);
-  if (status.ok()) status = job->Leave(member);
-  CheckCode("Leave", status, {C::kInvalidArgument, C::kNotFound});
+  CheckCode("Leave", HandleLeave(*coordinator_, request),
+            {C::kInvalidArgument, C::kNotFound});
   ProcessEvents();
 }
 
 void Harness::DoHeartbeat(const MemberCall& call) {
-  std::string job_id = call.job_id(), member_id = call.member_id();
+  v1::HeartbeatRequest request;
+  request.set_job_id(call.job_id());
+  request.set_member_id(call.member_id());
   if (const Member* m = Ref(call.member_ref()); m != nullptr) {
-    member_id = m->id;
-    if (job_id.empty()) job_id = m->job_id;
+    request.set_member_id(m->id);
+    if (request.job_id().empty()) request.set_job_id(m->job_id);
   }
-  std::shared_ptr<Job> job;
-  MemberId member;
-  absl::Status status =
-      Resolve(coordinator_.get(), job_id, member_id, &job, &member);
-  if (status.ok()) {
-    absl::StatusOr<RoundId> round = job->Heartbeat(member);
-    status = round.status();
-    if (round.ok()) {
-      const JobModel* model = ModelOf(job_id);
-      Check(model != nullptr && *round == model->state_round,
-            absl::StrCat("Heartbeat reports round ", *round));
-    }
-  }
+  v1::HeartbeatResponse response;
+  const absl::Status status = HandleHeartbeat(*coordinator_, request, &response);
   CheckCode("Heartbeat", status, {C::kInvalidArgument, C::kNotFound});
+  if (status.ok()) {
+    const JobModel* model = ModelOf(request.job_id());
+    Check(model != nullptr && response.state_round() == model->state_round,
+          absl::StrCat("Heartbeat reports round ", response.state_round()));
+  }
 }
 
 void Harness::DoFetch(const FetchCall& call) {
@@ -522,66 +467,63 @@ void Harness::DoFetch(const FetchCall& call) {
       request.set_layout_fingerprint(model->job->layout().fingerprint);
     }
   }
-  std::shared_ptr<Job> job;
-  MemberId member;
-  std::shared_ptr<const StateSnapshot> state;
-  absl::Status s = Resolve(coordinator_.get(), request.job_id(),
-                           request.member_id(), &job, &member);
-  if (s.ok()) {
-    s = CheckFingerprint(*job, request.layout_fingerprint(),
-                         "FetchState request");
-  }
-  if (s.ok()) {
-    absl::StatusOr<std::shared_ptr<const StateSnapshot>> got =
-        job->GetState(member);
-    s = got.status();
-    if (got.ok()) state = *std::move(got);
-  }
-  CheckCode("FetchState", s,
-            {C::kInvalidArgument, C::kNotFound, C::kFailedPrecondition});
-  if (!s.ok()) return;
+  Reader reader;
+  reader.fetch = true;
+  FetchStateServerStream machine(
+      coordinator_.get(), &wires_, /*admit=*/nullptr,
+      [this, &reader](StreamAction action) { Act(reader, std::move(action)); });
+  machine.Start(request);
   const JobModel* model = ModelOf(request.job_id());
-  Check(
-      model != nullptr && model->has_state &&
-          state->round == model->state_round,
-      absl::StrCat("FetchState returns round ", state->round,
-                   " but the last round that closed is ", model->state_round));
+  Pump(reader, machine, model);
+  Check(reader.finished, "a FetchState stream did not finish");
+  CheckCode("FetchState", reader.status,
+            {C::kInvalidArgument, C::kNotFound, C::kFailedPrecondition});
+  if (!reader.status.ok()) return;
+  Check(model != nullptr && model->has_state, "FetchState of no state");
+  const v1::StateHeader& header = reader.fetch_header.header();
+  Check(reader.header_read && header.round() == model->state_round,
+        absl::StrCat("FetchState returns round ", header.round(),
+                     " but the last round that closed is ", model->state_round));
+  const ChunkGeometry& g = model->job->geometry();
+  Check(header.num_chunks() == g.num_chunks() &&
+            reader.chunks_read == g.num_chunks(),
+        absl::StrCat("FetchState announced ", header.num_chunks(), " and sent ",
+                     reader.chunks_read, " of ", g.num_chunks(), " chunks"));
+  Check(reader.wire->round() == header.round(),
+        "FetchState sent the chunks of another round than its header says");
   if (model->state_known) {
-    Check(state->values.size() == model->state.size() &&
-              std::equal(state->values.begin(), state->values.end(),
-                         model->state.begin(), SameBits),
+    const std::vector<float>& values = reader.wire->state()->values;
+    Check(values.size() == model->state.size() &&
+              std::equal(values.begin(), values.end(), model->state.begin(),
+                         SameBits),
           "FetchState returns another state than the round closed with");
   }
-  CheckStreamedState(*model, *state);
 }
 
 void Harness::DoStatus(const v1::GetJobStatusRequest& request) {
   const uint32_t max_rounds =
       request.max_rounds() == 0 ? 10 : std::min(request.max_rounds(), 100u);
   v1::GetJobStatusResponse response;
-  std::vector<std::shared_ptr<Job>> jobs;
-  if (!request.job_id().empty()) {
-    absl::StatusOr<std::shared_ptr<Job>> job =
-        coordinator_->FindJob(request.job_id());
-    CheckCode("GetJobStatus", job.status(),
-              {C::kInvalidArgument, C::kNotFound});
-    if (!job.ok()) return;
-    jobs.push_back(*job);
-  } else {
-    jobs = coordinator_->Jobs();
-  }
-  for (const auto& job : jobs) {
-    v1::JobStatus* p = response.add_jobs();
-    JobStatusToProto(job->Status(max_rounds), clock_.Now(), p);
-    Check(p->num_chunks() == job->geometry().num_chunks() &&
-              p->num_elements() == job->geometry().num_elements(),
+  const absl::Status status = HandleGetJobStatus(
+      *coordinator_, request, clock_.Now(), /*may_see=*/nullptr, &response);
+  CheckCode("GetJobStatus", status, {C::kInvalidArgument, C::kNotFound});
+  if (!status.ok()) return;
+  Check(request.job_id().empty() ? response.jobs_size() ==
+                                       static_cast<int>(coordinator_->Jobs().size())
+                                 : response.jobs_size() == 1,
+        "GetJobStatus: another number of jobs");
+  for (const v1::JobStatus& p : response.jobs()) {
+    absl::StatusOr<std::shared_ptr<Job>> job = coordinator_->FindJob(p.job_id());
+    Check(job.ok(), absl::StrCat("GetJobStatus shows unknown job ", p.job_id()));
+    Check(p.num_chunks() == (*job)->geometry().num_chunks() &&
+              p.num_elements() == (*job)->geometry().num_elements(),
           "GetJobStatus: geometry");
-    Check(static_cast<uint32_t>(p->recent_rounds_size()) <= max_rounds,
+    Check(static_cast<uint32_t>(p.recent_rounds_size()) <= max_rounds,
           "GetJobStatus: more rounds than asked for");
     Check(
-        static_cast<uint32_t>(p->members_size()) <= options_.policy.max_members,
+        static_cast<uint32_t>(p.members_size()) <= options_.policy.max_members,
         "GetJobStatus: more members than the limit");
-    for (const v1::RoundStatus& r : p->recent_rounds()) {
+    for (const v1::RoundStatus& r : p.recent_rounds()) {
       Check(r.contributors_size() <= r.participants_size(),
             "GetJobStatus: more contributors than participants");
     }
@@ -595,7 +537,7 @@ void Harness::HonestSync(const Member& member, RoundId round, uint32_t seed) {
   JobModel* model = ModelOf(member.job_id);
   if (model == nullptr) return;
   const Job& job = *model->job;
-  auto stream = std::make_shared<Stream>();
+  std::shared_ptr<Stream> stream = NewStream();
   internal_streams_.push_back(stream);
   v1::SyncRequest request;
   v1::SyncHeader* header = request.mutable_header();
@@ -612,7 +554,7 @@ void Harness::HonestSync(const Member& member, RoundId round, uint32_t seed) {
   }
   std::vector<float> values;
   for (uint32_t c = 0; c < g.num_chunks(); ++c) {
-    if (stream->finished || stream->reads_done || !stream->error.ok()) break;
+    if (!stream->reader.read_wanted) break;
     values.resize(g.Size(c));
     for (uint32_t j = 0; j < g.Size(c); ++j) {
       values[j] = HonestValue(seed, index, g.Offset(c) + j);
@@ -626,7 +568,7 @@ void Harness::HonestSync(const Member& member, RoundId round, uint32_t seed) {
   // Keep the few streams that still wait for their round.
   internal_streams_.erase(
       std::remove_if(internal_streams_.begin(), internal_streams_.end(),
-                     [](const auto& s) { return s->finished; }),
+                     [](const auto& s) { return s->reader.finished; }),
       internal_streams_.end());
   if (internal_streams_.size() > 64) {
     CancelStream(internal_streams_.front());
@@ -690,7 +632,7 @@ void Harness::Apply(const Step& step) {
     case Step::kSync: {
       const SyncMessage& m = step.sync();
       std::shared_ptr<Stream>& slot = Slot(m.stream());
-      if (slot == nullptr || slot->finished) slot = std::make_shared<Stream>();
+      if (slot == nullptr || slot->reader.finished) slot = NewStream();
       std::shared_ptr<Stream> stream = slot;
       v1::SyncRequest request = m.request();
       if (request.has_header()) {
@@ -710,9 +652,9 @@ void Harness::Apply(const Step& step) {
             h->set_layout_fingerprint(model->job->layout().fingerprint);
           }
         }
-      } else if (request.has_chunk() && stream->session != nullptr) {
+      } else if (request.has_chunk() && stream->machine->job() != nullptr) {
         v1::Chunk* chunk = request.mutable_chunk();
-        const Job& job = *stream->model->job;
+        const Job& job = *stream->machine->job();
         if (m.fix_size()) {
           const ChunkGeometry& g = job.geometry();
           chunk->set_index(chunk->index() % g.num_chunks());

@@ -1,7 +1,6 @@
 // The replay engine of the libFuzzer targets: an in-process Coordinator on a
-// FakeClock, driven by the steps of tests/fuzz/fuzz_input.proto exactly the
-// way server/service.cc decodes and applies the RPCs, with invariants checked
-// after every step. Single-threaded: every core callback runs on the calling
+// FakeClock, driven by the steps of tests/fuzz/fuzz_input.proto through the
+// server's protocol layer, with invariants checked after every step. Single-threaded: every core callback runs on the calling
 // thread, so each step's effects are complete when it returns.
 //
 // Invariants (a violation prints what and aborts, which libFuzzer reports as
@@ -20,9 +19,13 @@
 //  - Sync results and FetchState streams carry that state, chunk by chunk,
 //    in the wire dtype, with the CRC32C of each chunk.
 //
-// Decode logic that lives inside the reactors of server/service.cc (header
-// and chunk order, fingerprint and CRC checks, end of stream) is mirrored
-// here; see the comments marked MIRROR.
+// Every call goes through the server's own protocol layer, the code the
+// gRPC service runs: the unary handlers of server/protocol.h and the Sync and
+// FetchState state machines of server/streams.h, whose actions the harness
+// carries out as a gRPC reactor would (a read only when the machine asks for
+// one, one write at a time, nothing after the finish). It checks the bytes
+// the machines write: the result header, then every chunk of the state in
+// order, each the wire form of the state with its CRC32C.
 #ifndef LOCALSGD_TESTS_FUZZ_HARNESS_H_
 #define LOCALSGD_TESTS_FUZZ_HARNESS_H_
 
@@ -38,6 +41,8 @@
 #include "absl/status/statusor.h"
 #include "fuzz_input.pb.h"
 #include "localsgd/v1/coordinator.pb.h"
+#include "server/state_wire.h"
+#include "server/streams.h"
 #include "src/clock.h"
 #include "src/coordinator.h"
 #include "src/job.h"
@@ -88,18 +93,25 @@ class Harness {
     // Round 0: chunk -> every accepted seed payload.
     std::map<uint32_t, std::vector<std::string>> seed_data;
   };
-  // MIRROR of SyncReactor (server/service.cc): its state and transitions.
-  struct Stream {
-    JobModel* model = nullptr;
-    std::string job_id;
-    std::string member_id;
-    bool header_seen = false;
-    std::unique_ptr<SyncSession> session;
-    bool callback_pending = false;
-    bool reads_done = false;
+  // What a member reads from a stream: the machine's actions, carried out
+  // as a reactor would, and checked.
+  struct Reader {
+    bool fetch = false;        // a FetchState stream (else Sync)
+    bool read_wanted = false;  // the machine asked for a message
+    std::optional<StreamAction> write;  // the write in flight
     bool finished = false;
-    absl::Status error;
-    std::optional<absl::StatusOr<SyncResult>> result;
+    absl::Status status;
+    bool header_read = false;
+    v1::SyncResponse sync_header;        // Sync
+    v1::FetchStateResponse fetch_header; // FetchState
+    uint32_t chunks_read = 0;
+    std::shared_ptr<const StateWire> wire;  // of the chunks read
+  };
+  struct Stream {
+    JobModel* model = nullptr;  // once the machine accepted the header
+    std::string member_id;
+    Reader reader;
+    std::unique_ptr<SyncServerStream> machine;
   };
   class EventLog : public CoordinatorObserver {
    public:
@@ -114,16 +126,20 @@ class Harness {
   std::shared_ptr<Stream>& Slot(uint32_t index);
 
   absl::Status DoJoin(const v1::JoinRequest& request, std::string* member_id);
+  std::shared_ptr<Stream> NewStream();
+  // Feeds a message to the stream, if its machine asked for one.
   void OnSyncMessage(const std::shared_ptr<Stream>& stream,
                      const v1::SyncRequest& request);
-  absl::Status OnHeader(const std::shared_ptr<Stream>& stream,
-                        const v1::SyncHeader& header);
-  absl::Status OnChunk(Stream& stream, const v1::Chunk& chunk);
   void EndStream(const std::shared_ptr<Stream>& stream);
   void CancelStream(const std::shared_ptr<Stream>& stream);
-  void Fail(Stream& stream, absl::Status status);
-  void Advance(Stream& stream);
-  void FinishStream(Stream& stream, const absl::Status& status);
+  // A machine's action: checked and recorded.
+  void Act(Reader& reader, StreamAction action);
+  // Completes the writes in flight until the machine stops writing,
+  // checking each (CheckWrite).
+  template <typename Machine>
+  void Pump(Reader& reader, Machine& machine, const JobModel* model);
+  void CheckWrite(Reader& reader, const JobModel* model);
+  void CheckSyncEnd(const Stream& stream);
   void DoLeave(const MemberCall& call);
   void DoHeartbeat(const MemberCall& call);
   void DoFetch(const FetchCall& call);
@@ -137,13 +153,12 @@ class Harness {
   void ProcessEvents();
   void CheckRound(JobModel& model, const RoundClosedEvent& event,
                   const std::vector<float>& values);
-  // Checks `state` streamed in chunks as FetchState and Sync send it.
-  void CheckStreamedState(const JobModel& model, const StateSnapshot& state);
 
   FakeClock clock_;
   EventLog events_;
   CoordinatorOptions options_;
   std::unique_ptr<Coordinator> coordinator_;
+  WireCache wires_;
   std::vector<Member> members_;
   std::map<std::string, JobModel> jobs_;
   std::array<std::shared_ptr<Stream>, 8> streams_;

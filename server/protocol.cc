@@ -1,0 +1,133 @@
+#include "server/protocol.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/convert.h"
+#include "server/convert.h"
+
+namespace localsgd {
+
+absl::Status ResolveMember(Coordinator& coordinator, const std::string& job_id,
+                           const std::string& member_hex,
+                           std::shared_ptr<Job>* job, MemberId* member) {
+  absl::StatusOr<std::shared_ptr<Job>> j = coordinator.FindJob(job_id);
+  if (!j.ok()) return j.status();
+  absl::StatusOr<MemberId> m = ParseMemberId(member_hex);
+  if (!m.ok()) return m.status();
+  *job = *std::move(j);
+  *member = *std::move(m);
+  return absl::OkStatus();
+}
+
+absl::Status CheckFingerprint(const Job& job, uint64_t fingerprint,
+                              absl::string_view what) {
+  if (fingerprint == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     " has no layout_fingerprint; send the fingerprint of the "
+                     "layout the member joined with"));
+  }
+  if (fingerprint != job.layout().fingerprint) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " names layout fingerprint ",
+                     absl::Hex(fingerprint, absl::kZeroPad16), " but job '",
+                     job.id(), "' averages layout ",
+                     absl::Hex(job.layout().fingerprint, absl::kZeroPad16),
+                     "; the member's model is not the job's (did it change?)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckChunkCrc(const ChunkPieces& chunk, absl::string_view what) {
+  if (!chunk.has_crc32c) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " chunk ", chunk.index, " has no crc32c"));
+  }
+  const uint32_t crc = chunk.ComputeCrc32c();
+  if (crc != chunk.crc32c) {
+    return absl::DataLossError(absl::StrCat(
+        what, " chunk ", chunk.index, " is corrupt: its data has CRC32C ",
+        absl::Hex(crc, absl::kZeroPad8), ", the chunk says ",
+        absl::Hex(chunk.crc32c, absl::kZeroPad8),
+        "; nothing of it was counted, resend it"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HandleJoin(Coordinator& coordinator, const v1::JoinRequest& request,
+                        std::string principal, uint64_t max_message_bytes,
+                        v1::JoinResponse* response) {
+  absl::StatusOr<JoinRequestParams> params =
+      JoinParamsFromProto(request, std::move(principal));
+  if (!params.ok()) return params.status();
+  absl::StatusOr<JoinResult> result =
+      coordinator.Join(request.job_id(), *std::move(params));
+  if (!result.ok()) return result.status();
+  const CoordinatorOptions& options = coordinator.options();
+  JoinInfo info;
+  info.member_id = result->member_id;
+  info.settings = result->settings;
+  info.lease_ttl = options.policy.lease_ttl;
+  info.round_deadline = options.policy.round_deadline;
+  info.min_quorum = options.policy.min_quorum;
+  info.max_message_bytes = max_message_bytes;
+  info.has_state = result->has_state;
+  info.state_round = result->state_round;
+  info.num_chunks = result->geometry.num_chunks();
+  info.num_elements = result->geometry.num_elements();
+  info.shard = options.shard;
+  JoinInfoToProto(info, response);
+  return absl::OkStatus();
+}
+
+absl::Status HandleLeave(Coordinator& coordinator,
+                         const v1::LeaveRequest& request) {
+  std::shared_ptr<Job> job;
+  MemberId member;
+  if (absl::Status s = ResolveMember(coordinator, request.job_id(),
+                                     request.member_id(), &job, &member);
+      !s.ok()) {
+    return s;
+  }
+  return job->Leave(member);
+}
+
+absl::Status HandleHeartbeat(Coordinator& coordinator,
+                             const v1::HeartbeatRequest& request,
+                             v1::HeartbeatResponse* response) {
+  std::shared_ptr<Job> job;
+  MemberId member;
+  if (absl::Status s = ResolveMember(coordinator, request.job_id(),
+                                     request.member_id(), &job, &member);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<RoundId> round = job->Heartbeat(member);
+  if (!round.ok()) return round.status();
+  response->set_state_round(*round);
+  return absl::OkStatus();
+}
+
+absl::Status HandleGetJobStatus(
+    Coordinator& coordinator, const v1::GetJobStatusRequest& request,
+    absl::Time now, const std::function<bool(const std::string&)>& may_see,
+    v1::GetJobStatusResponse* response) {
+  const uint32_t max_rounds =
+      request.max_rounds() == 0 ? 10 : std::min(request.max_rounds(), 100u);
+  if (!request.job_id().empty()) {
+    absl::StatusOr<std::shared_ptr<Job>> job =
+        coordinator.FindJob(request.job_id());
+    if (!job.ok()) return job.status();
+    JobStatusToProto((*job)->Status(max_rounds), now, response->add_jobs());
+    return absl::OkStatus();
+  }
+  for (const auto& job : coordinator.Jobs()) {
+    if (may_see && !may_see(job->id())) continue;
+    JobStatusToProto(job->Status(max_rounds), now, response->add_jobs());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace localsgd
