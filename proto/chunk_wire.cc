@@ -64,13 +64,17 @@ class Cursor {
     return true;
   }
 
-  // A varint of at most 10 bytes; false at the end or on a longer one.
+  // A minimally encoded varint of at most 10 bytes; false at the end, on a
+  // longer one, or on an overlong encoding (a last byte of 0 after the
+  // first), which protobuf treats differently by field (a size varint of
+  // more than 5 bytes fails there): such messages go to protobuf.
   bool ReadVarint(uint64_t* value) {
     *value = 0;
     for (int shift = 0; shift < 70; shift += 7) {
       uint8_t byte;
       if (!ReadByte(&byte)) return false;
       if (shift == 63 && byte > 1) return false;
+      if (shift > 0 && byte == 0) return false;
       *value |= static_cast<uint64_t>(byte & 0x7F) << shift;
       if ((byte & 0x80) == 0) return true;
     }

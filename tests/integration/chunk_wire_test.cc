@@ -190,6 +190,12 @@ TEST(ChunkWireTest, Parse_NotPlain_LeftToProtobuf) {
   cases.emplace_back("truncated", wrap(chunk_body).substr(0, 6));
   cases.emplace_back("data length beyond chunk",
                      wrap(std::string("\x12\x09" "abc", 5)));
+  // Overlong varints (found by chunk_wire_fuzzer): protobuf refuses a size
+  // varint of more than 5 bytes, and decides the rest itself.
+  cases.emplace_back("overlong chunk size",
+                     std::string("\x12\x80\x80\x80\x80\x80\x80\x80\x80\x80\x00", 11));
+  cases.emplace_back("overlong index",
+                     wrap(std::string("\x08\x85\x00\x12\x01x", 6)));
   for (const auto& [name, wire] : cases) {
     for (int cuts : {0, 3}) {
       ChunkView view;
