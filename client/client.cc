@@ -18,15 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "client/blocking_stream.h"
 #include "client/credentials.h"
 #include "client/rejoin_policy.h"
+#include "client/retry.h"
 #include "glog/logging.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/impl/codegen/client_context.h"
-#include "grpcpp/impl/codegen/rpc_method.h"
-#include "grpcpp/impl/codegen/sync_stream.h"
 #include "grpcpp/security/credentials.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
 #include "proto/chunk_wire.h"
@@ -39,15 +38,23 @@
 namespace localsgd {
 namespace {
 
-bool Retryable(const absl::Status& status) {
-  // CANCELLED: a call the server cut off while shutting down (the client's
-  // own cancellations return before this is asked).
-  // DATA_LOSS: a chunk was corrupted in transfer (either way); resending
-  // the stream mends it.
-  return absl::IsUnavailable(status) || absl::IsAborted(status) ||
-         absl::IsDeadlineExceeded(status) || absl::IsCancelled(status) ||
-         absl::IsDataLoss(status);
-}
+// Waits for a retry on a channel: until the deadline while the channel is
+// READY (the coordinator answered, with an error), else until it connects
+// again or the deadline, whichever comes first.
+class ChannelWaiter final : public RetryWaiter {
+ public:
+  explicit ChannelWaiter(grpc::Channel* channel) : channel_(channel) {}
+  void WaitUntil(absl::Time wake) override {
+    if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
+      absl::SleepFor(wake - absl::Now());
+    } else {
+      channel_->WaitForConnected(absl::ToChronoTime(wake));
+    }
+  }
+
+ private:
+  grpc::Channel* const channel_;
+};
 
 // Collects the chunks of one state or result stream where `dest` says, each
 // exactly once.
@@ -199,8 +206,7 @@ std::string MethodPath(absl::string_view method) {
 
 // Ends a client stream: on a local `error` cancels the call and returns the
 // error; otherwise returns the call's status.
-template <typename Stream>
-absl::Status FinishStream(grpc::ClientContext& context, Stream& stream,
+absl::Status FinishStream(grpc::ClientContext& context, BlockingStream& stream,
                           const absl::Status& error) {
   if (!error.ok()) {
     context.TryCancel();
@@ -262,7 +268,7 @@ absl::Status ClientOptions::Validate() const {
         "ClientOptions timeouts and backoffs must be positive, "
         "max_backoff >= initial_backoff");
   }
-  return ChannelSecurityOf(*this).Validate("ClientOptions.");
+  return security.Validate("ClientOptions.security.");
 }
 
 // One coordinator replica: its channel, this process's membership there
@@ -279,11 +285,7 @@ class Client::Replica {
         address_(std::move(address)),
         channel_(std::move(channel)),
         stub_(v1::Coordinator::NewStub(channel_)),
-        sync_method_(sync_path_.c_str(),
-                     grpc::internal::RpcMethod::BIDI_STREAMING, channel_),
-        fetch_state_method_(fetch_state_path_.c_str(),
-                            grpc::internal::RpcMethod::SERVER_STREAMING,
-                            channel_),
+        generic_(channel_),
         incarnation_(incarnation) {}
 
   ~Replica() { StopHeartbeats(); }
@@ -392,16 +394,15 @@ class Client::Replica {
       request.set_layout_fingerprint(layout.fingerprint);
       grpc::ClientContext context;
       SetDeadline(&context, options_.sync_timeout);
-      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-              channel_.get(), fetch_state_method_, &context, request));
+      BlockingStream reader(&generic_, &context, fetch_state_path_);
+      if (reader.Write(SerializeMessage(request))) reader.WritesDone();
       RawReader<v1::FetchStateResponse> in;
       // Straight into `params`: a failed fetch is retried whole.
       ChunkReceiver chunks("FetchState", local_, info_.settings.wire_dtype,
                            [&](uint32_t j) { return Slice(params, j); });
       bool header = false;
       absl::Status error;
-      while (error.ok() && in.Read(*reader)) {
+      while (error.ok() && in.Read(reader)) {
         absl::StatusOr<bool> is_chunk = in.Parse("FetchState response");
         if (!is_chunk.ok()) {
           error = is_chunk.status();
@@ -426,7 +427,7 @@ class Client::Replica {
               "FetchState sent a message with neither header nor chunk");
         }
       }
-      if (absl::Status s = FinishStream(context, *reader, error); !s.ok()) {
+      if (absl::Status s = FinishStream(context, reader, error); !s.ok()) {
         return s;
       }
       return chunks.CheckComplete();
@@ -544,19 +545,14 @@ class Client::Replica {
           outcome = SyncOutcome();
           grpc::ClientContext context;
           SetDeadline(&context, options_.sync_timeout);
-          std::unique_ptr<
-              grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
-              stream(grpc::internal::ClientReaderWriterFactory<
-                     grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel_.get(),
-                                                                 sync_method_,
-                                                                 &context));
+          BlockingStream stream(&generic_, &context, sync_path_);
           v1::SyncRequest request;
           v1::SyncHeader* header = request.mutable_header();
           header->set_job_id(options_.job_id);
           header->set_member_id(info_.member_id.str());
           header->set_round(round);
           header->set_layout_fingerprint(layout.fingerprint);
-          bool writing = stream->Write(SerializeMessage(request));
+          bool writing = stream.Write(SerializeMessage(request));
           for (uint32_t c = 0; writing && c < local_.num_chunks(); ++c) {
             const absl::Span<const float> values = Slice(params, c);
             const size_t bytes = WireBytes(wire, values.size());
@@ -566,9 +562,9 @@ class Client::Replica {
             outcome.bytes_sent += bytes;
             const absl::string_view payload(*data);
             writing =
-                stream->Write(ChunkMessage(c, crc, payload, std::move(data)));
+                stream.Write(ChunkMessage(c, crc, payload, std::move(data)));
           }
-          if (writing) stream->WritesDone();
+          if (writing) stream.WritesDone();
 
           RawReader<v1::SyncResponse> in;
           // The result goes straight into `params`, with no staging copy.
@@ -581,7 +577,7 @@ class Client::Replica {
                                [&](uint32_t j) { return Slice(params, j); });
           bool have_header = false;
           absl::Status error;
-          while (error.ok() && in.Read(*stream)) {
+          while (error.ok() && in.Read(stream)) {
             absl::StatusOr<bool> is_chunk = in.Parse("Sync response");
             if (!is_chunk.ok()) {
               error = is_chunk.status();
@@ -604,7 +600,7 @@ class Client::Replica {
             }
           }
           outcome.bytes_received = chunks.bytes();
-          if (absl::Status s = FinishStream(context, *stream, error); !s.ok()) {
+          if (absl::Status s = FinishStream(context, stream, error); !s.ok()) {
             return s;
           }
           return chunks.CheckComplete();
@@ -614,41 +610,23 @@ class Client::Replica {
     return outcome;
   }
 
-  // Runs `attempt` until it succeeds, fails with a code retrying cannot mend,
-  // or max_retry_time has passed; exponential backoff with jitter.
+  // Runs `attempt` with the retry policy of the options (client/retry.h),
+  // waiting on the channel: a retry comes as soon as the coordinator is
+  // reachable again (a restart), at the latest after the backoff.
   template <typename Fn>
   absl::Status WithRetries(absl::string_view what, Fn attempt) {
-    const absl::Time give_up = absl::Now() + options_.max_retry_time;
-    absl::Duration backoff = options_.initial_backoff;
-    for (int n = 1;; ++n) {
-      absl::Status status = attempt();
-      if (status.ok() || !Retryable(status)) return status;
-      if (absl::Now() + backoff > give_up) {
-        return absl::Status(
-            status.code(),
-            absl::StrCat(what, " at ", address_, " failed after ", n,
-                         " attempts over ",
-                         absl::FormatDuration(options_.max_retry_time), ": ",
-                         status.message()));
-      }
-      double jitter;
-      {
-        absl::MutexLock lock(&mu_);
-        jitter = absl::Uniform(gen_, 0.8, 1.2);
-      }
-      LOG(WARNING) << what << " at " << address_ << " attempt " << n
-                   << " failed (" << status << "); retrying in "
-                   << absl::FormatDuration(backoff * jitter);
-      const absl::Time wake = absl::Now() + backoff * jitter;
-      if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
-        absl::SleepFor(wake - absl::Now());
-      } else {
-        // Retry as soon as the coordinator is reachable again (a restart),
-        // at the latest after the backoff.
-        channel_->WaitForConnected(absl::ToChronoTime(wake));
-      }
-      backoff = std::min(backoff * 2, options_.max_backoff);
-    }
+    RetryPolicy policy;
+    policy.initial_backoff = options_.initial_backoff;
+    policy.max_backoff = options_.max_backoff;
+    policy.max_retry_time = options_.max_retry_time;
+    ChannelWaiter waiter(channel_.get());
+    return RunWithRetries(
+        policy, *Clock::Real(), waiter,
+        [this] {
+          absl::MutexLock lock(&mu_);
+          return absl::Uniform(gen_, 0.8, 1.2);
+        },
+        absl::StrCat(what, " at ", address_), attempt);
   }
 
   void StartHeartbeats(MemberId member, absl::Duration interval) {
@@ -695,13 +673,12 @@ class Client::Replica {
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
-  // Sync and FetchState are called raw (grpc::ByteBuffer messages), as the
-  // service registers them, so that chunks go without protobuf copies
-  // (proto/chunk_wire.h). Declared in this order: the paths first.
+  // Sync and FetchState are called raw (grpc::ByteBuffer messages) through
+  // the generic stub, as the service registers them, so that chunks go
+  // without protobuf copies (proto/chunk_wire.h).
   const std::string sync_path_ = MethodPath("Sync");
   const std::string fetch_state_path_ = MethodPath("FetchState");
-  const grpc::internal::RpcMethod sync_method_;
-  const grpc::internal::RpcMethod fetch_state_method_;
+  grpc::GenericStub generic_;
   StagingPool staging_;
   const uint64_t incarnation_;
   JoinInfo info_;
@@ -793,7 +770,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     while (incarnation == 0) incarnation = absl::Uniform<uint64_t>(gen);
   }
   auto client = std::unique_ptr<Client>(new Client(std::move(options)));
-  const ChannelSecurity security = ChannelSecurityOf(client->options_);
+  const ChannelSecurity& security = client->options_.security;
   for (std::string& address : addresses) {
     // TLS, token: credentials.h. With several replicas, one channel (one
     // connection) each: they are different servers.

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/channel_security.h"
 #include "src/layout.h"
 #include "src/types.h"
 
@@ -72,21 +73,9 @@ struct ClientOptions {
   absl::Duration max_backoff = absl::Seconds(1);
   absl::Duration max_retry_time = absl::Minutes(1);
 
-  // Transport security and the job's token (client/credentials.h,
+  // Transport security and the job's token (client/channel_security.h,
   // docs/security.md). All empty: plaintext without a token.
-  // PEM CA bundle that signed the coordinator's certificate; non-empty: TLS.
-  std::string tls_ca_file;
-  // PEM client certificate and unencrypted key for mutual TLS (both or
-  // neither; need tls_ca_file).
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  // Name to check in the coordinator's certificate instead of the target's
-  // host (GRPC_SSL_TARGET_NAME_OVERRIDE_ARG); needs tls_ca_file.
-  std::string tls_server_name;
-  // The job's bearer token, sent as `authorization: Bearer <token>` on every
-  // call; or a file that holds it. At most one of the two.
-  std::string token;
-  std::string token_file;
+  ChannelSecurity security;
 
   // INVALID_ARGUMENT on empty target/job_id or a weight that is not > 0, or
   // TLS / token fields that do not go together. Files are read by

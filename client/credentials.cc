@@ -109,36 +109,6 @@ class BearerPlugin : public grpc::MetadataCredentialsPlugin {
 
 }  // namespace
 
-absl::Status ChannelSecurity::Validate(absl::string_view prefix) const {
-  if (tls_cert_file.empty() != tls_key_file.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "tls_cert_file and ", prefix,
-        "tls_key_file go together (mutual TLS): give both or neither"));
-  }
-  if (tls_ca_file.empty() &&
-      (!tls_cert_file.empty() || !tls_server_name.empty())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "tls_cert_file / ", prefix, "tls_server_name need ", prefix,
-        "tls_ca_file (the CA that signed the coordinator's certificate)"));
-  }
-  if (!token.empty() && !token_file.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "give ", prefix, "token or ", prefix, "token_file, not both"));
-  }
-  return absl::OkStatus();
-}
-
-ChannelSecurity ChannelSecurityOf(const ClientOptions& options) {
-  ChannelSecurity s;
-  s.tls_ca_file = options.tls_ca_file;
-  s.tls_cert_file = options.tls_cert_file;
-  s.tls_key_file = options.tls_key_file;
-  s.tls_server_name = options.tls_server_name;
-  s.token = options.token;
-  s.token_file = options.token_file;
-  return s;
-}
-
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
 MakeChannelCredentials(const ChannelSecurity& security) {
   if (absl::Status s = security.Validate(); !s.ok()) return s;
@@ -221,7 +191,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateSecureChannel(
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateCoordinatorChannel(
     const ClientOptions& options, const grpc::ChannelArguments& args) {
-  return CreateSecureChannel(options.target, ChannelSecurityOf(options), args);
+  return CreateSecureChannel(options.target, options.security, args);
 }
 
 }  // namespace localsgd

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/channel_security.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -17,30 +18,6 @@
 namespace localsgd {
 
 struct ClientOptions;
-
-// What secures a channel. All empty: plaintext, no token.
-struct ChannelSecurity {
-  // PEM CA bundle that signed the coordinator's certificate. Non-empty: TLS.
-  std::string tls_ca_file;
-  // PEM client certificate and its unencrypted key, for mutual TLS. Both or
-  // neither; need tls_ca_file.
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  // The name the coordinator's certificate must carry, if not the target's
-  // host name (e.g. connecting by IP address). Needs tls_ca_file.
-  std::string tls_server_name;
-  // Bearer token of the job, sent as `authorization: Bearer <token>` on every
-  // call; or a file holding it (surrounding whitespace ignored). At most one.
-  std::string token;
-  std::string token_file;
-
-  // INVALID_ARGUMENT naming the fields that do not go together; `prefix`
-  // goes before field names in the message (e.g. "ClientOptions.", "--").
-  absl::Status Validate(absl::string_view prefix = "") const;
-};
-
-// The ChannelSecurity fields of ClientOptions.
-ChannelSecurity ChannelSecurityOf(const ClientOptions& options);
 
 // TLS credentials from the PEM files (read now), or insecure ones without
 // tls_ca_file. Ignores the token. INVALID_ARGUMENT naming an unreadable or
@@ -62,7 +39,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateSecureChannel(
     const std::string& target, const ChannelSecurity& security,
     grpc::ChannelArguments args);
 
-// CreateSecureChannel(options.target, ChannelSecurityOf(options), args).
+// CreateSecureChannel(options.target, options.security, args).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateCoordinatorChannel(
     const ClientOptions& options, const grpc::ChannelArguments& args);
 

@@ -61,6 +61,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/local_sgd.h"
+#include "client/security_flags.h"
 #include "client/node_group.h"
 #include "examples/fashion_mnist.h"
 #include "src/malloc_tuning.h"
@@ -138,18 +139,8 @@ ABSL_FLAG(std::string, node_store, "",
           "it); empty: $LOCALSGD_NODE_STORE, else $MASTER_ADDR:$MASTER_PORT");
 ABSL_FLAG(int32_t, node_timeout_seconds, 300,
           "Timeout of the node group's rendezvous and collectives");
-// Transport security and the job's token (docs/security.md).
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA bundle that signed the coordinator's certificate; set: TLS");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM client certificate for mutual TLS (with --tls_key)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "Name to check in the coordinator's certificate instead of the "
-          "--coordinator host");
-ABSL_FLAG(std::string, token_file, "",
-          "File holding the job's bearer token (for a coordinator with "
-          "--token_file)");
+// Transport security and the job's token: client/security_flags.h
+// (--tls_ca, --tls_cert, --tls_key, --tls_server_name, --token_file).
 
 namespace localsgd {
 namespace examples {
@@ -538,11 +529,9 @@ absl::Status Run(const Config& c) {
     options.settings.wire_dtype = c.wire_dtype;
     options.settings.rendezvous_members = static_cast<uint32_t>(c.rendezvous);
     options.settings.chunk_elements = static_cast<uint32_t>(c.chunk_elements);
-    options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
-    options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
-    options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
-    options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
-    options.token_file = absl::GetFlag(FLAGS_token_file);
+    absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromFlags();
+    if (!security.ok()) return security.status();
+    options.security = *std::move(security);
     absl::StatusOr<std::unique_ptr<Client>> created = Client::Create(options);
     if (!created.ok()) return created.status();
     client = std::move(*created);

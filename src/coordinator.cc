@@ -9,15 +9,6 @@
 
 namespace localsgd {
 
-Clock* Clock::Real() {
-  class RealClock : public Clock {
-   public:
-    absl::Time Now() override { return absl::Now(); }
-  };
-  static RealClock* clock = new RealClock();
-  return clock;
-}
-
 absl::Status ValidateJobId(absl::string_view job_id) {
   if (job_id.empty() || job_id.size() > 128) {
     return absl::InvalidArgumentError(absl::StrCat(

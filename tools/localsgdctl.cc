@@ -38,6 +38,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/credentials.h"
+#include "client/security_flags.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
@@ -58,18 +59,8 @@ ABSL_FLAG(uint32_t, rounds, 10,
 ABSL_FLAG(std::string, service, "",
           "health: the service to ask about. \"\" (the default) is the "
           "coordinator's readiness, \"liveness\" its liveness");
-// Transport security and tokens (docs/security.md).
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA bundle that signed the coordinator's certificate; set: TLS");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM client certificate for mutual TLS (with --tls_key)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "Name to check in the coordinator's certificate instead of the "
-          "target's host");
-ABSL_FLAG(std::string, token_file, "",
-          "File holding a job's bearer token: status then shows the jobs of "
-          "that token (a coordinator with --token_file requires one)");
+// Transport security and tokens: client/security_flags.h (--tls_ca,
+// --tls_cert, --tls_key, --tls_server_name, --token_file).
 
 namespace localsgd {
 namespace ctl {
@@ -180,14 +171,14 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
 }
 
 std::shared_ptr<grpc::Channel> Channel() {
-  ChannelSecurity security;
-  security.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
-  security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
-  security.tls_key_file = absl::GetFlag(FLAGS_tls_key);
-  security.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
-  security.token_file = absl::GetFlag(FLAGS_token_file);
+  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromFlags();
+  if (!security.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram,
+                 std::string(security.status().message()).c_str());
+    std::exit(2);
+  }
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateSecureChannel(
-      absl::GetFlag(FLAGS_target), security, grpc::ChannelArguments());
+      absl::GetFlag(FLAGS_target), *security, grpc::ChannelArguments());
   if (!channel.ok()) {
     std::fprintf(stderr, "%s: %s\n", kProgram,
                  std::string(channel.status().message()).c_str());

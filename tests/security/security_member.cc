@@ -2,6 +2,7 @@
 // a job with the given credentials on the real client library, seeds or
 // fetches a 100-element model, syncs one round, leaves. Prints
 // "ok round=<r>" and exits 0, or prints "error <CODE> <message>" and exits 1.
+#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -13,13 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/security_flags.h"
 #include "src/layout.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Coordinator address");
 ABSL_FLAG(std::string, job, "job", "Job id");
 ABSL_FLAG(std::string, name, "member", "Member name");
-ABSL_FLAG(std::string, token_file, "", "File holding the job's token");
-ABSL_FLAG(std::string, tls_ca, "", "CA bundle of the coordinator (TLS)");
+// --token_file, --tls_ca ...: client/security_flags.h.
 
 namespace {
 
@@ -37,8 +38,13 @@ int main(int argc, char** argv) {
   options.target = absl::GetFlag(FLAGS_target);
   options.job_id = absl::GetFlag(FLAGS_job);
   options.member_name = absl::GetFlag(FLAGS_name);
-  options.token_file = absl::GetFlag(FLAGS_token_file);
-  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  absl::StatusOr<localsgd::ChannelSecurity> security =
+      localsgd::ChannelSecurityFromFlags();
+  if (!security.ok()) {
+    std::fprintf(stderr, "%s\n", security.status().ToString().c_str());
+    return 2;
+  }
+  options.security = *std::move(security);
   options.max_retry_time = absl::Seconds(5);
   auto client = localsgd::Client::Create(options);
   if (!client.ok()) return Fail(client.status());

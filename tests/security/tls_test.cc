@@ -71,10 +71,7 @@ class TlsTest : public ::testing::Test {
 
   ClientOptions Options(const std::string& name, const ChannelSecurity& s) {
     ClientOptions o = BaseClientOptions(*server_, "job", name);
-    o.tls_ca_file = s.tls_ca_file;
-    o.tls_cert_file = s.tls_cert_file;
-    o.tls_key_file = s.tls_key_file;
-    o.tls_server_name = s.tls_server_name;
+    o.security = s;
     return o;
   }
 
@@ -196,7 +193,7 @@ TEST_F(TlsTest, TokenOverTls_SentAsCallCredentials) {
   const std::string token = RandomToken();
   Start(false, dir.Write("tokens", absl::StrCat("job ", token, "\n")));
   ClientOptions with = Options("a", Security("ca"));
-  with.token_file = dir.Write("a.token", token + "\n");
+  with.security.token_file = dir.Write("a.token", token + "\n");
   auto a = JoinedClient(with);
   ASSERT_NE(a, nullptr);
   ClientOptions without = Options("b", Security("ca"));
@@ -253,13 +250,13 @@ TEST_F(TlsTest, Validate_HalfTlsSettings_ReturnInvalidArgument) {
   ClientOptions client;
   client.target = "127.0.0.1:1";
   client.job_id = "job";
-  client.tls_cert_file = Cert("client_a.pem");
-  client.tls_key_file = Cert("client_a.key");
+  client.security.tls_cert_file = Cert("client_a.pem");
+  client.security.tls_key_file = Cert("client_a.key");
   EXPECT_EQ(client.Validate().code(), absl::StatusCode::kInvalidArgument);
-  client.tls_ca_file = Cert("ca.pem");
+  client.security.tls_ca_file = Cert("ca.pem");
   EXPECT_TRUE(client.Validate().ok());
-  client.token = "x";
-  client.token_file = "/x";
+  client.security.token = "x";
+  client.security.token_file = "/x";
   EXPECT_EQ(client.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -267,11 +264,11 @@ TEST_F(TlsTest, ClientCreate_MissingCaFile_InvalidArgumentNamingOption) {
   ClientOptions client;
   client.target = "127.0.0.1:1";
   client.job_id = "job";
-  client.tls_ca_file = "/nonexistent/ca.pem";
+  client.security.tls_ca_file = "/nonexistent/ca.pem";
   auto created = Client::Create(client);
   ASSERT_FALSE(created.ok());
   EXPECT_TRUE(absl::StrContains(created.status().message(), "tls_ca_file"));
-  client.tls_ca_file = Cert("server.key");  // not a certificate
+  client.security.tls_ca_file = Cert("server.key");  // not a certificate
   created = Client::Create(client);
   ASSERT_FALSE(created.ok());
   EXPECT_TRUE(absl::StrContains(created.status().message(), "CERTIFICATE"));

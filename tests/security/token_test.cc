@@ -50,7 +50,7 @@ class TokenTest : public ::testing::Test {
   ClientOptions Options(const std::string& job, const std::string& name,
                         const std::string& token) {
     ClientOptions o = BaseClientOptions(*server_, job, name);
-    o.token = token;
+    o.security.token = token;
     return o;
   }
 
@@ -122,7 +122,7 @@ TEST_F(TokenTest, JobNotInTokenFile_IsRefusedEvenWithAValidToken) {
 TEST_F(TokenTest, RightToken_ClientJoinsAndSyncsExactMean) {
   auto m0 = JoinedClient(Options("job-a", "m0", token_a_));
   ClientOptions file_options = Options("job-a", "m1", "");
-  file_options.token_file = dir_.Write("a.token", "  " + token_a_ + "\n");
+  file_options.security.token_file = dir_.Write("a.token", "  " + token_a_ + "\n");
   auto m1 = JoinedClient(file_options);
   ASSERT_NE(m0, nullptr);
   ASSERT_NE(m1, nullptr);
