@@ -49,6 +49,7 @@
 #include "src/codec.h"
 #include "src/crc32c.h"
 #include "src/layout.h"
+#include "tests/testkit/testkit.h"
 
 namespace localsgd {
 namespace {
@@ -73,13 +74,7 @@ float HonestValue(int member, uint64_t round, uint64_t j) {
   return static_cast<float>(k) / 4.0f;
 }
 
-Layout HonestLayout() {
-  std::vector<TensorSpec> tensors;
-  for (size_t i = 0; i < kSizes.size(); ++i) {
-    tensors.push_back({absl::StrCat("layer", i), {kSizes[i]}, DType::kFloat32});
-  }
-  return MakeLayout(std::move(tensors));
-}
+Layout HonestLayout() { return testkit::LayoutOfSizes(kSizes, "layer"); }
 
 uint32_t ChunkSize(uint32_t index) {
   return static_cast<uint32_t>(

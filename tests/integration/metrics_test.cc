@@ -28,6 +28,7 @@
 #include "src/codec.h"
 #include "src/crc32c.h"
 #include "src/layout.h"
+#include "tests/testkit/testkit.h"
 
 namespace localsgd {
 namespace {
@@ -106,15 +107,11 @@ std::string RejectedKey(const std::string& method, const std::string& code) {
 class MetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ServerOptions options;
-    options.listen_address = "127.0.0.1:0";
+    ServerOptions options = testkit::BaseServerOptions(kChunk);
     options.metrics_listen_address = "127.0.0.1:0";
     options.coordinator.clock = &clock_;
-    options.coordinator.default_settings.chunk_elements = kChunk;
-    options.tick_interval = absl::Milliseconds(20);
-    auto server = CoordinatorServer::Start(options);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
+    server_ = testkit::StartServer(std::move(options));
+    ASSERT_NE(server_, nullptr);
     ASSERT_GT(server_->metrics_port(), 0);
     layout_ = MakeLayout({{"w", {kElements}, DType::kFloat32}});
     stub_ = v1::Coordinator::NewStub(

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "src/layout.h"
+#include "tests/testkit/testkit.h"
 
 namespace localsgd {
 namespace {
@@ -44,11 +45,9 @@ class ShardTest : public ::testing::Test {
   // `with_state`.
   std::unique_ptr<CoordinatorServer> StartReplica(uint32_t i, uint32_t count,
                                                   int port, bool with_state) {
-    ServerOptions options;
+    ServerOptions options = testkit::BaseServerOptions(kChunk);
     options.listen_address = absl::StrCat("127.0.0.1:", port);
-    options.coordinator.default_settings.chunk_elements = kChunk;
     options.coordinator.shard = ShardSpec{i, count};
-    options.tick_interval = absl::Milliseconds(20);
     // A restored replica regathers its members for one lease before its
     // first round closes: keep that short.
     options.coordinator.policy.lease_ttl = absl::Seconds(2);
@@ -61,9 +60,7 @@ class ShardTest : public ::testing::Test {
       }
       options.state_dir = dir;
     }
-    auto server = CoordinatorServer::Start(options);
-    EXPECT_TRUE(server.ok()) << server.status();
-    return server.ok() ? *std::move(server) : nullptr;
+    return testkit::StartServer(std::move(options));
   }
 
   void StartReplicas(uint32_t count, bool with_state = false) {

@@ -25,6 +25,7 @@
 #include "src/codec.h"
 #include "src/crc32c.h"
 #include "src/layout.h"
+#include "tests/testkit/testkit.h"
 
 namespace localsgd {
 namespace {
@@ -54,22 +55,15 @@ struct Killer {
 class SoakTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ServerOptions options;
-    options.listen_address = "127.0.0.1:0";
-    options.coordinator.default_settings.chunk_elements = kChunk;
+    ServerOptions options = testkit::BaseServerOptions(kChunk);
     options.coordinator.policy.lease_ttl = kLease;
     options.tick_interval = absl::Milliseconds(10);
-    auto server = CoordinatorServer::Start(options);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    target_ = absl::StrCat("127.0.0.1:", server_->port());
+    server_ = testkit::StartServer(std::move(options));
+    ASSERT_NE(server_, nullptr);
+    target_ = testkit::Target(*server_);
     stub_ = v1::Coordinator::NewStub(
         grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
-    std::vector<TensorSpec> tensors;
-    for (size_t i = 0; i < kSizes.size(); ++i) {
-      tensors.push_back({absl::StrCat("p", i), {kSizes[i]}, DType::kFloat32});
-    }
-    layout_ = MakeLayout(std::move(tensors));
+    layout_ = testkit::LayoutOfSizes(kSizes, "p");
     geometry_ = ChunkGeometry(758, kChunk);
   }
 

@@ -20,18 +20,12 @@
 #include "src/codec.h"
 #include "src/crc32c.h"
 #include "src/layout.h"
+#include "tests/testkit/testkit.h"
 
 namespace localsgd {
 namespace {
 
-// A layout of tensors with the given sizes (1-D), named t0, t1, ...
-Layout LayoutOfSizes(const std::vector<int64_t>& sizes) {
-  std::vector<TensorSpec> tensors;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    tensors.push_back({absl::StrCat("t", i), {sizes[i]}, DType::kFloat32});
-  }
-  return MakeLayout(std::move(tensors));
-}
+using testkit::LayoutOfSizes;
 
 uint64_t Total(const std::vector<int64_t>& sizes) {
   uint64_t n = 0;
@@ -48,14 +42,9 @@ float Value(int member, uint64_t j, int round) {
 
 std::unique_ptr<CoordinatorServer> StartServer(uint32_t chunk_elements,
                                                DType wire = DType::kFloat32) {
-  ServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.coordinator.default_settings.chunk_elements = chunk_elements;
+  ServerOptions options = testkit::BaseServerOptions(chunk_elements);
   options.coordinator.default_settings.wire_dtype = wire;
-  options.tick_interval = absl::Milliseconds(20);
-  auto server = CoordinatorServer::Start(options);
-  EXPECT_TRUE(server.ok()) << server.status();
-  return *std::move(server);
+  return testkit::StartServer(std::move(options));
 }
 
 std::unique_ptr<Client> MakeClient(int port, const std::string& job,
@@ -267,8 +256,9 @@ TEST(LeaveTest, Leave_OpenRoundStopsWaitingForTheLeaver) {
   EXPECT_EQ(params[0], params[1]);
 }
 
-// Raw protocol access for bad-input tests.
-class BadInputTest : public ::testing::Test {
+// What the coordinator reports to raw requests, next to two honest members.
+// (Bad input, every field of every request: hostile_input_test.cc.)
+class ProtocolTest : public ::testing::Test {
  protected:
   void SetUp() override {
     server_ = StartServer(kChunk);
@@ -287,67 +277,6 @@ class BadInputTest : public ::testing::Test {
       params_.emplace_back(75, 0.0f);
       ASSERT_TRUE(honest_[i]->Initialize(absl::MakeSpan(params_[i])).ok());
     }
-  }
-
-  // Joins a raw member; returns its id.
-  std::string RawJoin(const std::string& name) {
-    v1::JoinRequest request;
-    request.set_job_id("job");
-    request.set_member_name(name);
-    request.set_incarnation(42);
-    LayoutToProto(layout_, request.mutable_layout());
-    v1::JoinResponse response;
-    grpc::ClientContext context;
-    grpc::Status status = stub_->Join(&context, request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return response.member_id();
-  }
-
-  // Ends a raw member's membership, so that rounds need not wait for its
-  // lease.
-  void RawLeave(const std::string& member) {
-    v1::LeaveRequest request;
-    request.set_job_id("job");
-    request.set_member_id(member);
-    v1::LeaveResponse response;
-    grpc::ClientContext context;
-    ASSERT_TRUE(stub_->Leave(&context, request, &response).ok());
-  }
-
-  // Runs one raw Sync stream; returns its status.
-  grpc::Status RawSync(
-      const std::string& job, const std::string& member, uint64_t round,
-      const std::vector<std::pair<uint32_t, std::string>>& chunks,
-      bool send_header = true) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-    auto stream = stub_->Sync(&context);
-    v1::SyncRequest request;
-    if (send_header) {
-      request.mutable_header()->set_job_id(job);
-      request.mutable_header()->set_member_id(member);
-      request.mutable_header()->set_round(round);
-      request.mutable_header()->set_layout_fingerprint(layout_.fingerprint);
-      stream->Write(request);
-    }
-    for (const auto& [index, data] : chunks) {
-      request.mutable_chunk()->set_index(index);
-      request.mutable_chunk()->set_data(data);
-      request.mutable_chunk()->set_crc32c(Crc32c(0, data));
-      if (!stream->Write(request)) break;
-    }
-    stream->WritesDone();
-    v1::SyncResponse response;
-    while (stream->Read(&response)) {
-    }
-    return stream->Finish();
-  }
-
-  static std::string Floats(size_t n, float v) {
-    std::vector<float> values(n, v);
-    std::string out;
-    EncodeValues(values, DType::kFloat32, &out);
-    return out;
   }
 
   // The honest members sync values 1 and 3; the result must be exactly 2.
@@ -374,127 +303,7 @@ class BadInputTest : public ::testing::Test {
   std::vector<std::vector<float>> params_;
 };
 
-TEST_F(BadInputTest,
-       Join_LayoutMismatch_ReturnsFailedPreconditionNamingTensor) {
-  v1::JoinRequest request;
-  request.set_job_id("job");
-  request.set_member_name("other");
-  request.set_incarnation(7);
-  LayoutToProto(LayoutOfSizes({50, 26}), request.mutable_layout());
-  v1::JoinResponse response;
-  grpc::ClientContext context;
-  grpc::Status status = stub_->Join(&context, request, &response);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(status.error_message().find("t1"), std::string::npos)
-      << status.error_message();
-  ExpectHonestRoundExact();
-}
-
-TEST_F(BadInputTest, Join_WrongFingerprint_ReturnsInvalidArgument) {
-  v1::JoinRequest request;
-  request.set_job_id("job");
-  request.set_incarnation(7);
-  LayoutToProto(layout_, request.mutable_layout());
-  request.mutable_layout()->set_fingerprint(layout_.fingerprint ^ 1);
-  v1::JoinResponse response;
-  grpc::ClientContext context;
-  EXPECT_EQ(stub_->Join(&context, request, &response).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
-}
-
-TEST_F(BadInputTest, Sync_WrongChunkSize_ReturnsInvalidArgument) {
-  const std::string member = RawJoin("bad");
-  grpc::Status status = RawSync("job", member, 1, {{0, Floats(31, 100.0f)}});
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(status.error_message().find("expected 128"), std::string::npos)
-      << status.error_message();
-  // The bad member is still a participant; it leaves so the round need not
-  // wait for its lease.
-  RawLeave(member);
-  ExpectHonestRoundExact();
-}
-
-TEST_F(BadInputTest, Sync_ChunkOutOfRange_ReturnsInvalidArgument) {
-  const std::string member = RawJoin("bad");
-  grpc::Status status = RawSync("job", member, 1, {{3, Floats(11, 100.0f)}});
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(status.error_message().find("out of range"), std::string::npos)
-      << status.error_message();
-  RawLeave(member);
-  ExpectHonestRoundExact();
-}
-
-TEST_F(BadInputTest,
-       Sync_NonFiniteValue_ReturnsInvalidArgumentAndIsNotAveraged) {
-  const std::string member = RawJoin("bad");
-  std::vector<float> values(32, 1.0f);
-  values[5] = std::nanf("");
-  std::string data;
-  EncodeValues(values, DType::kFloat32, &data);
-  grpc::Status status = RawSync("job", member, 1, {{0, data}});
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(status.error_message().find("non-finite"), std::string::npos);
-  RawLeave(member);
-  ExpectHonestRoundExact();
-}
-
-TEST_F(BadInputTest, Sync_UnknownMember_ReturnsNotFound) {
-  grpc::Status status =
-      RawSync("job", std::string(32, 'a'), 1, {{0, Floats(32, 1)}});
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
-  ExpectHonestRoundExact();
-}
-
-TEST_F(BadInputTest, Sync_MalformedMemberId_ReturnsInvalidArgument) {
-  grpc::Status status = RawSync("job", "not-a-member", 1, {{0, Floats(32, 1)}});
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  ExpectHonestRoundExact();
-}
-
-TEST_F(BadInputTest, Sync_UnknownJob_ReturnsNotFound) {
-  grpc::Status status = RawSync("nojob", std::string(32, 'a'), 1, {});
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_NE(status.error_message().find("nojob"), std::string::npos);
-  ExpectHonestRoundExact();
-}
-
-TEST_F(BadInputTest, Sync_RoundFarInFuture_ReturnsFailedPrecondition) {
-  const std::string member = RawJoin("bad");
-  grpc::Status status = RawSync("job", member, 1000, {{0, Floats(32, 1)}});
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(status.error_message().find("1000"), std::string::npos);
-  RawLeave(member);
-  ExpectHonestRoundExact();
-}
-
-TEST_F(BadInputTest, Sync_ChunkBeforeHeader_ReturnsInvalidArgument) {
-  grpc::Status status = RawSync("job", "", 1, {{0, Floats(32, 1)}}, false);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  ExpectHonestRoundExact();
-}
-
-TEST_F(BadInputTest, Sync_OversizedMessage_ReturnsResourceExhausted) {
-  const std::string member = RawJoin("bad");
-  // Larger than the server's max_message_bytes (17 MiB).
-  grpc::Status status =
-      RawSync("job", member, 1, {{0, std::string(20 << 20, '\0')}});
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << status.error_message();
-  RawLeave(member);
-  ExpectHonestRoundExact();
-}
-
-TEST_F(BadInputTest, Heartbeat_UnknownMember_ReturnsNotFound) {
-  v1::HeartbeatRequest request;
-  request.set_job_id("job");
-  request.set_member_id(std::string(32, 'b'));
-  v1::HeartbeatResponse response;
-  grpc::ClientContext context;
-  EXPECT_EQ(stub_->Heartbeat(&context, request, &response).error_code(),
-            grpc::StatusCode::NOT_FOUND);
-}
-
-TEST_F(BadInputTest, GetJobStatus_ReportsMembersAndRounds) {
+TEST_F(ProtocolTest, GetJobStatus_ReportsMembersAndRounds) {
   ExpectHonestRoundExact();
   v1::GetJobStatusRequest request;
   request.set_job_id("job");
@@ -512,7 +321,7 @@ TEST_F(BadInputTest, GetJobStatus_ReportsMembersAndRounds) {
   EXPECT_EQ(job.recent_rounds(1).close_reason(), v1::CLOSE_REASON_SEED);
 }
 
-TEST_F(BadInputTest, Join_ReportsTheCoordinatorsPolicy) {
+TEST_F(ProtocolTest, Join_ReportsTheCoordinatorsPolicy) {
   v1::JoinRequest request;
   request.set_job_id("job");
   request.set_member_name("policy");
