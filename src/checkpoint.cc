@@ -677,10 +677,6 @@ std::shared_ptr<absl::Mutex> CheckpointStore::JobLock(
   return mu;
 }
 
-absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint) {
-  return Save(checkpoint, absl::MakeConstSpan(checkpoint.values));
-}
-
 absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
                                    absl::Span<const float> values) {
   if (!checkpoint.values.empty() && values.data() != checkpoint.values.data()) {
@@ -789,20 +785,6 @@ absl::StatusOr<std::vector<JobCheckpoint>> CheckpointStore::LoadAll(
               return a.job_id < b.job_id;
             });
   return loaded;
-}
-
-absl::Status CheckpointStore::Remove(absl::string_view job_id) {
-  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return s;
-  absl::ReaderMutexLock dir_lock(&dir_mu_);
-  std::shared_ptr<absl::Mutex> job_mu = JobLock(job_id);
-  absl::MutexLock job_lock(job_mu.get());
-  const std::string path = PathOf(absl::StrCat(job_id, kSuffix));
-  if (::unlink(path.c_str()) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return absl::ErrnoToStatus(errno, absl::StrCat("remove ", path));
-  }
-  LOG(INFO) << "removed checkpoint of job " << job_id << " (" << path << ")";
-  return SyncDir(dir_);
 }
 
 }  // namespace localsgd

@@ -108,19 +108,16 @@ class CheckpointStore {
   CheckpointStore(const CheckpointStore&) = delete;
   CheckpointStore& operator=(const CheckpointStore&) = delete;
 
-  // Atomically replaces the checkpoint of `checkpoint.job_id` (see above).
+  // Atomically replaces the checkpoint of `checkpoint.job_id` (see above)
+  // with `values` as its values: checkpoint.values must be empty (or be
+  // `values` itself), INVALID_ARGUMENT otherwise, so that a caller that holds
+  // the state elsewhere (a StateSnapshot that Sync streams share) does not
+  // copy a large model to save it. `values` must not change during the call.
   // INVALID_ARGUMENT: malformed job id, invalid layout, values count !=
   // layout elements, unknown wire dtype or mode; nothing is written then.
   // Other codes (from errno, e.g. RESOURCE_EXHAUSTED for a full disk,
   // PERMISSION_DENIED) name the path and the reason; the previous checkpoint
   // is left in place and the temporary file removed.
-  absl::Status Save(const JobCheckpoint& checkpoint);
-
-  // As Save(checkpoint), but the values are `values`; checkpoint.values must
-  // be empty (or be `values` itself), INVALID_ARGUMENT otherwise. For a caller
-  // that holds the state elsewhere (a StateSnapshot that Sync streams share)
-  // and should not copy a large model to save it. `values` must not change
-  // during the call.
   absl::Status Save(const JobCheckpoint& checkpoint,
                     absl::Span<const float> values);
 
@@ -134,9 +131,6 @@ class CheckpointStore {
   absl::StatusOr<std::vector<JobCheckpoint>> LoadAll(
       std::vector<std::string>* errors = nullptr);
 
-  // Removes the checkpoint of `job_id`; OK if there is none.
-  // INVALID_ARGUMENT: malformed job id. Other codes from errno.
-  absl::Status Remove(absl::string_view job_id);
 
   // The directory, as given to Open.
   const std::string& dir() const { return dir_; }

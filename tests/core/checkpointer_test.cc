@@ -16,6 +16,8 @@
 namespace localsgd {
 namespace {
 
+using testing_util::SaveWhole;
+
 using testing_util::EncodeChunk;
 using testing_util::SmallLayout;
 using testing_util::SyncCapture;
@@ -153,7 +155,7 @@ TEST_F(CheckpointerTest, CheckpointOverTheLimits_IsSkippedNotFatal) {
                   NonFinitePolicy::kReject};
   big.round = 3;
   big.values.assign(100, 0.5f);
-  ASSERT_TRUE(store_->Save(big).ok());
+  ASSERT_TRUE(SaveWhole(*store_, big).ok());
   CoordinatorOptions options;
   options.clock = &clock_;
   options.default_settings.chunk_elements = 5;

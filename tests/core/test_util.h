@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "src/checkpoint.h"
 #include "src/codec.h"
 #include "src/job.h"
 #include "src/layout.h"
@@ -56,6 +57,12 @@ inline std::string EncodeChunk(const std::vector<float>& values,
                                                    geometry.Size(index)),
                dtype, &out);
   return out;
+}
+
+// Saves `checkpoint` with its own values (CheckpointStore::Save).
+inline absl::Status SaveWhole(CheckpointStore& store,
+                              const JobCheckpoint& checkpoint) {
+  return store.Save(checkpoint, checkpoint.values);
 }
 
 // Records every call of a SyncCallback. Copies of the callback share the

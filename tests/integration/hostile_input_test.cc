@@ -221,6 +221,7 @@ class Env {
   CoordinatorServer* server() { return server_.get(); }
   v1::Coordinator::Stub* stub() { return hostile_stub_.get(); }
   const Honest& honest(int i) const { return honest_[i]; }
+  int num_honest() const { return static_cast<int>(honest_.size()); }
   // Round of the job's current state; rows contribute to next_round().
   uint64_t state_round() const { return state_round_; }
   uint64_t next_round() const { return state_round_ + 1; }
@@ -1761,9 +1762,17 @@ std::vector<Row> Rows() {
         if (response.jobs_size() == 1) {
           EXPECT_LE(response.jobs(0).recent_rounds_size(), 100);
           EXPECT_GE(response.jobs(0).recent_rounds_size(), 2);
-          // Member ids act as credentials: status never shows them.
+          // Member ids act as credentials: status never shows them (no
+          // field carries one; field 1, once member_id, is reserved).
+          const std::string bytes = response.SerializeAsString();
+          for (int i = 0; i < env.num_honest(); ++i) {
+            EXPECT_FALSE(absl::StrContains(bytes, env.honest(i).id))
+                << env.honest(i).name;
+          }
           for (const auto& m : response.jobs(0).members()) {
-            EXPECT_EQ(m.member_id(), "") << m.member_name();
+            EXPECT_TRUE(
+                m.GetReflection()->GetUnknownFields(m).empty())
+                << m.member_name();
           }
         }
         return s;
