@@ -1,19 +1,23 @@
 // The gRPC client of a localsgd coordinator. No LibTorch: it works on a flat
 // span of fp32 parameters laid out as the job's Layout describes.
 //
-// Typical use, one per worker process (or per node leader):
+// Typical use, one per worker process (or per node leader); compiled and run
+// as tests/node/snippets_test.cc:
 //
 //   ClientOptions options;
 //   options.target = "localhost:50051";
 //   options.job_id = "mnist";
-//   ASSIGN_OR_RETURN(auto client, Client::Create(options));
-//   RETURN_IF_ERROR(client->Join(MakeLayout(tensors)));
-//   RETURN_IF_ERROR(client->Initialize(flat_params));  // seed or fetch
-//   for (...) {
-//     ... K local steps on flat_params ...
-//     ASSIGN_OR_RETURN(SyncOutcome out, client->Sync(flat_params));
+//   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(options);
+//   if (!client.ok()) return client.status();
+//   absl::Status s = (*client)->Join(MakeLayout(tensors));
+//   if (s.ok()) s = (*client)->Initialize(flat_params);  // seed or fetch
+//   for (int round = 0; s.ok() && round < rounds; ++round) {
+//     // ... K local steps on flat_params ...
+//     absl::StatusOr<SyncOutcome> out = (*client)->Sync(flat_params);
+//     s = out.status();
 //   }
-//   client->Leave();
+//   absl::Status left = (*client)->Leave();
+//   return s.ok() ? left : s;
 //
 // Thread-safety: one thread drives Join/Initialize/Sync/FetchState/Leave; the
 // client runs its own heartbeat thread, started by Join and joined by Leave or

@@ -6,23 +6,28 @@
 // averaged (module.parameters(), as accelerate does): buffers such as
 // BatchNorm running statistics and optimizer state (momentum) stay local.
 //
-// Typical use, one per worker process:
+// Typical use, one per worker process (compiled and run as
+// tests/node/snippets_test.cc):
 //
 //   ClientOptions client_options;
 //   client_options.target = "localhost:50051";
 //   client_options.job_id = "mnist";
 //   client_options.settings.local_sgd_steps = 16;
-//   ASSIGN_OR_RETURN(auto client, Client::Create(client_options));
+//   absl::StatusOr<std::unique_ptr<Client>> client =
+//       Client::Create(client_options);
+//   if (!client.ok()) return client.status();
 //   LocalSGDOptions options;
 //   options.local_sgd_steps = 16;
-//   ASSIGN_OR_RETURN(auto local_sgd, LocalSGD::Create(*model, client.get(),
-//                                                     options));
-//   for (...) {
-//     ... forward, backward, optimizer.step() ...
-//     RETURN_IF_ERROR(local_sgd->Step());
+//   absl::StatusOr<std::unique_ptr<LocalSGD>> local_sgd =
+//       LocalSGD::Create(*model, client->get(), options);
+//   if (!local_sgd.ok()) return local_sgd.status();
+//   for (int step = 0; step < steps; ++step) {
+//     // ... forward, backward, optimizer.step() ...
+//     if (absl::Status s = (*local_sgd)->Step(); !s.ok()) return s;
 //   }
-//   RETURN_IF_ERROR(local_sgd->Close());  // final sync (accelerate's __exit__)
-//   client->Leave();
+//   // The final sync (accelerate's __exit__), then leave the job.
+//   if (absl::Status s = (*local_sgd)->Close(); !s.ok()) return s;
+//   return (*client)->Leave();
 //
 // Node-local averaging (LocalSGDOptions::node_group): the processes of a node
 // form a c10d process group (client/node_group.h; NCCL for CUDA tensors,

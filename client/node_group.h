@@ -9,9 +9,10 @@
 // header; client/node_group_c10d.h wraps or unwraps a c10d::ProcessGroup for
 // code that already uses LibTorch.
 //
-//   ASSIGN_OR_RETURN(NodeGroup group, MakeNodeGroupFromEnv());
+//   absl::StatusOr<NodeGroup> group = MakeNodeGroupFromEnv();
+//   if (!group.ok()) return group.status();
 //   LocalSGDOptions options;
-//   options.node_group = group;
+//   options.node_group = *group;
 //   // Only group.rank() == 0 creates a Client, with
 //   // ClientOptions.weight = group.size(); the others pass nullptr.
 //
