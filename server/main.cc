@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
 #include "server/server.h"
@@ -191,6 +192,22 @@ bool WritePortFile(const std::string& path, int port) {
   return true;
 }
 
+// The value named `value` among `choices` (a flag's words), or
+// INVALID_ARGUMENT naming the flag and every choice.
+template <typename T>
+absl::StatusOr<T> ParseChoice(
+    absl::string_view flag, const std::string& value,
+    std::initializer_list<std::pair<absl::string_view, T>> choices) {
+  std::vector<std::string> names;
+  for (const auto& [name, choice] : choices) {
+    if (value == name) return choice;
+    names.emplace_back(name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag, " must be one of ", absl::StrJoin(names, ", "), "; got '", value,
+      "'"));
+}
+
 absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   localsgd::ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
@@ -208,24 +225,19 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   c.policy.max_members = absl::GetFlag(FLAGS_max_members_per_job);
   c.policy.max_recent_rounds = absl::GetFlag(FLAGS_recent_rounds);
   c.default_settings.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
-  const std::string wire = absl::GetFlag(FLAGS_wire_dtype);
-  if (wire == "float32") {
-    c.default_settings.wire_dtype = localsgd::DType::kFloat32;
-  } else if (wire == "bfloat16") {
-    c.default_settings.wire_dtype = localsgd::DType::kBFloat16;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--wire_dtype must be float32 or bfloat16; got '", wire, "'"));
-  }
-  const std::string nonfinite = absl::GetFlag(FLAGS_nonfinite_policy);
-  if (nonfinite == "reject") {
-    c.default_settings.nonfinite_policy = localsgd::NonFinitePolicy::kReject;
-  } else if (nonfinite == "drop") {
-    c.default_settings.nonfinite_policy = localsgd::NonFinitePolicy::kDrop;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--nonfinite_policy must be reject or drop; got '", nonfinite, "'"));
-  }
+  absl::StatusOr<localsgd::DType> wire = ParseChoice<localsgd::DType>(
+      "--wire_dtype", absl::GetFlag(FLAGS_wire_dtype),
+      {{"float32", localsgd::DType::kFloat32},
+       {"bfloat16", localsgd::DType::kBFloat16}});
+  if (!wire.ok()) return wire.status();
+  c.default_settings.wire_dtype = *wire;
+  absl::StatusOr<localsgd::NonFinitePolicy> nonfinite =
+      ParseChoice<localsgd::NonFinitePolicy>(
+          "--nonfinite_policy", absl::GetFlag(FLAGS_nonfinite_policy),
+          {{"reject", localsgd::NonFinitePolicy::kReject},
+           {"drop", localsgd::NonFinitePolicy::kDrop}});
+  if (!nonfinite.ok()) return nonfinite.status();
+  c.default_settings.nonfinite_policy = *nonfinite;
   c.shard.count = absl::GetFlag(FLAGS_shard_count);
   {
     std::string index = absl::GetFlag(FLAGS_shard_index);

@@ -86,12 +86,9 @@ absl::Status HandleLeave(Coordinator& coordinator,
                          const v1::LeaveRequest& request) {
   std::shared_ptr<Job> job;
   MemberId member;
-  if (absl::Status s = ResolveMember(coordinator, request.job_id(),
-                                     request.member_id(), &job, &member);
-      !s.ok()) {
-    return s;
-  }
-  return job->Leave(member);
+  absl::Status s = ResolveMember(coordinator, request.job_id(),
+                                 request.member_id(), &job, &member);
+  return s.ok() ? job->Leave(member) : s;
 }
 
 absl::Status HandleHeartbeat(Coordinator& coordinator,
@@ -99,11 +96,9 @@ absl::Status HandleHeartbeat(Coordinator& coordinator,
                              v1::HeartbeatResponse* response) {
   std::shared_ptr<Job> job;
   MemberId member;
-  if (absl::Status s = ResolveMember(coordinator, request.job_id(),
-                                     request.member_id(), &job, &member);
-      !s.ok()) {
-    return s;
-  }
+  absl::Status s = ResolveMember(coordinator, request.job_id(),
+                                 request.member_id(), &job, &member);
+  if (!s.ok()) return s;
   absl::StatusOr<RoundId> round = job->Heartbeat(member);
   if (!round.ok()) return round.status();
   response->set_state_round(*round);

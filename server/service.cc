@@ -43,20 +43,83 @@ ByteCounters CountersFor(Metrics* metrics, const Job& job) {
   return {c.bytes_received, c.bytes_sent};
 }
 
-// A machine's write action as gRPC bytes: a serialized message, or a chunk
-// message whose payload is the StateWire's own bytes (proto/chunk_wire.h),
-// kept alive by the buffer until gRPC has sent it. `*payload_bytes`: the
-// chunk payload's size (0 for a message).
-grpc::ByteBuffer WriteBuffer(StreamAction action, size_t* payload_bytes) {
-  if (action.kind == StreamAction::Kind::kWriteChunk) {
-    *payload_bytes = action.chunk.data.size();
-    return ChunkMessage(action.index, action.chunk.crc32c, action.chunk.data,
-                        std::move(action.wire));
+// The write side of a stream reactor: a machine's write action as gRPC
+// bytes (a serialized message, or a chunk message whose payload is the
+// StateWire's own bytes, proto/chunk_wire.h, kept alive by the buffer until
+// gRPC has sent it), and the job's sent-bytes counter. Writes are
+// sequential: Next, then Done once the write completed.
+class StreamWrites {
+ public:
+  explicit StreamWrites(Metrics* metrics) : metrics_(metrics) {}
+
+  // The buffer to StartWrite for a machine's kWriteMessage / kWriteChunk.
+  const grpc::ByteBuffer* Next(StreamAction action) {
+    if (action.kind == StreamAction::Kind::kWriteChunk) {
+      payload_bytes_ = action.chunk.data.size();
+      buffer_ = ChunkMessage(action.index, action.chunk.crc32c,
+                             action.chunk.data, std::move(action.wire));
+    } else {
+      payload_bytes_ = 0;
+      grpc::Slice slice(action.message);
+      buffer_ = grpc::ByteBuffer(&slice, 1);
+    }
+    return &buffer_;
   }
-  *payload_bytes = 0;
-  grpc::Slice slice(action.message);
-  return grpc::ByteBuffer(&slice, 1);
+
+  // The last write went out: count its payload for `job`'s metrics.
+  void Done(const std::shared_ptr<Job>& job) {
+    if (sent_.sent == nullptr && metrics_ != nullptr && job != nullptr) {
+      sent_ = CountersFor(metrics_, *job);
+    }
+    sent_.Sent(payload_bytes_);
+  }
+
+ private:
+  Metrics* const metrics_;  // may be null
+  grpc::ByteBuffer buffer_;
+  size_t payload_bytes_ = 0;
+  ByteCounters sent_;
+};
+
+// The status a reactor finishes with, counted if it is not OK.
+grpc::Status FinishStatus(Metrics* metrics, absl::string_view method,
+                          const absl::Status& status) {
+  const grpc::Status grpc_status = ToGrpcStatus(status);
+  CountRejected(metrics, method, grpc_status);
+  return grpc_status;
 }
+
+// What both stream reactors do with their machine's actions
+// (server/streams.h has the contract): start a read (Sync only: StartNextRead),
+// start a write, finish. `Reactor` is the gRPC reactor base class.
+template <typename Reactor>
+class MachineReactor : public Reactor {
+ protected:
+  MachineReactor(Metrics* metrics, absl::string_view method)
+      : metrics_(metrics), method_(method), writes_(metrics) {}
+
+  virtual void StartNextRead() {}
+
+  void Act(StreamAction action) {
+    switch (action.kind) {
+      case StreamAction::Kind::kRead:
+        StartNextRead();
+        return;
+      case StreamAction::Kind::kWriteMessage:
+      case StreamAction::Kind::kWriteChunk:
+        this->StartWrite(writes_.Next(std::move(action)));
+        return;
+      case StreamAction::Kind::kFinish:
+        // The last use of `this`.
+        this->Finish(FinishStatus(metrics_, method_, action.status));
+        return;
+    }
+  }
+
+  Metrics* const metrics_;  // may be null
+  const absl::string_view method_;
+  StreamWrites writes_;  // write path
+};
 
 // The stream admission of the security layer: the service's AdmitStream,
 // whose stream slot the machine holds until just before it finishes.
@@ -82,12 +145,13 @@ StreamAdmission AdmissionFor(CoordinatorService* service,
 // thread as soon as Finish is called. The machine delivers kFinish once, as
 // its last act, so every reaction ends with its call into the machine.
 class SyncReactor final
-    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+    : public MachineReactor<
+          grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
  public:
   SyncReactor(CoordinatorService* service, Coordinator* coordinator,
               WireCache* wires, Metrics* metrics, CallerCredentials caller)
-      : service_(service),
-        metrics_(metrics),
+      : MachineReactor(metrics, "Sync"),
+        service_(service),
         machine_(coordinator, wires, AdmissionFor(service, std::move(caller)),
                  [this](StreamAction action) { Act(std::move(action)); }) {
     service_->StreamStarted();
@@ -124,14 +188,7 @@ class SyncReactor final
   }
 
   void OnWriteDone(bool ok) override {
-    if (ok) {
-      if (sent_.sent == nullptr && metrics_ != nullptr) {
-        if (std::shared_ptr<Job> job = machine_.job(); job != nullptr) {
-          sent_ = CountersFor(metrics_, *job);
-        }
-      }
-      sent_.Sent(response_payload_bytes_);
-    }
+    if (ok) writes_.Done(machine_.job());
     machine_.OnWriteDone(ok);
   }
 
@@ -143,50 +200,26 @@ class SyncReactor final
   }
 
  private:
-  // The machine's actions (server/streams.h has the contract).
-  void Act(StreamAction action) {
-    switch (action.kind) {
-      case StreamAction::Kind::kRead:
-        StartRead(&raw_request_);
-        return;
-      case StreamAction::Kind::kWriteMessage:
-      case StreamAction::Kind::kWriteChunk:
-        response_ = WriteBuffer(std::move(action), &response_payload_bytes_);
-        StartWrite(&response_);
-        return;
-      case StreamAction::Kind::kFinish: {
-        const grpc::Status status = ToGrpcStatus(action.status);
-        CountRejected(metrics_, "Sync", status);
-        Finish(status);  // the last use of `this`
-        return;
-      }
-    }
-  }
+  void StartNextRead() override { StartRead(&raw_request_); }
 
   CoordinatorService* const service_;
-  Metrics* const metrics_;  // may be null
   // Read path: the message read, it parsed, and the received-bytes counter.
   grpc::ByteBuffer raw_request_;
   v1::SyncRequest request_;
   ByteCounters received_;
-  // Write path: the message being written, its chunk payload's size, the
-  // sent-bytes counter.
-  grpc::ByteBuffer response_;
-  size_t response_payload_bytes_ = 0;
-  ByteCounters sent_;
   SyncServerStream machine_;
 };
 
 // One FetchState stream: moves the bytes of its FetchStateServerStream.
 class FetchStateReactor final
-    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+    : public MachineReactor<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
  public:
   FetchStateReactor(CoordinatorService* service, Coordinator* coordinator,
                     WireCache* wires, Metrics* metrics,
                     const grpc::ByteBuffer& raw_request,
                     const CallerCredentials& caller)
-      : service_(service),
-        metrics_(metrics),
+      : MachineReactor(metrics, "FetchState"),
+        service_(service),
         machine_(coordinator, wires, AdmissionFor(service, caller),
                  [this](StreamAction action) { Act(std::move(action)); }) {
     service_->StreamStarted();
@@ -201,12 +234,7 @@ class FetchStateReactor final
   }
 
   void OnWriteDone(bool ok) override {
-    if (ok) {
-      if (sent_.sent == nullptr && metrics_ != nullptr) {
-        sent_ = CountersFor(metrics_, *machine_.job());
-      }
-      sent_.Sent(response_payload_bytes_);
-    }
+    if (ok) writes_.Done(machine_.job());
     machine_.OnWriteDone(ok);
   }
 
@@ -216,29 +244,7 @@ class FetchStateReactor final
   }
 
  private:
-  void Act(StreamAction action) {
-    switch (action.kind) {
-      case StreamAction::Kind::kRead:  // FetchState reads nothing more
-        return;
-      case StreamAction::Kind::kWriteMessage:
-      case StreamAction::Kind::kWriteChunk:
-        response_ = WriteBuffer(std::move(action), &response_payload_bytes_);
-        StartWrite(&response_);
-        return;
-      case StreamAction::Kind::kFinish: {
-        const grpc::Status status = ToGrpcStatus(action.status);
-        CountRejected(metrics_, "FetchState", status);
-        Finish(status);  // the last use of `this`
-        return;
-      }
-    }
-  }
-
   CoordinatorService* const service_;
-  Metrics* const metrics_;  // may be null
-  grpc::ByteBuffer response_;
-  size_t response_payload_bytes_ = 0;
-  ByteCounters sent_;
   FetchStateServerStream machine_;
 };
 
@@ -247,9 +253,7 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
                                       absl::string_view method,
                                       const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const grpc::Status grpc_status = ToGrpcStatus(status);
-  CountRejected(metrics, method, grpc_status);
-  reactor->Finish(grpc_status);
+  reactor->Finish(FinishStatus(metrics, method, status));
   return reactor;
 }
 
