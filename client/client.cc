@@ -32,6 +32,7 @@
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 #include "src/codec.h"
+#include "src/member_ref.h"
 #include "src/crc32c.h"
 #include "src/settings.h"
 
@@ -365,8 +366,8 @@ class Client::Replica {
               << (shard.count > 1 ? absl::StrCat(" (shard ", shard.index,
                                                  " of ", shard.count, ")")
                                   : std::string())
-              << " as " << options_.member_name << " (" << info_.member_id.str()
-              << "); "
+              << " as " << options_.member_name << " (member_ref "
+              << MemberRef(info_.member_id) << "); "
               << (info_.has_state
                       ? absl::StrCat("state at round ", info_.state_round)
                       : std::string("no state yet"));

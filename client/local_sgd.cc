@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/log_bridge.h"
 #include "client/node_group_c10d.h"
+#include "src/member_ref.h"
 
 namespace localsgd {
 
@@ -260,7 +261,8 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
   }
   if (local_sgd->is_leader()) {
     LOCALSGD_LOG(INFO) << "LocalSGD: job '" << client->options().job_id
-                       << "' member " << client->info().member_id.str() << ": "
+                       << "' member_ref " << MemberRef(client->info().member_id)
+                       << ": "
                        << local_sgd->layout_.tensors.size() << " tensors, "
                        << local_sgd->num_elements_
                        << " elements, K=" << options.local_sgd_steps

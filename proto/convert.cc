@@ -157,9 +157,12 @@ void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto) {
 
 absl::StatusOr<MemberId> ParseMemberId(const std::string& hex) {
   if (!MemberId::IsWellFormed(hex)) {
+    // Not echoed: it may be most of a real member id (a credential), or
+    // hold control characters, and messages end up in logs.
     return absl::InvalidArgumentError(absl::StrCat(
-        "member_id '", hex.substr(0, 40), hex.size() > 40 ? "..." : "",
-        "' is malformed: expected the 32 lower-case hex digits Join returned"));
+        "member_id of ", hex.size(),
+        " bytes is malformed: expected the 32 lower-case hex digits Join "
+        "returned"));
   }
   return MemberId(hex);
 }

@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "server/digest.h"
+#include "src/member_ref.h"
 #include "src/types.h"
 
 namespace grpc {

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/digest.h"
+#include "src/member_ref.h"
 
 namespace localsgd {
 
@@ -68,6 +68,7 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
     for (const auto& n : r.participants) p->add_participants(n);
     for (const auto& n : r.contributors) p->add_contributors(n);
     for (const auto& n : r.dropped) p->add_dropped(n);
+    for (const auto& n : r.timed_out) p->add_timed_out(n);
     for (const auto& n : r.late) p->add_late(n);
     p->set_close_reason(CloseReasonToProto(r.reason));
     p->set_duration_ms(static_cast<uint64_t>(

@@ -79,6 +79,10 @@ ABSL_FLAG(std::string, shard_index, "0",
           "pod's ordinal).");
 ABSL_FLAG(uint32_t, max_jobs, 64, "Most jobs this coordinator holds.");
 ABSL_FLAG(uint32_t, max_members_per_job, 1024, "Most members in one job.");
+ABSL_FLAG(uint32_t, max_tensors, 65536,
+          "Most tensors a job's layout may have; a Join with more gets "
+          "RESOURCE_EXHAUSTED. With names of at most 1 KiB, a layout costs "
+          "at most about max_tensors x 1.2 KiB of coordinator memory.");
 ABSL_FLAG(uint64_t, max_model_elements, uint64_t{2} << 30,
           "Largest model of a job, in elements (fp32 parameters).");
 ABSL_FLAG(int32_t, max_message_bytes, 17 << 20,
@@ -257,6 +261,7 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   }
   c.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   c.max_model_elements = absl::GetFlag(FLAGS_max_model_elements);
+  c.max_tensors = absl::GetFlag(FLAGS_max_tensors);
   c.max_join_rate = absl::GetFlag(FLAGS_max_join_rate);
   c.join_burst = absl::GetFlag(FLAGS_join_burst);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

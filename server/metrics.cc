@@ -77,9 +77,15 @@ Metrics::Metrics()
                          .Register(*registry_)),
       dropped_(prometheus::BuildCounter()
                    .Name("localsgd_dropped_contributions_total")
-                   .Help("Participants that a round closed without (they "
-                         "left, lost their lease or missed the deadline)")
+                   .Help("Participants that a round closed without because "
+                         "they left, lost their lease or were dropped for a "
+                         "non-finite value")
                    .Register(*registry_)),
+      timed_out_(prometheus::BuildCounter()
+                     .Name("localsgd_timed_out_contributions_total")
+                     .Help("Participants, still members, that a round closed "
+                           "without (its deadline passed)")
+                     .Register(*registry_)),
       late_(prometheus::BuildCounter()
                 .Name("localsgd_late_contributions_total")
                 .Help("Syncs for a round that had closed already (the "
@@ -157,7 +163,8 @@ void Metrics::TouchJob(absl::string_view job_id) {
         {{"job", std::string(job_id)}, {"reason", std::string(reason)}});
   }
   round_duration_.Add(job, RoundDurationBuckets());
-  for (auto* family : {&contributions_, &dropped_, &late_, &lease_expiries_,
+  for (auto* family : {&contributions_, &dropped_, &timed_out_, &late_,
+                       &lease_expiries_,
                        &bytes_received_, &bytes_sent_}) {
     family->Add(job);
   }
@@ -187,6 +194,7 @@ void Metrics::RoundClosed(const RoundClosedEvent& event) {
       .Observe(absl::ToDoubleSeconds(event.duration));
   contributions_.Add({{"job", event.job_id}}).Increment(event.contributors);
   dropped_.Add({{"job", event.job_id}}).Increment(event.dropped);
+  timed_out_.Add({{"job", event.job_id}}).Increment(event.timed_out);
 }
 
 void Metrics::LeaseExpired(absl::string_view job_id,

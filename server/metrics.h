@@ -12,6 +12,9 @@
 //                                        seeds), first contribution to close
 //   contributions_total{job}             complete contributions counted
 //   dropped_contributions_total{job}     participants a round closed without
+//                                        (left, lease lost, non-finite drop)
+//   timed_out_contributions_total{job}   participants, still members, a round
+//                                        closed without (deadline)
 //   late_contributions_total{job}        Syncs for rounds already closed
 //   lease_expiries_total{job}            members dropped for their lease
 //   bytes_received_total{job}            chunk payload bytes received
@@ -92,6 +95,7 @@ class Metrics final : public CoordinatorObserver {
   prometheus::Family<prometheus::Histogram>& round_duration_;
   prometheus::Family<prometheus::Counter>& contributions_;
   prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Family<prometheus::Counter>& timed_out_;
   prometheus::Family<prometheus::Counter>& late_;
   prometheus::Family<prometheus::Counter>& lease_expiries_;
   prometheus::Family<prometheus::Counter>& bytes_received_;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "glog/logging.h"
@@ -15,6 +16,14 @@
 
 namespace localsgd {
 namespace {
+
+// `value` for a log line: control characters and non-ASCII bytes escaped
+// (\n, \x1b ...), at most 256 bytes of it.
+std::string LogSafe(absl::string_view value) {
+  std::string out = absl::CHexEscape(value.substr(0, 256));
+  if (value.size() > 256) absl::StrAppend(&out, "...");
+  return out;
+}
 
 // Counts a call that ended with a non-OK status.
 void CountRejected(Metrics* metrics, absl::string_view method,
@@ -271,9 +280,10 @@ grpc::ServerUnaryReactor* CoordinatorService::Join(
                       static_cast<uint64_t>(max_message_bytes_), response);
   }();
   if (!status.ok()) {
-    LOG(WARNING) << "Join of '" << request->member_name() << "' to job '"
-                 << request->job_id() << "' from " << context->peer()
-                 << " refused: " << status;
+    // The names as sent, escaped: a refused Join's may hold anything.
+    LOG(WARNING) << "Join of '" << LogSafe(request->member_name())
+                 << "' to job '" << LogSafe(request->job_id()) << "' from "
+                 << context->peer() << " refused: " << status;
   }
   return FinishUnary(context, metrics_, "Join", status);
 }

@@ -41,9 +41,9 @@ absl::Status CoordinatorOptions::Validate() const {
   if (policy.max_recent_rounds < 1) {
     return absl::InvalidArgumentError("max_recent_rounds must be >= 1");
   }
-  if (max_chunk_elements < 1 || max_model_elements < 1) {
+  if (max_chunk_elements < 1 || max_model_elements < 1 || max_tensors < 1) {
     return absl::InvalidArgumentError(
-        "max_chunk_elements and max_model_elements must be >= 1");
+        "max_chunk_elements, max_model_elements and max_tensors must be >= 1");
   }
   if (!(max_join_rate >= 0) || std::isinf(max_join_rate) || join_burst < 1) {
     return absl::InvalidArgumentError(
@@ -158,8 +158,25 @@ absl::StatusOr<uint64_t> Coordinator::CheckJoin(
     return absl::InvalidArgumentError(
         "incarnation must be a non-zero random number per process start");
   }
+  if (params.member_name.empty()) {
+    // The name and incarnation make a retried Join find its member: without
+    // a name every retry would add another member for rounds to wait for.
+    return absl::InvalidArgumentError(
+        "member_name is empty; name the member (e.g. host and rank): a "
+        "retried Join finds its member by name and incarnation");
+  }
   if (params.member_name.size() > 256) {
     return absl::InvalidArgumentError("member_name is longer than 256 bytes");
+  }
+  if (absl::Status s =
+          CheckNoControlCharacters(params.member_name, "member_name");
+      !s.ok()) {
+    return s;
+  }
+  if (params.layout.tensors.size() > options_.max_tensors) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "layout has ", params.layout.tensors.size(), " tensors, more than ",
+        options_.max_tensors, " (--max_tensors)"));
   }
   if (absl::Status s = TakeJoinToken(job_id, params.member_name); !s.ok()) {
     return s;

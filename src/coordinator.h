@@ -47,6 +47,10 @@ struct CoordinatorOptions {
   uint32_t max_jobs = 64;
   // Largest model per job, in elements (8 GiB of fp32 by default).
   uint64_t max_model_elements = uint64_t{2} << 30;
+  // Tensors a layout may have (each costs its name, at most
+  // kMaxTensorNameBytes, and shape: a job's layout is at most about
+  // max_tensors x 1.2 KiB).
+  uint32_t max_tensors = 65536;
   // Largest chunk, in elements; chunks must also fit in a gRPC message.
   uint32_t max_chunk_elements = 4u << 20;
   // Join calls per (job, member name): a token bucket refilled at

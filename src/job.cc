@@ -11,6 +11,7 @@
 #include "src/codec.h"
 #include "src/observer.h"
 #include "src/settings.h"
+#include "src/member_ref.h"
 
 namespace localsgd {
 namespace {
@@ -126,7 +127,7 @@ void Job::RunDeferred(Deferred& deferred) {
 
 absl::Status Job::MemberNotFound(const MemberId& member) const {
   return absl::NotFoundError(absl::StrCat(
-      "member ", member.str(), " is not in job '", id_,
+      "member ", MemberRef(member), " is not in job '", id_,
       "' (it never joined, left, or made no call for the lease of ",
       absl::FormatDuration(policy_.lease_ttl), "); join again"));
 }
@@ -198,6 +199,16 @@ absl::StatusOr<MemberId> Job::FindJoinedLocked(const JoinRequestParams& params,
           "wait for that member to leave or lose its lease"));
     }
     if (m.incarnation == params.incarnation) {
+      // A retried Join. The weight is fixed while the member is one: a
+      // different one is refused, not silently ignored.
+      if (m.weight != params.weight) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "member '", m.name, "' of job '", id_, "' joined with weight ",
+            m.weight, "; this Join of the same name and incarnation asks for ",
+            params.weight,
+            ": a member's weight is fixed while it is a member (Leave and "
+            "Join again, or restart with a new incarnation, to change it)"));
+      }
       m.last_seen = now;
       return mid;
     }
@@ -221,7 +232,10 @@ absl::StatusOr<MemberId> Job::AddMemberLocked(const JoinRequestParams& params,
   } while (members_.contains(id));
   MemberInfo info;
   info.id = id;
-  info.name = params.member_name.empty() ? id.str() : params.member_name;
+  // Coordinator::Join refuses an empty name; a job used directly names such
+  // a member by its reference, never by its id (the member's credential).
+  info.name = params.member_name.empty() ? absl::StrCat("member-", MemberRef(id))
+                                         : params.member_name;
   info.weight = params.weight;
   info.incarnation = params.incarnation;
   info.principal = params.principal;
@@ -239,7 +253,7 @@ absl::StatusOr<MemberId> Job::AddMemberLocked(const JoinRequestParams& params,
     AddParticipantLocked(id, info);
     FitScaleLocked();
   }
-  LOG(INFO) << "job " << id_ << ": member " << info.name << " (" << id.str()
+  LOG(INFO) << "job " << id_ << ": member " << info.name << " (" << MemberRef(id)
             << ", weight " << info.weight << ") joined; " << members_.size() + 1
             << " members; takes part from round " << info.first_round;
   members_.emplace(id, std::move(info));
@@ -593,7 +607,7 @@ void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
   auto it = members_.find(member);
   if (it == members_.end()) return;
   LOG(INFO) << "job " << id_ << ": member " << it->second.name << " ("
-            << member.str() << ") " << why << "; " << members_.size() - 1
+            << MemberRef(member) << ") " << why << "; " << members_.size() - 1
             << " members left";
   members_.erase(it);
   if (seed_ != nullptr && seed_->owner == member) {
@@ -640,9 +654,11 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
       record.contributors.push_back(p.name);
       record.contributor_ids.insert(id);
       record.contributor_weight += p.weight;
-    } else {
+    } else if (p.gone) {
       record.dropped.push_back(p.name);
       if (p.nonfinite) refused.insert(id);
+    } else {
+      record.timed_out.push_back(p.name);
     }
   }
   if (record.participants.size() >= settings_.rendezvous_members &&
@@ -660,7 +676,7 @@ void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
   const absl::Status status = absl::AbortedError(absl::StrCat(
       "the member seeding job '", id_,
       "' stopped before the seed was complete (", why, "); retry"));
-  LOG(WARNING) << "job " << id_ << ": seed by " << seed->owner.str()
+  LOG(WARNING) << "job " << id_ << ": seed by " << MemberRef(seed->owner)
                << " abandoned: " << why;
   for (auto& [wid, w] : seed->waiters) {
     deferred.push_back([done = std::move(w.done), status] { done(status); });
@@ -675,7 +691,7 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   record.reason = CloseReason::kSeed;
   record.opened = now;
   record.closed = now;
-  std::string name = seed->owner.str();
+  std::string name = absl::StrCat("member-", MemberRef(seed->owner));
   double weight = 1;
   if (auto it = members_.find(seed->owner); it != members_.end()) {
     name = it->second.name;
@@ -696,6 +712,7 @@ void Job::CommitLocked(RoundRecord record, std::vector<float> values,
   std::sort(record.participants.begin(), record.participants.end());
   std::sort(record.contributors.begin(), record.contributors.end());
   std::sort(record.dropped.begin(), record.dropped.end());
+  std::sort(record.timed_out.begin(), record.timed_out.end());
 
   auto state = std::make_shared<StateSnapshot>();
   state->round = record.round;
@@ -744,7 +761,12 @@ void Job::ReportCommitLocked(const RoundRecord& record, Deferred& deferred) {
               << (record.dropped.empty()
                       ? ""
                       : absl::StrCat("; dropped [",
-                                     absl::StrJoin(record.dropped, ", "), "]"));
+                                     absl::StrJoin(record.dropped, ", "), "]"))
+              << (record.timed_out.empty()
+                      ? ""
+                      : absl::StrCat("; timed out [",
+                                     absl::StrJoin(record.timed_out, ", "),
+                                     "]"));
   }
   if (observer_ != nullptr) {
     RoundClosedEvent event;
@@ -755,6 +777,7 @@ void Job::ReportCommitLocked(const RoundRecord& record, Deferred& deferred) {
     event.participants = static_cast<uint32_t>(record.participants.size());
     event.contributors = static_cast<uint32_t>(record.contributors.size());
     event.dropped = static_cast<uint32_t>(record.dropped.size());
+    event.timed_out = static_cast<uint32_t>(record.timed_out.size());
     deferred.push_back([observer = observer_, event = std::move(event)] {
       observer->RoundClosed(event);
     });

@@ -97,7 +97,12 @@ struct RoundRecord {
   RoundId round = 0;
   std::vector<std::string> participants;
   std::vector<std::string> contributors;
+  // Participants that had left, lost their lease or been dropped for a
+  // non-finite value before contributing every chunk.
   std::vector<std::string> dropped;
+  // Participants still members when the round closed without their complete
+  // contribution (its deadline passed, or the job stopped).
+  std::vector<std::string> timed_out;
   std::vector<std::string> late;
   CloseReason reason = CloseReason::kComplete;
   absl::Time opened;

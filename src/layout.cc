@@ -78,6 +78,16 @@ absl::StatusOr<uint64_t> ValidateLayout(const Layout& layout,
       return absl::InvalidArgumentError(
           absl::StrCat("layout tensor ", i, " has an empty name"));
     }
+    if (t.name.size() > kMaxTensorNameBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layout tensor ", i, " has a name of ", t.name.size(),
+                       " bytes; at most ", kMaxTensorNameBytes));
+    }
+    if (absl::Status s = CheckNoControlCharacters(
+            t.name, absl::StrCat("the name of layout tensor ", i));
+        !s.ok()) {
+      return s;
+    }
     if (!names.insert(t.name).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "layout tensor ", i, " '", t.name, "' repeats an earlier name"));

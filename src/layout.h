@@ -44,6 +44,9 @@ uint64_t NumElements(const TensorSpec& tensor);
 // and the fingerprint matches ComputeFingerprint. Returns INVALID_ARGUMENT
 // (naming the tensor) or RESOURCE_EXHAUSTED (too large). On success returns
 // the total number of elements.
+// The longest tensor name a layout may have.
+inline constexpr size_t kMaxTensorNameBytes = 1024;
+
 absl::StatusOr<uint64_t> ValidateLayout(const Layout& layout,
                                         uint64_t max_elements);
 

@@ -24,9 +24,12 @@ struct RoundClosedEvent {
   uint32_t participants = 0;
   // Participants whose complete contribution was counted.
   uint32_t contributors = 0;
-  // Participants that left, lost their lease, or missed the deadline before
-  // contributing every chunk.
+  // Participants that left, lost their lease or were dropped for a
+  // non-finite value before contributing every chunk.
   uint32_t dropped = 0;
+  // Participants still members when the round closed without their
+  // complete contribution (the deadline, or the job stopping).
+  uint32_t timed_out = 0;
 };
 
 // Told of events as they happen. The core calls it after releasing its locks,

@@ -1,5 +1,7 @@
 #include "src/types.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace localsgd {
 
 absl::string_view DTypeName(DType dtype) {
@@ -57,6 +59,21 @@ absl::string_view AveragingModeName(AveragingMode mode) {
 
 bool IsWireDType(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kBFloat16;
+}
+
+absl::Status CheckNoControlCharacters(absl::string_view value,
+                                      absl::string_view what) {
+  for (size_t i = 0; i < value.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(value[i]);
+    if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " has a control character (0x", absl::Hex(c, absl::kZeroPad2),
+          ") at byte ", i,
+          "; names appear in status and logs, so only printable characters "
+          "are allowed"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 bool MemberId::IsWellFormed(absl::string_view hex) {

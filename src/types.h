@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/hash/hash.h"
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -27,6 +28,12 @@ absl::string_view DTypeName(DType dtype);
 int DTypeSize(DType dtype);
 // Whether chunks may travel in this dtype (float32, bfloat16).
 bool IsWireDType(DType dtype);
+
+// INVALID_ARGUMENT naming `what` if `value` holds a control character (a
+// byte below 0x20, or 0x7f): names reach status and the logs, where a
+// newline or an escape sequence would forge or hide lines.
+absl::Status CheckNoControlCharacters(absl::string_view value,
+                                      absl::string_view what);
 
 enum class AveragingMode : int {
   kUnspecified = 0,

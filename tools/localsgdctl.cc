@@ -155,7 +155,7 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
     out << "(none)\n";
   } else {
     Table rounds({"ROUND", "REASON", "DURATION", "CLOSED_UTC", "CONTRIBUTORS",
-                  "DROPPED", "LATE"});
+                  "DROPPED", "TIMED_OUT", "LATE"});
     for (const v1::RoundStatus& r : job.recent_rounds()) {
       rounds.Add(
           {absl::StrCat(r.round()),
@@ -164,7 +164,8 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
            absl::FormatTime("%Y-%m-%d %H:%M:%E3S",
                             absl::FromUnixMillis(r.closed_unix_ms()),
                             absl::UTCTimeZone()),
-           Names(r.contributors()), Names(r.dropped()), Names(r.late())});
+           Names(r.contributors()), Names(r.dropped()),
+           Names(r.timed_out()), Names(r.late())});
     }
     out << rounds.Render();
   }

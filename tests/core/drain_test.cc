@@ -385,7 +385,8 @@ TEST_F(DrainTest, Observer_StragglerAfterDeadline_IsLate) {
   const std::vector<RoundClosedEvent> rounds = observer_.rounds();
   ASSERT_EQ(rounds.size(), 2u);
   EXPECT_EQ(rounds[1].reason, CloseReason::kDeadline);
-  EXPECT_EQ(rounds[1].dropped, 1u);
+  EXPECT_EQ(rounds[1].dropped, 0u);    // b kept its lease:
+  EXPECT_EQ(rounds[1].timed_out, 1u);  // it missed the deadline
   EXPECT_EQ(rounds[1].duration, absl::Seconds(6));
 }
 

@@ -873,7 +873,8 @@ TEST_F(DeadlineRoundTest, Deadline_QuorumComplete_ClosesAtDeadlineNotBefore) {
   const std::optional<RoundRecord> r1 = Record(1);
   ASSERT_TRUE(r1.has_value());
   EXPECT_EQ(r1->reason, CloseReason::kDeadline);
-  EXPECT_THAT(r1->dropped, ElementsAre("c"));
+  EXPECT_THAT(r1->dropped, IsEmpty());
+  EXPECT_THAT(r1->timed_out, ElementsAre("c"));
   // c is still a member: it adopts round 1 and takes part in round 2.
   EXPECT_EQ(job()->num_members(), 3u);
 }
@@ -1667,7 +1668,9 @@ TEST_F(JobTest, Status_RecentRounds_ListNamesAndReasons) {
   EXPECT_EQ(r2.round, 2u);
   EXPECT_EQ(r2.reason, CloseReason::kDeadline);
   EXPECT_THAT(r2.contributors, ElementsAre("a", "b", "c"));
-  EXPECT_THAT(r2.dropped, ElementsAre("d"));
+  // d was still a member when the deadline passed: timed out, not dropped.
+  EXPECT_THAT(r2.dropped, IsEmpty());
+  EXPECT_THAT(r2.timed_out, ElementsAre("d"));
   EXPECT_THAT(r2.late, ElementsAre("d"));
   EXPECT_EQ(r2.closed - r2.opened, absl::Seconds(10));
 

@@ -724,10 +724,12 @@ void Harness::ProcessEvents() {
     events_.events.erase(events_.events.begin());
     JobModel* model = ModelOf(event.job_id);
     Check(model != nullptr, "a round closed in a job the harness never saw");
-    Check(event.contributors + event.dropped == event.participants,
+    Check(event.contributors + event.dropped + event.timed_out ==
+              event.participants,
           absl::StrCat("round ", event.round, ": ", event.contributors,
-                       " contributors + ", event.dropped,
-                       " dropped != ", event.participants, " participants"));
+                       " contributors + ", event.dropped, " dropped + ",
+                       event.timed_out, " timed out != ", event.participants,
+                       " participants"));
     Check(event.round == 0
               ? !model->has_state
               : model->has_state && event.round == model->state_round + 1,
@@ -820,7 +822,8 @@ void Harness::CheckRound(JobModel& model, const RoundClosedEvent& event,
   // Exact check when every participant contributed completely and each
   // contributor name maps to exactly one member that sent every chunk.
   std::vector<std::string> contributor_ids;
-  bool exact = record.dropped.empty() && model.state_known;
+  bool exact =
+      record.dropped.empty() && record.timed_out.empty() && model.state_known;
   if (exact) {
     std::map<std::string, int> want;
     for (const auto& n : record.contributors) ++want[n];

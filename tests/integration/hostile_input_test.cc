@@ -481,9 +481,15 @@ class Env {
   }
   // The hostile members stay (their leases end them).
   void KeepHostiles() { keep_hostiles_ = true; }
-  // The next round must list hostile member `id` as dropped.
+  // The next round must list hostile member `id` as dropped (it left or
+  // lost its lease, or was dropped for a non-finite value).
   void ExpectDropped(const std::string& id) {
     dropped_.push_back(names_of_[id]);
+  }
+  // The next round must list hostile member `id` as timed out (still a
+  // member when the round closed at its deadline), not as dropped.
+  void ExpectTimedOut(const std::string& id) {
+    timed_out_.push_back(names_of_[id]);
   }
   // Makes honest member `i` join again (after a row took its place).
   bool JoinHonest(int i) {
@@ -696,7 +702,7 @@ class Env {
       if (i == 0) first = got;
       EXPECT_EQ(got, first) << who << ": members hold different averages";
     }
-    if (!dropped_.empty()) {
+    if (!dropped_.empty() || !timed_out_.empty()) {
       v1::GetJobStatusRequest request;
       request.set_job_id(kJob);
       v1::GetJobStatusResponse status;
@@ -709,6 +715,16 @@ class Env {
                     r.dropped().end())
               << row << ": " << name << " not dropped from round " << round;
         }
+        for (const std::string& name : timed_out_) {
+          EXPECT_NE(std::find(r.timed_out().begin(), r.timed_out().end(), name),
+                    r.timed_out().end())
+              << row << ": " << name << " not timed out in round " << round;
+          EXPECT_EQ(std::find(r.dropped().begin(), r.dropped().end(), name),
+                    r.dropped().end())
+              << row << ": " << name
+              << " listed as dropped in round " << round
+              << ", but it was still a member";
+        }
       }
     }
     if (ok) {
@@ -717,6 +733,7 @@ class Env {
     }
     extra_.clear();
     dropped_.clear();
+    timed_out_.clear();
     extra_contributors_ = 0;
     extra_weight_ = 0;
     return ok;
@@ -742,6 +759,7 @@ class Env {
   int extra_contributors_ = 0;
   double extra_weight_ = 0;
   std::vector<std::string> dropped_;
+  std::vector<std::string> timed_out_;
   std::vector<Spawned> spawned_;
   std::vector<HangingStream> hanging_;
 };
@@ -895,16 +913,63 @@ std::vector<Row> Rows() {
   add("Join_MemberNameNotUtf8_IsRefusedByTheParser", kFp32,
       JoinWith([](auto& r) { r.set_member_name("\xc3\x28"); }),
       StatusCode::UNIMPLEMENTED);
+  // Issue 17: an unnamed member was named by its id (its credential) in
+  // status, and every retry of its Join added another member.
+  add("Join_MemberNameEmpty_ReturnsInvalidArgument", kFp32,
+      JoinWith([](auto& r) { r.set_member_name(""); }), kInvalid,
+      "member_name is empty");
   add(
-      "Join_MemberNameEmpty_JoinsUnnamed", kFp32,
+      "Join_MemberNameEmptyRetried_AddsNoMember", kFp32,
       [](Env& env) {
         v1::JoinRequest r = env.GoodJoin("");
+        grpc::Status s = env.Join(r);
+        grpc::Status again = env.Join(r);
+        EXPECT_EQ(again.error_code(), s.error_code());
+        v1::GetJobStatusRequest q;
+        q.set_job_id(kJob);
+        v1::GetJobStatusResponse status;
+        EXPECT_TRUE(env.GetJobStatus(q, &status).ok());
+        EXPECT_EQ(status.jobs(0).members_size(), env.num_honest());
+        return s;
+      },
+      kInvalid, "member_name is empty");
+  // Issue 17: names reach the logs; a newline or an escape would forge or
+  // hide lines.
+  add("Join_MemberNameWithNewline_ReturnsInvalidArgument", kFp32,
+      JoinWith([](auto& r) {
+        r.set_member_name("w1\nI1201 00:00:00.000000 1 job.cc:1] forged");
+      }),
+      kInvalid, "control character (0x0a)");
+  add("Join_MemberNameWithEscape_ReturnsInvalidArgument", kFp32,
+      JoinWith([](auto& r) { r.set_member_name("w1\x1b[2K"); }), kInvalid,
+      "control character (0x1b)");
+  add("Join_MemberNameWithDel_ReturnsInvalidArgument", kFp32,
+      JoinWith([](auto& r) { r.set_member_name("w\x7f"); }), kInvalid,
+      "control character (0x7f)");
+  add("Join_MemberNameUtf8_Joins", kFp32,
+      [](Env& env) {
+        v1::JoinRequest r = env.GoodJoin("n\xc3\xb6" "de-\xe2\x82\xac");
         v1::JoinResponse response;
         grpc::Status s = env.Join(r, &response);
         env.Leave(kJob, response.member_id());
         return s;
       },
       kOk);
+  // Issue 17: a retried Join with another weight kept the old one silently.
+  add(
+      "Join_RetriedWithOtherWeight_ReturnsFailedPreconditionNamingBoth", kFp32,
+      [](Env& env) {
+        v1::JoinRequest r = env.GoodJoin(env.UniqueName("reweighed"));
+        v1::JoinResponse response;
+        EXPECT_TRUE(env.Join(r, &response).ok());
+        r.set_weight(2.5);
+        grpc::Status s = env.Join(r);
+        EXPECT_NE(s.error_message().find("weight 1"), std::string::npos)
+            << s.error_message();
+        env.Leave(kJob, response.member_id());
+        return s;
+      },
+      kPrecondition, "asks for 2.5");
   add(
       "Join_SameNameAndIncarnationTwice_ReturnsTheSameMember", kFp32,
       [](Env& env) {
@@ -1004,6 +1069,34 @@ std::vector<Row> Rows() {
         Refingerprint(r);
       }),
       kInvalid, "empty name");
+  add("Join_LayoutTensorNameWithNewline_ReturnsInvalidArgument", kFp32,
+      JoinWith([](auto& r) {
+        r.set_job_id("other-newline");
+        r.mutable_layout()->mutable_tensors(2)->set_name("w\nforged");
+        Refingerprint(r);
+      }),
+      kInvalid, "control character");
+  add("Join_LayoutTensorNameTooLong_ReturnsInvalidArgument", kFp32,
+      JoinWith([](auto& r) {
+        r.set_job_id("other-longname");
+        r.mutable_layout()->mutable_tensors(2)->set_name(std::string(1025, 'n'));
+        Refingerprint(r);
+      }),
+      kInvalid, "at most 1024");
+  // Issue 17: 10^6 empty tensors took ~300 MB; the count is a limit now.
+  add("Join_LayoutAboveMaxTensors_ReturnsResourceExhausted", kFp32,
+      JoinWith([](auto& r) {
+        r.set_job_id("other-manytensors");
+        r.mutable_layout()->clear_tensors();
+        for (int i = 0; i < 65537; ++i) {
+          auto* t = r.mutable_layout()->add_tensors();
+          t->set_name(absl::StrCat("x", i));
+          t->add_shape(1);
+          t->set_dtype(v1::DTYPE_FLOAT32);
+        }
+        Refingerprint(r);
+      }),
+      kExhausted, "65537 tensors, more than 65536 (--max_tensors)");
   add("Join_LayoutNegativeDim_ReturnsInvalidArgument", kFp32,
       JoinWith([](auto& r) {
         r.set_job_id("other-neg");
@@ -1205,13 +1298,14 @@ std::vector<Row> Rows() {
       },
       kInvalid, "member_id");
   add(
-      "Leave_MemberIdOneMegabyte_ReturnsInvalidArgumentTruncated", kFp32,
+      "Leave_MemberIdOneMegabyte_ReturnsInvalidArgumentNotEchoed", kFp32,
       [](Env& env) {
         grpc::Status s = env.Leave(kJob, std::string(900 << 10, 'a'));
         EXPECT_LT(s.error_message().size(), 1000u);
+        EXPECT_EQ(s.error_message().find("aaaa"), std::string::npos);
         return s;
       },
-      kInvalid, "...");
+      kInvalid, "member_id of 921600 bytes is malformed");
   add(
       "Leave_UnknownMember_IsOk", kFp32,
       [](Env& env) { return env.Leave(kJob, std::string(32, '0')); }, kOk);
@@ -1662,7 +1756,7 @@ std::vector<Row> Rows() {
         env.Hang({env.Header(m, env.next_round()), env.ChunkOf(4, 12.0f)});
         env.Counted(4, 1, 12.0f);
         env.KeepHostiles();
-        env.ExpectDropped(m);
+        env.ExpectTimedOut(m);
         return env.Heartbeat(kJob, m);
       },
       kOk);

@@ -1,8 +1,9 @@
-// SHA-256 and the member reference status shows in place of a member's id.
-// gRPC-free: the protocol layer (server/protocol.h) and the security layer
-// (server/auth.h) both use it.
-#ifndef LOCALSGD_SERVER_DIGEST_H_
-#define LOCALSGD_SERVER_DIGEST_H_
+// SHA-256 and the member reference that status and every log line show in
+// place of a member's id (the id is the member's credential within its job).
+// Both sides use it: the core and the client log references, the server's
+// status shows them, the security layer hashes tokens.
+#ifndef LOCALSGD_SRC_MEMBER_REF_H_
+#define LOCALSGD_SRC_MEMBER_REF_H_
 
 #include <array>
 #include <cstdint>
@@ -25,4 +26,4 @@ std::string MemberRef(const MemberId& member);
 
 }  // namespace localsgd
 
-#endif  // LOCALSGD_SERVER_DIGEST_H_
+#endif  // LOCALSGD_SRC_MEMBER_REF_H_
