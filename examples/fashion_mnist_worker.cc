@@ -734,7 +734,8 @@ int main(int argc, char** argv) {
   // named after the program).
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "fashion_mnist_worker.");
+    return absl::StrContains(file, "fashion_mnist_worker.") ||
+           absl::EndsWith(file, "client/security_flags.cc");
   };
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
   absl::SetFlagsUsageConfig(usage_config);

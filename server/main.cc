@@ -79,6 +79,13 @@ ABSL_FLAG(std::string, shard_index, "0",
           "pod's ordinal).");
 ABSL_FLAG(uint32_t, max_jobs, 64, "Most jobs this coordinator holds.");
 ABSL_FLAG(uint32_t, max_members_per_job, 1024, "Most members in one job.");
+ABSL_FLAG(absl::Duration, job_idle_ttl, absl::Hours(24),
+          "A job with no member for this long is removed, and its checkpoint "
+          "in --state_dir with it unless --keep_checkpoints; a restored job "
+          "whose members never come back too. 0: jobs stay until a restart.");
+ABSL_FLAG(bool, keep_checkpoints, false,
+          "Keep the checkpoint of a job removed for --job_idle_ttl (a later "
+          "restart restores it).");
 ABSL_FLAG(uint32_t, max_tensors, 65536,
           "Most tensors a job's layout may have; a Join with more gets "
           "RESOURCE_EXHAUSTED. With names of at most 1 KiB, a layout costs "
@@ -262,6 +269,8 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   c.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   c.max_model_elements = absl::GetFlag(FLAGS_max_model_elements);
   c.max_tensors = absl::GetFlag(FLAGS_max_tensors);
+  c.job_idle_ttl = absl::GetFlag(FLAGS_job_idle_ttl);
+  c.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   c.max_join_rate = absl::GetFlag(FLAGS_max_join_rate);
   c.join_burst = absl::GetFlag(FLAGS_join_burst);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

@@ -86,6 +86,11 @@ Metrics::Metrics()
                      .Help("Participants, still members, that a round closed "
                            "without (its deadline passed)")
                      .Register(*registry_)),
+      jobs_removed_(prometheus::BuildCounter()
+                        .Name("localsgd_jobs_removed_total")
+                        .Help("Jobs removed; reason idle: no members for "
+                              "--job_idle_ttl")
+                        .Register(*registry_)),
       late_(prometheus::BuildCounter()
                 .Name("localsgd_late_contributions_total")
                 .Help("Syncs for a round that had closed already (the "
@@ -201,6 +206,10 @@ void Metrics::LeaseExpired(absl::string_view job_id,
                            absl::string_view member_name) {
   TouchJob(job_id);
   lease_expiries_.Add({{"job", std::string(job_id)}}).Increment();
+}
+
+void Metrics::JobRemoved(absl::string_view job_id, absl::string_view reason) {
+  jobs_removed_.Add({{"reason", std::string(reason)}}).Increment();
 }
 
 void Metrics::LateContribution(absl::string_view job_id, RoundId round) {

@@ -15,6 +15,7 @@
 //                                        (left, lease lost, non-finite drop)
 //   timed_out_contributions_total{job}   participants, still members, a round
 //                                        closed without (deadline)
+//   jobs_removed_total{reason}           jobs removed: idle (--job_idle_ttl)
 //   late_contributions_total{job}        Syncs for rounds already closed
 //   lease_expiries_total{job}            members dropped for their lease
 //   bytes_received_total{job}            chunk payload bytes received
@@ -83,6 +84,7 @@ class Metrics final : public CoordinatorObserver {
   void LeaseExpired(absl::string_view job_id,
                     absl::string_view member_name) override;
   void LateContribution(absl::string_view job_id, RoundId round) override;
+  void JobRemoved(absl::string_view job_id, absl::string_view reason) override;
 
  private:
   class JobGauges;
@@ -96,6 +98,7 @@ class Metrics final : public CoordinatorObserver {
   prometheus::Family<prometheus::Counter>& contributions_;
   prometheus::Family<prometheus::Counter>& dropped_;
   prometheus::Family<prometheus::Counter>& timed_out_;
+  prometheus::Family<prometheus::Counter>& jobs_removed_;
   prometheus::Family<prometheus::Counter>& late_;
   prometheus::Family<prometheus::Counter>& lease_expiries_;
   prometheus::Family<prometheus::Counter>& bytes_received_;

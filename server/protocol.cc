@@ -112,6 +112,15 @@ absl::Status HandleHeartbeat(Coordinator& coordinator,
   return absl::OkStatus();
 }
 
+absl::Status HandleDeleteJob(Coordinator& coordinator,
+                             const v1::DeleteJobRequest& request,
+                             v1::DeleteJobResponse* response) {
+  absl::StatusOr<RoundId> round = coordinator.DeleteJob(request.job_id());
+  if (!round.ok()) return round.status();
+  response->set_state_round(*round);
+  return absl::OkStatus();
+}
+
 absl::Status HandleGetJobStatus(
     Coordinator& coordinator, const v1::GetJobStatusRequest& request,
     absl::Time now, const std::function<bool(const std::string&)>& may_see,

@@ -60,6 +60,11 @@ absl::Status HandleHeartbeat(Coordinator& coordinator,
 // GetJobStatus at `now`. With a job id: that job (NOT_FOUND if none);
 // without: every job for which `may_see(job_id)` holds (null: every job).
 // max_rounds 0 means 10; at most 100 rounds per job.
+// DeleteJob (Coordinator::DeleteJob).
+absl::Status HandleDeleteJob(Coordinator& coordinator,
+                             const v1::DeleteJobRequest& request,
+                             v1::DeleteJobResponse* response);
+
 absl::Status HandleGetJobStatus(
     Coordinator& coordinator, const v1::GetJobStatusRequest& request,
     absl::Time now, const std::function<bool(const std::string&)>& may_see,

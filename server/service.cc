@@ -410,6 +410,20 @@ bool CoordinatorService::AwaitNoStreams(absl::Time deadline) {
       deadline);
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::DeleteJob(
+    grpc::CallbackServerContext* context, const v1::DeleteJobRequest* request,
+    v1::DeleteJobResponse* response) {
+  // --- security: the job's token.
+  absl::Status status =
+      AuthorizeCall(CallerFromContext(*context), request->job_id()).status();
+  if (status.ok()) status = HandleDeleteJob(*coordinator_, *request, response);
+  if (status.ok()) {
+    LOG(INFO) << "job " << request->job_id() << " deleted by "
+              << context->peer();
+  }
+  return FinishUnary(context, metrics_, "DeleteJob", status);
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(
     grpc::CallbackServerContext* context,
     const v1::GetJobStatusRequest* request,

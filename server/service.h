@@ -36,7 +36,8 @@ using CoordinatorServiceBase = v1::Coordinator::WithCallbackMethod_Join<
             v1::Coordinator::WithRawCallbackMethod_Sync<
                 v1::Coordinator::WithRawCallbackMethod_FetchState<
                     v1::Coordinator::WithCallbackMethod_GetJobStatus<
-                        v1::Coordinator::Service>>>>>>;
+                        v1::Coordinator::WithCallbackMethod_DeleteJob<
+                            v1::Coordinator::Service>>>>>>>;
 
 class CoordinatorService final : public CoordinatorServiceBase {
  public:
@@ -77,6 +78,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
       grpc::CallbackServerContext* context,
       const v1::GetJobStatusRequest* request,
       v1::GetJobStatusResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context,
+                                      const v1::DeleteJobRequest* request,
+                                      v1::DeleteJobResponse* response) override;
 
   // Blocks until no Sync or FetchState stream is in progress, or until
   // `deadline`; returns whether none is. For shutdown: once the core is

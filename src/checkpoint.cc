@@ -787,4 +787,18 @@ absl::StatusOr<std::vector<JobCheckpoint>> CheckpointStore::LoadAll(
   return loaded;
 }
 
+absl::Status CheckpointStore::Remove(absl::string_view job_id) {
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return s;
+  absl::ReaderMutexLock dir_lock(&dir_mu_);
+  std::shared_ptr<absl::Mutex> job_mu = JobLock(job_id);
+  absl::MutexLock job_lock(job_mu.get());
+  const std::string path = PathOf(absl::StrCat(job_id, kSuffix));
+  if (::unlink(path.c_str()) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::ErrnoToStatus(errno, absl::StrCat("remove ", path));
+  }
+  LOG(INFO) << "removed checkpoint of job " << job_id << " (" << path << ")";
+  return SyncDir(dir_);
+}
+
 }  // namespace localsgd

@@ -131,6 +131,11 @@ class CheckpointStore {
   absl::StatusOr<std::vector<JobCheckpoint>> LoadAll(
       std::vector<std::string>* errors = nullptr);
 
+  // Removes the checkpoint of `job_id` (a reclaimed or deleted job); OK if
+  // there is none. INVALID_ARGUMENT: malformed job id. Other codes from
+  // errno.
+  absl::Status Remove(absl::string_view job_id);
+
 
   // The directory, as given to Open.
   const std::string& dir() const { return dir_; }

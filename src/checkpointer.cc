@@ -25,6 +25,12 @@ void Checkpointer::StateChanged(std::shared_ptr<const Job> job,
   pending_[id] = Pending{std::move(job), std::move(state)};
 }
 
+void Checkpointer::JobRemoved(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  pending_[job_id] = Pending();
+}
+
 void Checkpointer::Run() {
   absl::MutexLock lock(&mu_);
   while (true) {
@@ -35,10 +41,21 @@ void Checkpointer::Run() {
         this));
     if (pending_.empty()) return;  // stopping, and nothing left to write
     auto it = pending_.begin();
+    const std::string id = it->first;
     Pending p = std::move(it->second);
     pending_.erase(it);
     ++writing_;
     mu_.Unlock();
+    if (p.state == nullptr) {  // a removal
+      const absl::Status s = store_->Remove(id);
+      if (!s.ok()) {
+        LOG(ERROR) << "removing the checkpoint of job " << id
+                   << " failed: " << s;
+      }
+      mu_.Lock();
+      --writing_;
+      continue;
+    }
     JobCheckpoint meta;
     meta.job_id = p.job->id();
     meta.layout = p.job->layout();

@@ -30,6 +30,10 @@ class Checkpointer final : public StateSink {
   void StateChanged(std::shared_ptr<const Job> job,
                     std::shared_ptr<const StateSnapshot> state) override;
 
+  // Queues the removal of `job_id`'s checkpoint (a reclaimed or deleted
+  // job), in place of any write still queued for it; returns at once.
+  void JobRemoved(const std::string& job_id);
+
   // Blocks until everything queued so far is written (or failed).
   void Flush();
 
@@ -42,6 +46,7 @@ class Checkpointer final : public StateSink {
   int64_t failed() const;
 
  private:
+  // A state to write, or (job and state null) the checkpoint to remove.
   struct Pending {
     std::shared_ptr<const Job> job;
     std::shared_ptr<const StateSnapshot> state;

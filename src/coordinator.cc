@@ -26,6 +26,9 @@ absl::Status ValidateJobId(absl::string_view job_id) {
 }
 
 absl::Status CoordinatorOptions::Validate() const {
+  if (job_idle_ttl < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("job_idle_ttl must be >= 0 (0: never)");
+  }
   if (policy.lease_ttl <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("lease_ttl must be positive");
   }
@@ -317,6 +320,7 @@ absl::Status Coordinator::TakeJoinToken(const std::string& job_id,
 
 void Coordinator::Tick() {
   for (const auto& job : Jobs()) job->Tick();
+  if (options_.job_idle_ttl > absl::ZeroDuration()) ReclaimIdleJobs();
   if (options_.max_join_rate > 0) {
     // Drop the buckets that have refilled: the same as having none.
     const absl::Time now = clock_->Now();
@@ -327,6 +331,72 @@ void Coordinator::Tick() {
                             options_.max_join_rate >=
              options_.join_burst;
     });
+  }
+}
+
+void Coordinator::ReclaimIdleJobs() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::string> removed;
+  {
+    // Under mu_ (then each job's lock), so that no Join finds a job between
+    // its retirement and its removal without being told to retry.
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      if (it->second->RetireIfEmptyFor(now, options_.job_idle_ttl)) {
+        removed.push_back(it->first);
+        jobs_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const std::string& id : removed) {
+    JobGone(id, "idle",
+            absl::StrCat("reclaimed: no members for ",
+                         absl::FormatDuration(options_.job_idle_ttl)),
+            options_.keep_checkpoints);
+  }
+}
+
+absl::StatusOr<RoundId> Coordinator::DeleteJob(const std::string& job_id) {
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return s;
+  RoundId round = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) {
+      return absl::UnavailableError("coordinator is shutting down");
+    }
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job '", job_id, "' does not exist"));
+    }
+    Job& job = *it->second;
+    if (!job.RetireIfEmptyFor(absl::InfiniteFuture(), absl::ZeroDuration())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job_id, "' has ", job.num_members(),
+          " members; stop them first (or let their leases run out), then "
+          "delete it"));
+    }
+    round = job.Status(0).state_round;
+    jobs_.erase(it);
+  }
+  JobGone(job_id, "deleted", "deleted", /*keep_checkpoint=*/false);
+  return round;
+}
+
+void Coordinator::JobGone(const std::string& job_id, absl::string_view reason,
+                          absl::string_view why, bool keep_checkpoint) {
+  LOG(INFO) << "job " << job_id << " " << why
+            << (checkpointer_ == nullptr ? ""
+                : keep_checkpoint ? "; its checkpoint is kept (--keep_checkpoints)"
+                                  : "; its checkpoint is removed");
+  if (checkpointer_ != nullptr && !keep_checkpoint) {
+    checkpointer_->JobRemoved(job_id);
+  }
+  if (options_.observer != nullptr) {
+    options_.observer->JobRemoved(job_id, reason);
   }
 }
 

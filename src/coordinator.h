@@ -45,6 +45,10 @@ struct CoordinatorOptions {
   // here holds only those chunks, back to back.
   ShardSpec shard;
   uint32_t max_jobs = 64;
+  // A job with no member for this long is removed (Tick), and its checkpoint
+  // with it unless keep_checkpoints. Zero: jobs stay until a restart.
+  absl::Duration job_idle_ttl = absl::ZeroDuration();
+  bool keep_checkpoints = false;
   // Largest model per job, in elements (8 GiB of fp32 by default).
   uint64_t max_model_elements = uint64_t{2} << 30;
   // Tensors a layout may have (each costs its name, at most
@@ -102,6 +106,13 @@ class Coordinator {
   // All jobs, sorted by id.
   std::vector<std::shared_ptr<Job>> Jobs() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Removes job `job_id` and its checkpoint (keep_checkpoints does not
+  // apply: this is an explicit delete); returns the round of its state (0:
+  // none). NOT_FOUND: no such job; FAILED_PRECONDITION: it has members;
+  // INVALID_ARGUMENT: malformed id; UNAVAILABLE: stopping.
+  absl::StatusOr<RoundId> DeleteJob(const std::string& job_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Expires leases and closes rounds past their deadline in every job.
   void Tick() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -128,6 +139,12 @@ class Coordinator {
  private:
   explicit Coordinator(CoordinatorOptions options);
   absl::Status Restore();
+  // Removes the jobs that have had no member for job_idle_ttl.
+  void ReclaimIdleJobs() ABSL_LOCKS_EXCLUDED(mu_);
+  // After a job left jobs_: its checkpoint (unless `keep_checkpoint`), the
+  // observer, a log line saying `why`.
+  void JobGone(const std::string& job_id, absl::string_view reason,
+               absl::string_view why, bool keep_checkpoint);
 
   const CoordinatorOptions options_;
   Clock* const clock_;

@@ -96,12 +96,24 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       observer_(observer),
       close_rules_{policy.round_deadline, policy.min_quorum},
       rule_(RuleFor(settings.mode)),
-      rendezvous_done_(settings.rendezvous_members <= 1) {}
+      rendezvous_done_(settings.rendezvous_members <= 1) {
+  empty_since_ = clock_->Now();  // no member yet
+}
 
 Job::~Job() = default;
 
+bool Job::RetireIfEmptyFor(absl::Time now, absl::Duration ttl) {
+  absl::MutexLock lock(&mu_);
+  if (retired_ || stopped_ || !members_.empty() || now - empty_since_ < ttl) {
+    return false;
+  }
+  retired_ = true;
+  return true;
+}
+
 void Job::RestoreState(RoundId round, std::vector<float> values) {
   absl::MutexLock lock(&mu_);
+  empty_since_ = clock_->Now();
   auto state = std::make_shared<StateSnapshot>();
   state->round = round;
   state->values = std::move(values);
@@ -167,6 +179,12 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
 
 absl::Status Job::CheckJoinLocked(const JoinRequestParams& params) const {
   if (stopped_) return Stopping();
+  if (retired_) {
+    return absl::UnavailableError(absl::StrCat(
+        "job '", id_,
+        "' was just reclaimed (it had no members); retry the Join to create "
+        "it anew"));
+  }
   if (draining_) return Draining("takes no new members");
   const std::string diff = FirstDifference(layout_, params.layout);
   if (!diff.empty()) {
@@ -610,6 +628,7 @@ void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
             << MemberRef(member) << ") " << why << "; " << members_.size() - 1
             << " members left";
   members_.erase(it);
+  if (members_.empty()) empty_since_ = clock_->Now();
   if (seed_ != nullptr && seed_->owner == member) {
     AbortSeedLocked(why, deferred);
   }

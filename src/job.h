@@ -300,6 +300,14 @@ class Job : public std::enable_shared_from_this<Job> {
   JobStatusSnapshot Status(uint32_t max_rounds) ABSL_LOCKS_EXCLUDED(mu_);
   size_t num_members() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Retires the job if it has had no member for at least `ttl` by `now`
+  // (since its last member went, or since it was created or restored if
+  // none ever came); returns whether it did. A retired job takes no Join
+  // (UNAVAILABLE: retry, which creates the job anew); the coordinator drops
+  // it. Not to be called from a StateSink or observer callback.
+  bool RetireIfEmptyFor(absl::Time now, absl::Duration ttl)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   friend class SyncSession;
 
@@ -437,6 +445,9 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool retired_ ABSL_GUARDED_BY(mu_) = false;
+  // When the job last became empty (or was created): RetireIfEmptyFor.
+  absl::Time empty_since_ ABSL_GUARDED_BY(mu_);
   // Sink calls queued (under mu_) but not yet returned.
   int sink_calls_pending_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<MemberId, MemberInfo> members_ ABSL_GUARDED_BY(mu_);

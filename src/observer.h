@@ -52,6 +52,10 @@ class CoordinatorObserver {
   // straggler): it adopts the latest result and its parameters are not
   // counted.
   virtual void LateContribution(absl::string_view job_id, RoundId round) {}
+  // Job `job_id` was removed: `reason` "idle" (no members for the job idle
+  // TTL).
+  virtual void JobRemoved(absl::string_view job_id, absl::string_view reason) {
+  }
 };
 
 }  // namespace localsgd

@@ -2,13 +2,16 @@
 //
 //   localsgdctl [--target=HOST:PORT] status [--job=ID] [--rounds=N] [--json]
 //   localsgdctl [--target=HOST:PORT] health [--service=NAME] [--json]
+//   localsgdctl [--target=HOST:PORT] delete-job --job=ID
 //
 // `status` prints the coordinator's jobs (GetJobStatus): settings, members
 // and the most recent rounds, as tables, or with --json as the
 // GetJobStatusResponse in protobuf's JSON mapping (proto field names) for
 // scripts. `health` asks grpc.health.v1.Health/Check and exits 0 if the
-// answer is SERVING, 1 otherwise. Exit status: 0 success, 1 the call failed
-// or the coordinator is not serving, 2 bad usage.
+// answer is SERVING, 1 otherwise. `delete-job` removes a job that has no
+// members, and its checkpoint (DeleteJob; with tokens, --token_file must
+// hold that job's token). Exit status: 0 success, 1 the call failed or the
+// coordinator is not serving, 2 bad usage.
 //
 // Only a client of the wire contract: it links the generated protocol code,
 // gRPC and the client's channel security (client/credentials.h: --tls_ca,
@@ -53,7 +56,9 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of the call");
 ABSL_FLAG(bool, json, false,
           "Print JSON (protobuf's JSON mapping, proto field names) instead of "
           "tables");
-ABSL_FLAG(std::string, job, "", "status: only this job (default: all)");
+ABSL_FLAG(std::string, job, "",
+          "status: only this job (default: all); delete-job: the job to "
+          "delete");
 ABSL_FLAG(uint32_t, rounds, 10,
           "status: most recent closed rounds to show per job (at most 100)");
 ABSL_FLAG(std::string, service, "",
@@ -284,6 +289,29 @@ int Health() {
              : 1;
 }
 
+int DeleteJob() {
+  const std::string job = absl::GetFlag(FLAGS_job);
+  if (job.empty()) {
+    std::fprintf(stderr, "%s: delete-job needs --job=ID\n", kProgram);
+    return 2;
+  }
+  auto stub = v1::Coordinator::NewStub(Channel());
+  v1::DeleteJobRequest request;
+  request.set_job_id(job);
+  v1::DeleteJobResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  const grpc::Status status = stub->DeleteJob(&context, request, &response);
+  if (!status.ok()) return Fail(status, "DeleteJob");
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << ToJson(response);
+  } else {
+    std::cout << "deleted job " << job << " (state at round "
+              << response.state_round() << ") and its checkpoint\n";
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace ctl
 }  // namespace localsgd
@@ -296,25 +324,31 @@ int main(int argc, char** argv) {
       "[--json]\n"
       "      jobs, members and recent rounds (tables; --json for scripts)\n"
       "  localsgdctl [--target=HOST:PORT] health [--service=NAME] [--json]\n"
-      "      grpc.health.v1 status; exit 0 if SERVING, 1 otherwise");
+      "      grpc.health.v1 status; exit 0 if SERVING, 1 otherwise\n"
+      "  localsgdctl [--target=HOST:PORT] delete-job --job=ID\n"
+      "      removes a job without members, and its checkpoint");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "tools/localsgdctl.cc");
+    return absl::EndsWith(file, "tools/localsgdctl.cc") ||
+           absl::EndsWith(file, "client/security_flags.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr,
-                 "%s: expected one command, status or health (see "
-                 "--help)\n",
+                 "%s: expected one command, status, health or delete-job "
+                 "(see --help)\n",
                  localsgd::ctl::kProgram);
     return 2;
   }
   const std::string command = args[1];
   if (command == "status") return localsgd::ctl::Status();
   if (command == "health") return localsgd::ctl::Health();
-  std::fprintf(stderr, "%s: unknown command '%s'; expected status or health\n",
+  if (command == "delete-job") return localsgd::ctl::DeleteJob();
+  std::fprintf(stderr,
+               "%s: unknown command '%s'; expected status, health or "
+               "delete-job\n",
                localsgd::ctl::kProgram, command.c_str());
   return 2;
 }

@@ -768,6 +768,8 @@ TEST_F(CheckpointStoreTest,
         std::string("nul\0id", 6)}) {
     absl::Status s = SaveWhole(*store_, MakeCheckpoint(id, SmallLayout()));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << id;
+    EXPECT_EQ(store_->Remove(id).code(), absl::StatusCode::kInvalidArgument)
+        << id;
   }
   EXPECT_THAT(Listing(dir_), IsEmpty());
   EXPECT_THAT(Listing(root_), ElementsAre("state"));
@@ -790,6 +792,17 @@ TEST_F(CheckpointStoreTest,
     EXPECT_THAT(s.message(), HasSubstr("checkpoint of job 'job'"));
   }
   EXPECT_THAT(Listing(dir_), IsEmpty());
+}
+
+TEST_F(CheckpointStoreTest, Remove_DeletesTheCheckpoint_AndAbsentIsOk) {
+  ASSERT_TRUE(SaveWhole(*store_, MakeCheckpoint("a", SmallLayout())).ok());
+  ASSERT_TRUE(SaveWhole(*store_, MakeCheckpoint("b", SmallLayout())).ok());
+  EXPECT_TRUE(store_->Remove("a").ok());
+  EXPECT_TRUE(store_->Remove("a").ok());
+  EXPECT_TRUE(store_->Remove("never-saved").ok());
+  std::vector<JobCheckpoint> all = LoadAllOk(nullptr);
+  ASSERT_THAT(all, SizeIs(1));
+  EXPECT_EQ(all[0].job_id, "b");
 }
 
 TEST_F(CheckpointStoreTest, ConcurrentSaves_OfSeveralJobs_AllLand) {

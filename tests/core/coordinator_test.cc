@@ -3,7 +3,10 @@
 // threads that synchronise only through the Sync callbacks.
 #include "src/coordinator.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -18,6 +21,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "src/checkpoint.h"
 #include "src/clock.h"
 #include "src/job.h"
 #include "src/layout.h"
@@ -605,6 +609,160 @@ TEST(CoordinatorOptionsTest, InvalidShard_ReturnsInvalidArgument) {
   EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
   options.shard = ShardSpec{0, 0};
   EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace localsgd
+
+namespace localsgd {
+namespace {
+
+// Issue 17: jobs whose members all left were never reclaimed, so with
+// --max_jobs=2 two such jobs blocked a third until a restart.
+class IdleJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/lsgd-idle-", getpid(), "-",
+                        ::testing::UnitTest::GetInstance()
+                            ->current_test_info()
+                            ->name());
+    std::filesystem::remove_all(dir_);
+    store_ = *CheckpointStore::Open(dir_);
+  }
+  void TearDown() override {
+    coordinator_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void Start(bool keep_checkpoints = false) {
+    coordinator_.reset();
+    CoordinatorOptions options;
+    options.clock = &clock_;
+    options.max_jobs = 2;
+    options.job_idle_ttl = absl::Minutes(10);
+    options.keep_checkpoints = keep_checkpoints;
+    options.checkpoint_store = store_.get();
+    options.policy.lease_ttl = absl::Minutes(1);
+    coordinator_ = *Coordinator::Create(options);
+  }
+
+  static JoinRequestParams Params(const std::string& name) {
+    JoinRequestParams p;
+    p.member_name = name;
+    p.layout = SmallLayout();
+    p.incarnation = 7;
+    p.settings.chunk_elements = 4;
+    return p;
+  }
+
+  // Joins `job` as `name`, seeds it (so that it has a checkpoint).
+  MemberId JoinAndSeed(const std::string& job, const std::string& name) {
+    absl::StatusOr<JoinResult> j = coordinator_->Join(job, Params(name));
+    EXPECT_TRUE(j.ok()) << j.status();
+    std::shared_ptr<Job> found = coordinator_->FindJob(job).value();
+    SyncCapture capture;
+    auto s = found->BeginSync(j->member_id, 0, capture.Callback()).value();
+    const std::vector<float> values(TotalElements(SmallLayout()), 1.5f);
+    for (uint32_t i = 0; i < found->geometry().num_chunks(); ++i) {
+      EXPECT_TRUE(s->AddChunk(i, EncodeChunk(values, found->geometry(), i,
+                                             DType::kFloat32))
+                      .ok());
+    }
+    EXPECT_TRUE(capture.fired());
+    return j->member_id;
+  }
+
+  std::vector<std::string> Checkpointed() {
+    coordinator_->FlushCheckpoints();
+    absl::StatusOr<std::vector<JobCheckpoint>> all = store_->LoadAll();
+    EXPECT_TRUE(all.ok()) << all.status();
+    std::vector<std::string> ids;
+    if (all.ok()) {
+      for (const JobCheckpoint& c : *all) ids.push_back(c.job_id);
+    }
+    return ids;
+  }
+
+  FakeClock clock_;
+  std::string dir_;
+  std::unique_ptr<CheckpointStore> store_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+TEST_F(IdleJobTest, EmptyForTheTtl_RemovedWithItsCheckpoint_FreesItsSlot) {
+  Start();
+  const MemberId a = JoinAndSeed("a", "m");
+  const MemberId b = JoinAndSeed("b", "m");
+  EXPECT_EQ(coordinator_->Join("c", Params("m")).status().code(),
+            absl::StatusCode::kResourceExhausted);  // max_jobs
+  ASSERT_TRUE(coordinator_->FindJob("a").value()->Leave(a).ok());
+  ASSERT_TRUE(coordinator_->FindJob("b").value()->Leave(b).ok());
+  EXPECT_THAT(Checkpointed(), ::testing::ElementsAre("a", "b"));
+
+  clock_.Advance(absl::Minutes(10) - absl::Seconds(1));
+  coordinator_->Tick();
+  EXPECT_TRUE(coordinator_->FindJob("a").ok()) << "reclaimed before its TTL";
+  clock_.Advance(absl::Seconds(1));
+  coordinator_->Tick();
+  EXPECT_EQ(coordinator_->FindJob("a").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(coordinator_->FindJob("b").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_THAT(Checkpointed(), ::testing::IsEmpty());
+  // The slots are free again, and a reclaimed job's id can start afresh.
+  EXPECT_TRUE(coordinator_->Join("c", Params("m")).ok());
+  absl::StatusOr<JoinResult> again = coordinator_->Join("a", Params("m"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->has_state);
+}
+
+TEST_F(IdleJobTest, KeepCheckpoints_JobRemovedCheckpointKeptAndRestorable) {
+  Start(/*keep_checkpoints=*/true);
+  const MemberId a = JoinAndSeed("a", "m");
+  ASSERT_TRUE(coordinator_->FindJob("a").value()->Leave(a).ok());
+  clock_.Advance(absl::Minutes(10));
+  coordinator_->Tick();
+  EXPECT_EQ(coordinator_->FindJob("a").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_THAT(Checkpointed(), ::testing::ElementsAre("a"));
+  Start(/*keep_checkpoints=*/true);  // a restart restores it
+  EXPECT_TRUE(coordinator_->FindJob("a").ok());
+}
+
+TEST_F(IdleJobTest, JobWithAMember_IsNeverReclaimed) {
+  Start();
+  const MemberId a = JoinAndSeed("a", "m");
+  for (int i = 0; i < 30; ++i) {
+    clock_.Advance(absl::Seconds(50));  // within the member's lease
+    ASSERT_TRUE(coordinator_->FindJob("a").value()->Heartbeat(a).ok());
+    coordinator_->Tick();
+  }
+  EXPECT_TRUE(coordinator_->FindJob("a").ok());
+  EXPECT_THAT(Checkpointed(), ::testing::ElementsAre("a"));
+}
+
+TEST_F(IdleJobTest, RestoredJobWhoseMembersNeverReturn_IsReclaimed) {
+  Start();
+  JoinAndSeed("a", "m");
+  Start();  // restart: "a" restored, its member gone with the old process
+  ASSERT_TRUE(coordinator_->FindJob("a").ok());
+  clock_.Advance(absl::Minutes(10));
+  coordinator_->Tick();
+  EXPECT_EQ(coordinator_->FindJob("a").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_THAT(Checkpointed(), ::testing::IsEmpty());
+}
+
+TEST_F(IdleJobTest, RetiredJob_RefusesJoinWithUnavailable) {
+  Start();
+  const MemberId a = JoinAndSeed("a", "m");
+  std::shared_ptr<Job> job = coordinator_->FindJob("a").value();
+  ASSERT_TRUE(job->Leave(a).ok());
+  // A Join that found the job just before it was retired is told to retry.
+  ASSERT_TRUE(job->RetireIfEmptyFor(clock_.Now(), absl::ZeroDuration()));
+  absl::StatusOr<JoinResult> late = job->Join(Params("late"));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(late.status().message(), HasSubstr("retry the Join"));
 }
 
 }  // namespace

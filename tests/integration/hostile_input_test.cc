@@ -351,6 +351,14 @@ class Env {
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     return stub()->GetJobStatus(&context, request, response);
   }
+  grpc::Status DeleteJob(const std::string& job_id) {
+    v1::DeleteJobRequest request;
+    request.set_job_id(job_id);
+    v1::DeleteJobResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    return stub()->DeleteJob(&context, request, &response);
+  }
   // Runs a FetchState; on OK checks the stream's form (header, chunks in
   // order, sizes, CRC32C) and returns the decoded state in `values`.
   grpc::Status FetchState(v1::Coordinator::Stub* stub,
@@ -1872,6 +1880,35 @@ std::vector<Row> Rows() {
         return s;
       },
       kOk);
+  // ---- DeleteJob.
+  add("DeleteJob_JobIdEmpty_ReturnsInvalidArgument", kFp32,
+      [](Env& env) { return env.DeleteJob(""); }, kInvalid, "job_id");
+  add("DeleteJob_JobIdMalformed_ReturnsInvalidArgument", kFp32,
+      [](Env& env) { return env.DeleteJob("../x\n"); }, kInvalid, "job_id");
+  add("DeleteJob_UnknownJob_ReturnsNotFound", kFp32,
+      [](Env& env) { return env.DeleteJob("nojob"); }, kNotFound, "nojob");
+  add("DeleteJob_JobWithMembers_ReturnsFailedPreconditionChangesNothing",
+      kFp32, [](Env& env) { return env.DeleteJob(kJob); }, kPrecondition,
+      "has 3 members");
+  add(
+      "DeleteJob_EmptyJob_RemovesIt", kFp32,
+      [](Env& env) {
+        v1::JoinRequest r = env.GoodJoin(env.UniqueName("lonely"));
+        r.set_job_id("lonely-job");
+        v1::JoinResponse response;
+        EXPECT_TRUE(env.Join(r, &response).ok());
+        EXPECT_EQ(env.DeleteJob("lonely-job").error_code(),
+                  StatusCode::FAILED_PRECONDITION);
+        env.Leave("lonely-job", response.member_id());
+        grpc::Status s = env.DeleteJob("lonely-job");
+        v1::GetJobStatusRequest q;
+        q.set_job_id("lonely-job");
+        v1::GetJobStatusResponse status;
+        EXPECT_EQ(env.GetJobStatus(q, &status).error_code(),
+                  StatusCode::NOT_FOUND);
+        return s;
+      },
+      kOk);
   add(
       "GetJobStatus_JobIdMalformed_ReturnsInvalidArgument", kFp32,
       [](Env& env) {
@@ -1971,8 +2008,10 @@ TEST(NumericalHygiene, Sync_FiniteValuesWhoseSumOverflowsFp32_AverageIsFinite) {
 }
 
 TEST(HostileInputTable, CoversEveryRpc) {
-  int join = 0, leave = 0, heartbeat = 0, sync = 0, fetch = 0, status = 0;
+  int join = 0, leave = 0, heartbeat = 0, sync = 0, fetch = 0, status = 0,
+      deletes = 0;
   for (const Row& row : Rows()) {
+    deletes += absl::StartsWith(row.name, "DeleteJob_");
     join += absl::StartsWith(row.name, "Join_");
     leave += absl::StartsWith(row.name, "Leave_");
     heartbeat += absl::StartsWith(row.name, "Heartbeat_");
@@ -1986,10 +2025,11 @@ TEST(HostileInputTable, CoversEveryRpc) {
   EXPECT_GT(sync, 0);
   EXPECT_GT(fetch, 0);
   EXPECT_GT(status, 0);
+  EXPECT_GT(deletes, 0);
   std::printf(
       "hostile rows: Join %d, Leave %d, Heartbeat %d, Sync %d, "
-      "FetchState %d, GetJobStatus %d\n",
-      join, leave, heartbeat, sync, fetch, status);
+      "FetchState %d, GetJobStatus %d, DeleteJob %d\n",
+      join, leave, heartbeat, sync, fetch, status, deletes);
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ class TokenTest : public ::testing::Test {
     EXPECT_EQ(raw.Leave(job, member).error_code(), code);
     v1::GetJobStatusResponse status;
     EXPECT_EQ(raw.GetJobStatus(job, &status).error_code(), code);
+    EXPECT_EQ(raw.DeleteJob(job).error_code(), code);
   }
 
   TempDir dir_;

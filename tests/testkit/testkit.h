@@ -244,6 +244,15 @@ class RawClient {
     return stub_->GetJobStatus(&context, request, response);
   }
 
+  grpc::Status DeleteJob(const std::string& job) {
+    v1::DeleteJobRequest request;
+    request.set_job_id(job);
+    v1::DeleteJobResponse response;
+    grpc::ClientContext context;
+    Prepare(&context);
+    return stub_->DeleteJob(&context, request, &response);
+  }
+
   v1::Coordinator::Stub* stub() { return stub_.get(); }
   void Prepare(grpc::ClientContext* context) const {
     context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
