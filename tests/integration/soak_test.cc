@@ -5,13 +5,26 @@
 // exactly the contributions the round counted: the complete contributions of
 // the members whose Sync says `contributed`, plus each killed member's chunks
 // that it finished before dying (per-chunk, as DESIGN.md specifies).
+//
+// CI runs it short; a long run is the same test with the environment set:
+//   LOCALSGD_SOAK_ROUNDS (60), LOCALSGD_SOAK_SEED (20261129),
+//   LOCALSGD_SOAK_KILL_RATE (0.25: the chance a round has a member that dies
+//   in it). Every 100 rounds it prints the process's RSS and open file
+//   descriptors (the coordinator and the clients share the process):
+//   LOCALSGD_SOAK_ROUNDS=2000 build/tests/integration/integration_tests \
+//     --gtest_filter='SoakTest.*'
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +46,27 @@ namespace {
 constexpr uint32_t kChunk = 97;
 const std::vector<int64_t> kSizes = {300, 7, 450, 1};  // 758 elements, 8 chunks
 constexpr absl::Duration kLease = absl::Milliseconds(800);
+
+// An environment variable as a number, or `fallback` if unset.
+double EnvNumber(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? fallback : std::strtod(v, nullptr);
+}
+
+// This process's resident set (KiB) and open file descriptors.
+std::pair<long, int> RssAndFds() {
+  long rss = -1;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::strtol(line.c_str() + 6, nullptr, 10);
+  }
+  int fds = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)entry;
+    ++fds;
+  }
+  return {rss, fds};
+}
 
 float Contribution(int uid, RoundId round, uint64_t j) {
   return std::cos(0.01f * j + 0.37f * uid) * (1 + uid % 5) + 0.125f * round;
@@ -139,7 +173,10 @@ class SoakTest : public ::testing::Test {
 };
 
 TEST_F(SoakTest, RandomJoinsLeavesKills_EveryRoundIsTheMeanOfWhatItCounted) {
-  const uint32_t seed = 20261129;
+  const uint32_t seed =
+      static_cast<uint32_t>(EnvNumber("LOCALSGD_SOAK_SEED", 20261129));
+  const int kRounds = static_cast<int>(EnvNumber("LOCALSGD_SOAK_ROUNDS", 60));
+  const double kill_rate = EnvNumber("LOCALSGD_SOAK_KILL_RATE", 0.25);
   std::mt19937 rng(seed);
   auto coin = [&](double p) {
     return std::uniform_real_distribution<>(0, 1)(rng) < p;
@@ -153,9 +190,14 @@ TEST_F(SoakTest, RandomJoinsLeavesKills_EveryRoundIsTheMeanOfWhatItCounted) {
     honest.push_back(NewHonest(next_uid++, pick_weight()));
     ++joins;
   }
-  constexpr int kRounds = 60;
   RoundId round = 0;
+  std::printf("soak: round   rss_kib  open_fds\n");
   for (int r = 0; r < kRounds; ++r) {
+    if (r % 100 == 0) {
+      const auto [rss, fds] = RssAndFds();
+      std::printf("soak: %5d  %8ld  %8d\n", r, rss, fds);
+      std::fflush(stdout);
+    }
     // Between rounds: joins (they take part in the next round).
     if (honest.size() < 2 || (honest.size() < 7 && coin(0.3))) {
       honest.push_back(NewHonest(next_uid++, pick_weight()));
@@ -163,7 +205,7 @@ TEST_F(SoakTest, RandomJoinsLeavesKills_EveryRoundIsTheMeanOfWhatItCounted) {
     }
     // A member that will die in this round, having sent some chunks.
     std::vector<Killer> killers;
-    if (coin(0.25)) {
+    if (coin(kill_rate)) {
       Killer k;
       k.uid = next_uid++;
       k.weight = pick_weight();
@@ -297,6 +339,10 @@ TEST_F(SoakTest, RandomJoinsLeavesKills_EveryRoundIsTheMeanOfWhatItCounted) {
   grpc::ClientContext context;
   ASSERT_TRUE(stub_->GetJobStatus(&context, request, &response).ok());
   EXPECT_EQ(response.jobs(0).state_round(), static_cast<uint64_t>(kRounds));
+  {
+    const auto [rss, fds] = RssAndFds();
+    std::printf("soak: %5d  %8ld  %8d\n", kRounds, rss, fds);
+  }
   std::printf(
       "soak: seed=%u rounds=%d joins=%d leaves=%d kills=%d late_adopts=%d "
       "mismatches=%d\n",
