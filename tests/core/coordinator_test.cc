@@ -647,12 +647,7 @@ class IdleJobTest : public ::testing::Test {
   }
 
   static JoinRequestParams Params(const std::string& name) {
-    JoinRequestParams p;
-    p.member_name = name;
-    p.layout = SmallLayout();
-    p.incarnation = 7;
-    p.settings.chunk_elements = 4;
-    return p;
+    return testing_util::SmallJoin(name, /*incarnation=*/7);
   }
 
   // Joins `job` as `name`, seeds it (so that it has a checkpoint).

@@ -81,12 +81,7 @@ class DrainTest : public ::testing::Test {
   }
 
   static JoinRequestParams Params(const std::string& name) {
-    JoinRequestParams p;
-    p.member_name = name;
-    p.layout = SmallLayout();
-    p.incarnation = 1;
-    p.settings.chunk_elements = 4;
-    return p;
+    return testing_util::SmallJoin(name);
   }
 
   MemberId Join(const std::string& job_id, const std::string& name) {

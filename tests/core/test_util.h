@@ -59,6 +59,17 @@ inline std::string EncodeChunk(const std::vector<float>& values,
   return out;
 }
 
+// A Join of member `name` with SmallLayout() in chunks of 4.
+inline JoinRequestParams SmallJoin(const std::string& name,
+                                   uint64_t incarnation = 1) {
+  JoinRequestParams p;
+  p.member_name = name;
+  p.layout = SmallLayout();
+  p.incarnation = incarnation;
+  p.settings.chunk_elements = 4;
+  return p;
+}
+
 // Saves `checkpoint` with its own values (CheckpointStore::Save).
 inline absl::Status SaveWhole(CheckpointStore& store,
                               const JobCheckpoint& checkpoint) {
