@@ -32,8 +32,8 @@
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 #include "src/codec.h"
-#include "src/member_ref.h"
 #include "src/crc32c.h"
+#include "src/member_ref.h"
 #include "src/settings.h"
 
 namespace localsgd {

@@ -262,9 +262,8 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
   if (local_sgd->is_leader()) {
     LOCALSGD_LOG(INFO) << "LocalSGD: job '" << client->options().job_id
                        << "' member_ref " << MemberRef(client->info().member_id)
-                       << ": "
-                       << local_sgd->layout_.tensors.size() << " tensors, "
-                       << local_sgd->num_elements_
+                       << ": " << local_sgd->layout_.tensors.size()
+                       << " tensors, " << local_sgd->num_elements_
                        << " elements, K=" << options.local_sgd_steps
                        << ", starting from state round "
                        << client->state_round()

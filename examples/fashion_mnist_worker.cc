@@ -61,8 +61,8 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/local_sgd.h"
-#include "client/security_flags.h"
 #include "client/node_group.h"
+#include "client/security_flags.h"
 #include "examples/fashion_mnist.h"
 #include "src/malloc_tuning.h"
 

@@ -214,9 +214,9 @@ absl::StatusOr<T> ParseChoice(
     if (value == name) return choice;
     names.emplace_back(name);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      flag, " must be one of ", absl::StrJoin(names, ", "), "; got '", value,
-      "'"));
+  return absl::InvalidArgumentError(absl::StrCat(flag, " must be one of ",
+                                                 absl::StrJoin(names, ", "),
+                                                 "; got '", value, "'"));
 }
 
 absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {

@@ -169,8 +169,7 @@ void Metrics::TouchJob(absl::string_view job_id) {
   }
   round_duration_.Add(job, RoundDurationBuckets());
   for (auto* family : {&contributions_, &dropped_, &timed_out_, &late_,
-                       &lease_expiries_,
-                       &bytes_received_, &bytes_sent_}) {
+                       &lease_expiries_, &bytes_received_, &bytes_sent_}) {
     family->Add(job);
   }
 }

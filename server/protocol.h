@@ -46,9 +46,9 @@ absl::Status CheckChunkCrc(const ChunkPieces& chunk, absl::string_view what);
 // Join for a caller bound to `principal` (server/auth.h BindingKey; empty
 // without tokens or client certificates). `max_message_bytes`: the server's
 // message limit, reported to the member.
-absl::Status HandleJoin(Coordinator& coordinator, const v1::JoinRequest& request,
-                        std::string principal, uint64_t max_message_bytes,
-                        v1::JoinResponse* response);
+absl::Status HandleJoin(Coordinator& coordinator,
+                        const v1::JoinRequest& request, std::string principal,
+                        uint64_t max_message_bytes, v1::JoinResponse* response);
 
 absl::Status HandleLeave(Coordinator& coordinator,
                          const v1::LeaveRequest& request);

@@ -192,7 +192,8 @@ class SyncReactor final
       return;
     }
     raw_request_.Clear();
-    if (request_.has_chunk()) received_.Received(request_.chunk().data().size());
+    if (request_.has_chunk())
+      received_.Received(request_.chunk().data().size());
     machine_.OnMessage(request_);
   }
 
@@ -316,8 +317,8 @@ CoordinatorService::Sync(grpc::CallbackServerContext* context) {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::FetchState(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  return new FetchStateReactor(this, coordinator_, &wires_, metrics_,
-                               *request, CallerFromContext(*context));
+  return new FetchStateReactor(this, coordinator_, &wires_, metrics_, *request,
+                               CallerFromContext(*context));
 }
 
 void CoordinatorService::StreamStarted() {

@@ -2,9 +2,9 @@
 // call's credentials (server/auth.h) and hands it to the gRPC-free protocol
 // layer (server/protocol.h for the unary calls, server/streams.h for the
 // Sync and FetchState state machines), moving bytes between gRPC and it. No
-// protocol logic or averaging arithmetic lives here. Handlers never block: a Sync that
-// waits for its round is a stored completion in the core, finished when the
-// round closes.
+// protocol logic or averaging arithmetic lives here. Handlers never block: a
+// Sync that waits for its round is a stored completion in the core, finished
+// when the round closes.
 #ifndef LOCALSGD_SERVER_SERVICE_H_
 #define LOCALSGD_SERVER_SERVICE_H_
 

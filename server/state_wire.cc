@@ -15,8 +15,7 @@ StateWire::StateWire(std::shared_ptr<const StateSnapshot> state,
       geometry_(geometry),
       wire_dtype_(wire_dtype),
       slots_(geometry.num_chunks()) {
-  CHECK(state_ != nullptr &&
-        state_->values.size() == geometry_.num_elements());
+  CHECK(state_ != nullptr && state_->values.size() == geometry_.num_elements());
 }
 
 StateWire::Chunk StateWire::Get(uint32_t index) const {
@@ -41,8 +40,8 @@ StateWire::Chunk StateWire::Get(uint32_t index) const {
   std::unique_ptr<char[]> encoded;
   absl::string_view data;
   if (wire_dtype_ == DType::kFloat32) {  // the values' own bytes
-    data = absl::string_view(reinterpret_cast<const char*>(values.data()),
-                             bytes);
+    data =
+        absl::string_view(reinterpret_cast<const char*>(values.data()), bytes);
   } else {
     encoded = std::make_unique<char[]>(bytes);
     EncodeValuesTo(values, wire_dtype_, encoded.get());

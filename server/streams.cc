@@ -22,8 +22,7 @@ StreamAction WriteMessage(const google::protobuf::MessageLite& message) {
   return a;
 }
 
-StreamAction WriteChunk(std::shared_ptr<const StateWire> wire,
-                        uint32_t index) {
+StreamAction WriteChunk(std::shared_ptr<const StateWire> wire, uint32_t index) {
   StreamAction a;
   a.kind = StreamAction::Kind::kWriteChunk;
   a.index = index;
@@ -73,8 +72,8 @@ void SyncServerStream::OnMessage(const v1::SyncRequest& message) {
   } else if (message.has_chunk()) {
     OnChunk(PiecesOf(message.chunk()));
   } else {
-    OnUnreadable(
-        absl::InvalidArgumentError("Sync message has neither header nor chunk"));
+    OnUnreadable(absl::InvalidArgumentError(
+        "Sync message has neither header nor chunk"));
   }
 }
 
@@ -82,8 +81,8 @@ void SyncServerStream::OnUnreadable(absl::Status status) {
   std::optional<Finish> finish;
   {
     absl::MutexLock lock(&mu_);
-    if (!error_.ok() || (phase_ != Phase::kAwaitHeader &&
-                         phase_ != Phase::kReceiving)) {
+    if (!error_.ok() ||
+        (phase_ != Phase::kAwaitHeader && phase_ != Phase::kReceiving)) {
       return;  // no read was asked for
     }
     FailLocked(std::move(status));
@@ -148,8 +147,7 @@ void SyncServerStream::OnHeader(const v1::SyncHeader& header) {
       callback_pending_ = true;
     }
     absl::StatusOr<std::unique_ptr<SyncSession>> session = job->BeginSync(
-        member, header.round(),
-        [this](absl::StatusOr<SyncResult> result) {
+        member, header.round(), [this](absl::StatusOr<SyncResult> result) {
           OnResult(std::move(result));
         });
     absl::MutexLock lock(&mu_);
@@ -225,8 +223,7 @@ void SyncServerStream::OnReadsDone() {
       } else if (phase_ == Phase::kReceiving) {
         FailLocked(absl::InvalidArgumentError(absl::StrCat(
             "Sync stream for round ", session_->round(), " ended after ",
-            session_->received(), " of ", session_->num_chunks(),
-            " chunks")));
+            session_->received(), " of ", session_->num_chunks(), " chunks")));
       }
       // Later, the client merely half-closed after its last chunk.
     }
@@ -244,7 +241,8 @@ void SyncServerStream::OnWriteDone(bool ok) {
       finish = FinishLocked(absl::CancelledError(
           "the client went away while receiving the result"));
     } else if (cancelled_) {
-      finish = FinishLocked(absl::CancelledError("Sync cancelled by the client"));
+      finish =
+          FinishLocked(absl::CancelledError("Sync cancelled by the client"));
     } else if (next_chunk_ >= wire_->num_chunks()) {
       finish = FinishLocked(absl::OkStatus());
     } else {
@@ -305,8 +303,8 @@ void SyncServerStream::FailLocked(absl::Status status) {
 
 std::optional<SyncServerStream::Finish> SyncServerStream::AdvanceLocked() {
   switch (phase_) {
-    case Phase::kOpening:   // OnHeader decides
-    case Phase::kSending:   // the writes drive
+    case Phase::kOpening:  // OnHeader decides
+    case Phase::kSending:  // the writes drive
     case Phase::kFinished:
       return std::nullopt;
     default:

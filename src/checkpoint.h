@@ -136,7 +136,6 @@ class CheckpointStore {
   // errno.
   absl::Status Remove(absl::string_view job_id);
 
-
   // The directory, as given to Open.
   const std::string& dir() const { return dir_; }
 

@@ -390,8 +390,9 @@ void Coordinator::JobGone(const std::string& job_id, absl::string_view reason,
                           absl::string_view why, bool keep_checkpoint) {
   LOG(INFO) << "job " << job_id << " " << why
             << (checkpointer_ == nullptr ? ""
-                : keep_checkpoint ? "; its checkpoint is kept (--keep_checkpoints)"
-                                  : "; its checkpoint is removed");
+                : keep_checkpoint
+                    ? "; its checkpoint is kept (--keep_checkpoints)"
+                    : "; its checkpoint is removed");
   if (checkpointer_ != nullptr && !keep_checkpoint) {
     checkpointer_->JobRemoved(job_id);
   }

@@ -9,9 +9,9 @@
 #include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "src/codec.h"
+#include "src/member_ref.h"
 #include "src/observer.h"
 #include "src/settings.h"
-#include "src/member_ref.h"
 
 namespace localsgd {
 namespace {
@@ -252,8 +252,9 @@ absl::StatusOr<MemberId> Job::AddMemberLocked(const JoinRequestParams& params,
   info.id = id;
   // Coordinator::Join refuses an empty name; a job used directly names such
   // a member by its reference, never by its id (the member's credential).
-  info.name = params.member_name.empty() ? absl::StrCat("member-", MemberRef(id))
-                                         : params.member_name;
+  info.name = params.member_name.empty()
+                  ? absl::StrCat("member-", MemberRef(id))
+                  : params.member_name;
   info.weight = params.weight;
   info.incarnation = params.incarnation;
   info.principal = params.principal;
@@ -271,9 +272,10 @@ absl::StatusOr<MemberId> Job::AddMemberLocked(const JoinRequestParams& params,
     AddParticipantLocked(id, info);
     FitScaleLocked();
   }
-  LOG(INFO) << "job " << id_ << ": member " << info.name << " (" << MemberRef(id)
-            << ", weight " << info.weight << ") joined; " << members_.size() + 1
-            << " members; takes part from round " << info.first_round;
+  LOG(INFO) << "job " << id_ << ": member " << info.name << " ("
+            << MemberRef(id) << ", weight " << info.weight << ") joined; "
+            << members_.size() + 1 << " members; takes part from round "
+            << info.first_round;
   members_.emplace(id, std::move(info));
   return id;
 }

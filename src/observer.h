@@ -54,8 +54,7 @@ class CoordinatorObserver {
   virtual void LateContribution(absl::string_view job_id, RoundId round) {}
   // Job `job_id` was removed: `reason` "idle" (no members for the job idle
   // TTL).
-  virtual void JobRemoved(absl::string_view job_id, absl::string_view reason) {
-  }
+  virtual void JobRemoved(absl::string_view job_id, absl::string_view reason) {}
 };
 
 }  // namespace localsgd

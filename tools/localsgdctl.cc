@@ -169,8 +169,8 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
            absl::FormatTime("%Y-%m-%d %H:%M:%E3S",
                             absl::FromUnixMillis(r.closed_unix_ms()),
                             absl::UTCTimeZone()),
-           Names(r.contributors()), Names(r.dropped()),
-           Names(r.timed_out()), Names(r.late())});
+           Names(r.contributors()), Names(r.dropped()), Names(r.timed_out()),
+           Names(r.late())});
     }
     out << rounds.Render();
   }

@@ -36,13 +36,15 @@ class RetryTest : public ::testing::Test {
   std::function<absl::Status()> Failing(std::vector<absl::Status> errors) {
     return [this, errors]() {
       ++attempts_;
-      return attempts_ <= static_cast<int>(errors.size()) ? errors[attempts_ - 1]
-                                                           : absl::OkStatus();
+      return attempts_ <= static_cast<int>(errors.size())
+                 ? errors[attempts_ - 1]
+                 : absl::OkStatus();
     };
   }
   absl::Status Run(std::function<absl::Status()> attempt, double jitter = 1.0) {
-    return RunWithRetries(policy_, clock_, waiter_, [jitter] { return jitter; },
-                          "Sync of round 3 at host:1", attempt);
+    return RunWithRetries(
+        policy_, clock_, waiter_, [jitter] { return jitter; },
+        "Sync of round 3 at host:1", attempt);
   }
 
   FakeClock clock_;
@@ -65,11 +67,10 @@ TEST_F(RetryTest, RetryableErrors_RetriedWithDoublingBackoffUntilOk) {
                            absl::DataLossError("corrupt chunk")}))
                   .ok());
   EXPECT_EQ(attempts_, 6);
-  EXPECT_EQ(waiter_.waits,
-            (std::vector<absl::Duration>{
-                absl::Milliseconds(100), absl::Milliseconds(200),
-                absl::Milliseconds(400), absl::Milliseconds(800),
-                absl::Seconds(1)}));  // capped at max_backoff
+  EXPECT_EQ(waiter_.waits, (std::vector<absl::Duration>{
+                               absl::Milliseconds(100), absl::Milliseconds(200),
+                               absl::Milliseconds(400), absl::Milliseconds(800),
+                               absl::Seconds(1)}));  // capped at max_backoff
 }
 
 TEST_F(RetryTest, NotRetryable_ReturnedAtOnceUnchanged) {

@@ -92,13 +92,13 @@ TEST(Crc32cTest, LongBuffers_InterleavedPathAgreesWithPortable) {
   std::mt19937 rng(11);
   std::string data(3 * 3 * 4096 + 64, '\0');
   for (char& c : data) c = static_cast<char>(rng());
-  for (size_t len : {size_t{3 * 4096 - 1}, size_t{3 * 4096},
-                     size_t{3 * 4096 + 1}, size_t{3 * 4096 + 8},
-                     size_t{2 * 3 * 4096 - 8}, size_t{2 * 3 * 4096},
-                     size_t{2 * 3 * 4096 + 17}, size_t{3 * 3 * 4096},
-                     // the 3 x 512 blocks after the 3 x 4 KiB ones
-                     size_t{3 * 512 - 1}, size_t{3 * 512}, size_t{3 * 512 + 9},
-                     size_t{16384}, size_t{3 * 4096 + 3 * 512 + 7}}) {
+  for (size_t len :
+       {size_t{3 * 4096 - 1}, size_t{3 * 4096}, size_t{3 * 4096 + 1},
+        size_t{3 * 4096 + 8}, size_t{2 * 3 * 4096 - 8}, size_t{2 * 3 * 4096},
+        size_t{2 * 3 * 4096 + 17}, size_t{3 * 3 * 4096},
+        // the 3 x 512 blocks after the 3 x 4 KiB ones
+        size_t{3 * 512 - 1}, size_t{3 * 512}, size_t{3 * 512 + 9},
+        size_t{16384}, size_t{3 * 4096 + 3 * 512 + 7}}) {
     for (size_t begin = 0; begin < 9; ++begin) {
       const absl::string_view s = absl::string_view(data).substr(begin, len);
       ASSERT_EQ(Crc32c(0, s), Crc32cPortable(0, s)) << begin << "+" << len;
@@ -271,7 +271,8 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
   header.Str("fmt");
   header.U64(9);
   for (uint32_t v : {8u, 5u, 2u, 1u, 3u}) header.U32(v);
-  if (version >= 2) header.U32(static_cast<uint32_t>(c.settings.nonfinite_policy));
+  if (version >= 2)
+    header.U32(static_cast<uint32_t>(c.settings.nonfinite_policy));
   header.U64(c.layout.fingerprint);
   header.U32(2);
   header.Str("w");

@@ -151,7 +151,11 @@ TEST_F(CheckpointerTest, CheckpointOverTheLimits_IsSkippedNotFatal) {
   JobCheckpoint big;
   big.job_id = "big";
   big.layout = testing_util::MakeFloatLayout({{"w", {100}}});
-  big.settings = {0, 10, DType::kFloat32, AveragingMode::kMean, 0,
+  big.settings = {0,
+                  10,
+                  DType::kFloat32,
+                  AveragingMode::kMean,
+                  0,
                   NonFinitePolicy::kReject};
   big.round = 3;
   big.values.assign(100, 0.5f);

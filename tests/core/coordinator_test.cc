@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
@@ -622,10 +622,9 @@ namespace {
 class IdleJobTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = absl::StrCat(::testing::TempDir(), "/lsgd-idle-", getpid(), "-",
-                        ::testing::UnitTest::GetInstance()
-                            ->current_test_info()
-                            ->name());
+    dir_ = absl::StrCat(
+        ::testing::TempDir(), "/lsgd-idle-", getpid(), "-",
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
     store_ = *CheckpointStore::Open(dir_);
   }

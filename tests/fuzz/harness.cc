@@ -185,10 +185,11 @@ absl::Status Harness::DoJoin(const v1::JoinRequest& request,
     elements += NumElements(t);
   }
   Check(info->num_elements == elements,
-        absl::StrCat(where, ": ", info->num_elements, " elements for a layout of ",
-                     elements));
-  Check(info->num_chunks == (elements + s.chunk_elements - 1) / s.chunk_elements,
-        absl::StrCat(where, ": ", info->num_chunks, " chunks"));
+        absl::StrCat(where, ": ", info->num_elements,
+                     " elements for a layout of ", elements));
+  Check(
+      info->num_chunks == (elements + s.chunk_elements - 1) / s.chunk_elements,
+      absl::StrCat(where, ": ", info->num_chunks, " chunks"));
   absl::StatusOr<std::shared_ptr<Job>> job =
       coordinator_->FindJob(request.job_id());
   Check(job.ok(), absl::StrCat(where, ": the joined job is not found"));
@@ -447,7 +448,8 @@ void Harness::DoHeartbeat(const MemberCall& call) {
     if (request.job_id().empty()) request.set_job_id(m->job_id);
   }
   v1::HeartbeatResponse response;
-  const absl::Status status = HandleHeartbeat(*coordinator_, request, &response);
+  const absl::Status status =
+      HandleHeartbeat(*coordinator_, request, &response);
   CheckCode("Heartbeat", status, {C::kInvalidArgument, C::kNotFound});
   if (status.ok()) {
     const JobModel* model = ModelOf(request.job_id());
@@ -481,9 +483,10 @@ void Harness::DoFetch(const FetchCall& call) {
   if (!reader.status.ok()) return;
   Check(model != nullptr && model->has_state, "FetchState of no state");
   const v1::StateHeader& header = reader.fetch_header.header();
-  Check(reader.header_read && header.round() == model->state_round,
-        absl::StrCat("FetchState returns round ", header.round(),
-                     " but the last round that closed is ", model->state_round));
+  Check(
+      reader.header_read && header.round() == model->state_round,
+      absl::StrCat("FetchState returns round ", header.round(),
+                   " but the last round that closed is ", model->state_round));
   const ChunkGeometry& g = model->job->geometry();
   Check(header.num_chunks() == g.num_chunks() &&
             reader.chunks_read == g.num_chunks(),
@@ -508,13 +511,16 @@ void Harness::DoStatus(const v1::GetJobStatusRequest& request) {
       *coordinator_, request, clock_.Now(), /*may_see=*/nullptr, &response);
   CheckCode("GetJobStatus", status, {C::kInvalidArgument, C::kNotFound});
   if (!status.ok()) return;
-  Check(request.job_id().empty() ? response.jobs_size() ==
-                                       static_cast<int>(coordinator_->Jobs().size())
-                                 : response.jobs_size() == 1,
+  Check(request.job_id().empty()
+            ? response.jobs_size() ==
+                  static_cast<int>(coordinator_->Jobs().size())
+            : response.jobs_size() == 1,
         "GetJobStatus: another number of jobs");
   for (const v1::JobStatus& p : response.jobs()) {
-    absl::StatusOr<std::shared_ptr<Job>> job = coordinator_->FindJob(p.job_id());
-    Check(job.ok(), absl::StrCat("GetJobStatus shows unknown job ", p.job_id()));
+    absl::StatusOr<std::shared_ptr<Job>> job =
+        coordinator_->FindJob(p.job_id());
+    Check(job.ok(),
+          absl::StrCat("GetJobStatus shows unknown job ", p.job_id()));
     Check(p.num_chunks() == (*job)->geometry().num_chunks() &&
               p.num_elements() == (*job)->geometry().num_elements(),
           "GetJobStatus: geometry");

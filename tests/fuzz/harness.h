@@ -1,7 +1,8 @@
 // The replay engine of the libFuzzer targets: an in-process Coordinator on a
 // FakeClock, driven by the steps of tests/fuzz/fuzz_input.proto through the
-// server's protocol layer, with invariants checked after every step. Single-threaded: every core callback runs on the calling
-// thread, so each step's effects are complete when it returns.
+// server's protocol layer, with invariants checked after every step.
+// Single-threaded: every core callback runs on the calling thread, so each
+// step's effects are complete when it returns.
 //
 // Invariants (a violation prints what and aborts, which libFuzzer reports as
 // a crash and saves the input):
@@ -96,14 +97,14 @@ class Harness {
   // What a member reads from a stream: the machine's actions, carried out
   // as a reactor would, and checked.
   struct Reader {
-    bool fetch = false;        // a FetchState stream (else Sync)
-    bool read_wanted = false;  // the machine asked for a message
+    bool fetch = false;                 // a FetchState stream (else Sync)
+    bool read_wanted = false;           // the machine asked for a message
     std::optional<StreamAction> write;  // the write in flight
     bool finished = false;
     absl::Status status;
     bool header_read = false;
-    v1::SyncResponse sync_header;        // Sync
-    v1::FetchStateResponse fetch_header; // FetchState
+    v1::SyncResponse sync_header;         // Sync
+    v1::FetchStateResponse fetch_header;  // FetchState
     uint32_t chunks_read = 0;
     std::shared_ptr<const StateWire> wire;  // of the chunks read
   };

@@ -77,8 +77,7 @@ TEST_P(ChunkWireTest, ChunkMessage_ProtobufReadsTheSameChunk) {
   const std::string data = Bytes(shape.size, shape.index);
   const uint32_t crc = Crc32c(0, data);
   auto owner = std::make_shared<std::string>(data);
-  const grpc::ByteBuffer buffer =
-      ChunkMessage(shape.index, crc, *owner, owner);
+  const grpc::ByteBuffer buffer = ChunkMessage(shape.index, crc, *owner, owner);
   const std::string wire = Flatten(buffer);
 
   v1::SyncRequest request;
@@ -137,8 +136,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{128, 300}, Shape{16383, 16384},
                       Shape{16384, 1 << 20}, Shape{UINT32_MAX, 4}),
     [](const ::testing::TestParamInfo<Shape>& info) {
-      return absl::StrCat("index", info.param.index, "_bytes",
-                          info.param.size);
+      return absl::StrCat("index", info.param.index, "_bytes", info.param.size);
     });
 
 TEST(ChunkWireTest, ChunkMessage_OwnerLivesUntilGrpcDropsTheSlice) {
@@ -181,19 +179,20 @@ TEST(ChunkWireTest, Parse_NotPlain_LeftToProtobuf) {
   cases.emplace_back("unknown field",
                      wrap(chunk_body + std::string("\x20\x01", 2)));
   // An index varint beyond 32 bits (protobuf truncates it).
-  cases.emplace_back(
-      "64-bit index",
-      wrap(std::string("\x08\x80\x80\x80\x80\x10\x12\x01x", 9)));
+  cases.emplace_back("64-bit index",
+                     wrap(std::string("\x08\x80\x80\x80\x80\x10\x12\x01x", 9)));
   // The chunk field twice at the top level (protobuf merges them).
   cases.emplace_back("chunk twice", wrap(chunk_body) + wrap(chunk_body));
   // A length beyond the message.
   cases.emplace_back("truncated", wrap(chunk_body).substr(0, 6));
-  cases.emplace_back("data length beyond chunk",
-                     wrap(std::string("\x12\x09" "abc", 5)));
+  cases.emplace_back("data length beyond chunk", wrap(std::string("\x12\x09"
+                                                                  "abc",
+                                                                  5)));
   // Overlong varints (found by chunk_wire_fuzzer): protobuf refuses a size
   // varint of more than 5 bytes, and decides the rest itself.
-  cases.emplace_back("overlong chunk size",
-                     std::string("\x12\x80\x80\x80\x80\x80\x80\x80\x80\x80\x00", 11));
+  cases.emplace_back(
+      "overlong chunk size",
+      std::string("\x12\x80\x80\x80\x80\x80\x80\x80\x80\x80\x00", 11));
   cases.emplace_back("overlong index",
                      wrap(std::string("\x08\x85\x00\x12\x01x", 6)));
   for (const auto& [name, wire] : cases) {
@@ -210,9 +209,9 @@ TEST(ChunkWireTest, Parse_ChunkWithoutCrcOrData_IsPlainAndSaysSo) {
   v1::SyncResponse response;
   response.mutable_chunk()->set_index(9);
   ChunkView view;
-  ASSERT_EQ(ParseChunkMessage(Sliced(response.SerializeAsString(), 0, 0),
-                              &view),
-            ChunkParse::kChunk);
+  ASSERT_EQ(
+      ParseChunkMessage(Sliced(response.SerializeAsString(), 0, 0), &view),
+      ChunkParse::kChunk);
   EXPECT_EQ(view.index, 9u);
   EXPECT_FALSE(view.has_crc32c);
   EXPECT_EQ(view.size, 0u);
@@ -275,26 +274,26 @@ TEST(CoordinatorServiceTest, EveryMethodOfTheProto_IsImplemented) {
   options.listen_address = "127.0.0.1:0";
   auto server = CoordinatorServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto channel = grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", (*server)->port()),
-      grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
+                          grpc::InsecureChannelCredentials());
   const google::protobuf::ServiceDescriptor* service =
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
           "localsgd.v1.Coordinator");
   ASSERT_NE(service, nullptr);
   ASSERT_GE(service->method_count(), 6);
   for (int i = 0; i < service->method_count(); ++i) {
-    const std::string method =
-        absl::StrCat("/", service->full_name(), "/", service->method(i)->name());
+    const std::string method = absl::StrCat("/", service->full_name(), "/",
+                                            service->method(i)->name());
     const grpc::Status status = CallRaw(channel, method);
     // An empty request is refused one way or another, but not as unknown.
     EXPECT_NE(status.error_code(), grpc::StatusCode::UNIMPLEMENTED)
         << method << ": " << status.error_message();
   }
   // What a missing method looks like.
-  EXPECT_EQ(CallRaw(channel, "/localsgd.v1.Coordinator/NoSuchMethod")
-                .error_code(),
-            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(
+      CallRaw(channel, "/localsgd.v1.Coordinator/NoSuchMethod").error_code(),
+      grpc::StatusCode::UNIMPLEMENTED);
 }
 
 }  // namespace

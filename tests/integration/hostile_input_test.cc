@@ -729,8 +729,7 @@ class Env {
               << row << ": " << name << " not timed out in round " << round;
           EXPECT_EQ(std::find(r.dropped().begin(), r.dropped().end(), name),
                     r.dropped().end())
-              << row << ": " << name
-              << " listed as dropped in round " << round
+              << row << ": " << name << " listed as dropped in round " << round
               << ", but it was still a member";
         }
       }
@@ -954,9 +953,12 @@ std::vector<Row> Rows() {
   add("Join_MemberNameWithDel_ReturnsInvalidArgument", kFp32,
       JoinWith([](auto& r) { r.set_member_name("w\x7f"); }), kInvalid,
       "control character (0x7f)");
-  add("Join_MemberNameUtf8_Joins", kFp32,
+  add(
+      "Join_MemberNameUtf8_Joins", kFp32,
       [](Env& env) {
-        v1::JoinRequest r = env.GoodJoin("n\xc3\xb6" "de-\xe2\x82\xac");
+        v1::JoinRequest r = env.GoodJoin(
+            "n\xc3\xb6"
+            "de-\xe2\x82\xac");
         v1::JoinResponse response;
         grpc::Status s = env.Join(r, &response);
         env.Leave(kJob, response.member_id());
@@ -1087,7 +1089,8 @@ std::vector<Row> Rows() {
   add("Join_LayoutTensorNameTooLong_ReturnsInvalidArgument", kFp32,
       JoinWith([](auto& r) {
         r.set_job_id("other-longname");
-        r.mutable_layout()->mutable_tensors(2)->set_name(std::string(1025, 'n'));
+        r.mutable_layout()->mutable_tensors(2)->set_name(
+            std::string(1025, 'n'));
         Refingerprint(r);
       }),
       kInvalid, "at most 1024");
@@ -1872,8 +1875,7 @@ std::vector<Row> Rows() {
                 << env.honest(i).name;
           }
           for (const auto& m : response.jobs(0).members()) {
-            EXPECT_TRUE(
-                m.GetReflection()->GetUnknownFields(m).empty())
+            EXPECT_TRUE(m.GetReflection()->GetUnknownFields(m).empty())
                 << m.member_name();
           }
         }
@@ -1881,14 +1883,18 @@ std::vector<Row> Rows() {
       },
       kOk);
   // ---- DeleteJob.
-  add("DeleteJob_JobIdEmpty_ReturnsInvalidArgument", kFp32,
+  add(
+      "DeleteJob_JobIdEmpty_ReturnsInvalidArgument", kFp32,
       [](Env& env) { return env.DeleteJob(""); }, kInvalid, "job_id");
-  add("DeleteJob_JobIdMalformed_ReturnsInvalidArgument", kFp32,
+  add(
+      "DeleteJob_JobIdMalformed_ReturnsInvalidArgument", kFp32,
       [](Env& env) { return env.DeleteJob("../x\n"); }, kInvalid, "job_id");
-  add("DeleteJob_UnknownJob_ReturnsNotFound", kFp32,
+  add(
+      "DeleteJob_UnknownJob_ReturnsNotFound", kFp32,
       [](Env& env) { return env.DeleteJob("nojob"); }, kNotFound, "nojob");
-  add("DeleteJob_JobWithMembers_ReturnsFailedPreconditionChangesNothing",
-      kFp32, [](Env& env) { return env.DeleteJob(kJob); }, kPrecondition,
+  add(
+      "DeleteJob_JobWithMembers_ReturnsFailedPreconditionChangesNothing", kFp32,
+      [](Env& env) { return env.DeleteJob(kJob); }, kPrecondition,
       "has 3 members");
   add(
       "DeleteJob_EmptyJob_RemovesIt", kFp32,

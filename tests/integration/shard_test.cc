@@ -52,8 +52,8 @@ class ShardTest : public ::testing::Test {
     // first round closes: keep that short.
     options.coordinator.policy.lease_ttl = absl::Seconds(2);
     if (with_state) {
-      const std::string dir = absl::StrCat(
-          ::testing::TempDir(), "/shard_test.", getpid(), ".", i);
+      const std::string dir =
+          absl::StrCat(::testing::TempDir(), "/shard_test.", getpid(), ".", i);
       if (port == 0) {
         std::filesystem::remove_all(dir);
         dirs_.push_back(dir);

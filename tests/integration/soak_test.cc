@@ -15,10 +15,10 @@
 //     --gtest_filter='SoakTest.*'
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <random>
@@ -58,10 +58,12 @@ std::pair<long, int> RssAndFds() {
   long rss = -1;
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) rss = std::strtol(line.c_str() + 6, nullptr, 10);
+    if (line.rfind("VmRSS:", 0) == 0)
+      rss = std::strtol(line.c_str() + 6, nullptr, 10);
   }
   int fds = 0;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/fd")) {
     (void)entry;
     ++fds;
   }

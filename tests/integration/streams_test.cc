@@ -32,8 +32,8 @@ struct Reader {
   int reads_asked = 0;
   bool read_wanted = false;
   std::optional<StreamAction> write;
-  std::vector<std::string> messages;   // serialized messages written
-  std::vector<StreamAction> chunks;    // chunk writes
+  std::vector<std::string> messages;  // serialized messages written
+  std::vector<StreamAction> chunks;   // chunk writes
   bool finished = false;
   absl::Status status;
   int actions_after_finish = 0;
@@ -270,10 +270,10 @@ TEST_F(StreamsTest, Sync_BadHeaders_EachItsStatus) {
   std::vector<Case> cases;
   cases.push_back({"unknown job", Header(a, 0), absl::StatusCode::kNotFound});
   cases.back().header.mutable_header()->set_job_id("nope");
-  cases.push_back(
-      {"malformed member", Header("xyz", 0), absl::StatusCode::kInvalidArgument});
-  cases.push_back({"no fingerprint", Header(a, 0),
+  cases.push_back({"malformed member", Header("xyz", 0),
                    absl::StatusCode::kInvalidArgument});
+  cases.push_back(
+      {"no fingerprint", Header(a, 0), absl::StatusCode::kInvalidArgument});
   cases.back().header.mutable_header()->set_layout_fingerprint(0);
   cases.push_back({"other fingerprint", Header(a, 0),
                    absl::StatusCode::kFailedPrecondition});
@@ -283,8 +283,8 @@ TEST_F(StreamsTest, Sync_BadHeaders_EachItsStatus) {
     ASSERT_TRUE(s->reader.TakeRead());
     s->machine->OnMessage(c.header);
     ASSERT_TRUE(s->reader.finished) << c.name;
-    EXPECT_EQ(s->reader.status.code(), c.code) << c.name << ": "
-                                               << s->reader.status;
+    EXPECT_EQ(s->reader.status.code(), c.code)
+        << c.name << ": " << s->reader.status;
     EXPECT_FALSE(s->reader.status.message().empty()) << c.name;
     EXPECT_EQ(s->machine->job(), nullptr) << c.name;
   }
@@ -404,10 +404,11 @@ TEST_F(StreamsTest, Sync_WriteFails_CancelledAndNoMoreWrites) {
 TEST_F(StreamsTest, Sync_Admission_RefusedStatusOrHeldUntilJustBeforeFinish) {
   const std::string a = Join("a");
   {
-    auto s = NewSync([](const std::string&, const std::string&)
-                         -> absl::StatusOr<std::shared_ptr<void>> {
-      return absl::ResourceExhaustedError("too many streams");
-    });
+    auto s = NewSync(
+        [](const std::string&,
+           const std::string&) -> absl::StatusOr<std::shared_ptr<void>> {
+          return absl::ResourceExhaustedError("too many streams");
+        });
     ASSERT_TRUE(s->reader.TakeRead());
     s->machine->OnMessage(Header(a, 0));
     ASSERT_TRUE(s->reader.finished);
@@ -415,14 +416,15 @@ TEST_F(StreamsTest, Sync_Admission_RefusedStatusOrHeldUntilJustBeforeFinish) {
   }
   std::weak_ptr<int> held;
   std::string admitted_job, admitted_member;
-  auto s = NewSync([&](const std::string& job_id, const std::string& member)
-                       -> absl::StatusOr<std::shared_ptr<void>> {
-    admitted_job = job_id;
-    admitted_member = member;
-    auto slot = std::make_shared<int>(1);
-    held = slot;
-    return std::shared_ptr<void>(slot);
-  });
+  auto s = NewSync(
+      [&](const std::string& job_id,
+          const std::string& member) -> absl::StatusOr<std::shared_ptr<void>> {
+        admitted_job = job_id;
+        admitted_member = member;
+        auto slot = std::make_shared<int>(1);
+        held = slot;
+        return std::shared_ptr<void>(slot);
+      });
   bool released_before_finish = false;
   s->reader.on_finish = [&] { released_before_finish = held.expired(); };
   SendAll(*s, a, 0, Values(1));

@@ -91,19 +91,23 @@ absl::Status ReadmeSnippet(const std::string& target, int world,
   options.target = target;
   options.job_id = "my-run";
   options.settings.local_sgd_steps = 16;
-  options.settings.rendezvous_members = world;   // first rounds wait for everyone
+  options.settings.rendezvous_members =
+      world;  // first rounds wait for everyone
   auto client = localsgd::Client::Create(options).value();  // aborts on error
   localsgd::LocalSGDOptions local_sgd_options;
   local_sgd_options.local_sgd_steps = 16;
   auto local_sgd =
-      localsgd::LocalSGD::Create(*model, client.get(), local_sgd_options).value();
+      localsgd::LocalSGD::Create(*model, client.get(), local_sgd_options)
+          .value();
   for (auto& batch : loader) {
     optimizer.zero_grad();
     loss_fn(model->forward(batch.data), batch.target).backward();
     optimizer.step();
-    if (absl::Status s = local_sgd->Step(); !s.ok()) return s;  // every 16th: average
+    if (absl::Status s = local_sgd->Step(); !s.ok())
+      return s;  // every 16th: average
   }
-  if (absl::Status s = local_sgd->Close(); !s.ok()) return s;  // accelerate's __exit__
+  if (absl::Status s = local_sgd->Close(); !s.ok())
+    return s;  // accelerate's __exit__
   return client->Leave();
 }
 
@@ -128,8 +132,8 @@ TEST_F(SnippetsTest, ClientH_TypicalUse_Runs) {
 
 TEST_F(SnippetsTest, LocalSgdH_TypicalUse_Runs) {
   torch::nn::Linear model(4, 2);
-  EXPECT_TRUE(LocalSgdSnippet(testkit::Target(*server_), model.ptr().get(), 32)
-                  .ok());
+  EXPECT_TRUE(
+      LocalSgdSnippet(testkit::Target(*server_), model.ptr().get(), 32).ok());
 }
 
 TEST_F(SnippetsTest, Readme_TrainWithIt_Runs) {
@@ -140,9 +144,9 @@ TEST_F(SnippetsTest, Readme_TrainWithIt_Runs) {
   for (int i = 0; i < 40; ++i) {
     loader.push_back({torch::randn({8, 4}), torch::randn({8, 1})});
   }
-  EXPECT_TRUE(ReadmeSnippet(testkit::Target(*server_), 1, model, optimizer,
-                            loader)
-                  .ok());
+  EXPECT_TRUE(
+      ReadmeSnippet(testkit::Target(*server_), 1, model, optimizer, loader)
+          .ok());
 }
 
 TEST(SnippetsCompile, NodeGroupH_IsReferenced) {

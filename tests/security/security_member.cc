@@ -52,8 +52,7 @@ int main(int argc, char** argv) {
       {localsgd::TensorSpec{"w", {100}, localsgd::DType::kFloat32}});
   if (absl::Status s = (*client)->Join(layout); !s.ok()) return Fail(s);
   std::vector<float> params(100, 1.0f);
-  if (absl::Status s = (*client)->Initialize(absl::MakeSpan(params));
-      !s.ok()) {
+  if (absl::Status s = (*client)->Initialize(absl::MakeSpan(params)); !s.ok()) {
     return Fail(s);
   }
   auto outcome = (*client)->Sync(absl::MakeSpan(params));

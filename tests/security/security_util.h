@@ -79,7 +79,6 @@ leaf other_server "/CN=localhost" other_ca "$SERVER"
   std::string error_;
 };
 
-
 }  // namespace security_test
 }  // namespace localsgd
 

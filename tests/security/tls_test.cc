@@ -135,7 +135,8 @@ TEST_F(TlsTest, MutualTls_PlaintextClient_IsRefused) {
 
 // A member is bound to the client certificate it joined with: another
 // certificate of the same CA cannot act as it, and its round is unaffected.
-TEST_F(TlsTest, MemberBinding_OtherCertificate_PermissionDeniedRoundUnaffected) {
+TEST_F(TlsTest,
+       MemberBinding_OtherCertificate_PermissionDeniedRoundUnaffected) {
   Start(true);
   RawClient x(Channel(*server_, Security("ca", "client_a")));
   RawClient y(Channel(*server_, Security("ca", "client_b")));
@@ -152,8 +153,8 @@ TEST_F(TlsTest, MemberBinding_OtherCertificate_PermissionDeniedRoundUnaffected) 
             grpc::StatusCode::PERMISSION_DENIED);
   const grpc::Status sync = y.Sync("job", xid, 1, poison);
   EXPECT_EQ(sync.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_TRUE(absl::StrContains(sync.error_message(),
-                                "bound to other credentials"))
+  EXPECT_TRUE(
+      absl::StrContains(sync.error_message(), "bound to other credentials"))
       << sync.error_message();
   EXPECT_EQ(y.Leave("job", xid).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);

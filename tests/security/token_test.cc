@@ -56,15 +56,13 @@ class TokenTest : public ::testing::Test {
 
   // Every RPC of `raw` for job/member must end with `code`.
   static void ExpectEveryRpc(RawClient& raw, const std::string& job,
-                             const std::string& member,
-                             grpc::StatusCode code) {
+                             const std::string& member, grpc::StatusCode code) {
     EXPECT_EQ(raw.Join(job, "intruder", nullptr).error_code(), code);
     EXPECT_EQ(raw.Heartbeat(job, member).error_code(), code);
     EXPECT_EQ(raw.FetchState(job, member).error_code(), code);
-    EXPECT_EQ(
-        raw.Sync(job, member, 1, std::vector<float>(kElements, 1e6f))
-            .error_code(),
-        code);
+    EXPECT_EQ(raw.Sync(job, member, 1, std::vector<float>(kElements, 1e6f))
+                  .error_code(),
+              code);
     EXPECT_EQ(raw.Leave(job, member).error_code(), code);
     v1::GetJobStatusResponse status;
     EXPECT_EQ(raw.GetJobStatus(job, &status).error_code(), code);
@@ -123,7 +121,8 @@ TEST_F(TokenTest, JobNotInTokenFile_IsRefusedEvenWithAValidToken) {
 TEST_F(TokenTest, RightToken_ClientJoinsAndSyncsExactMean) {
   auto m0 = JoinedClient(Options("job-a", "m0", token_a_));
   ClientOptions file_options = Options("job-a", "m1", "");
-  file_options.security.token_file = dir_.Write("a.token", "  " + token_a_ + "\n");
+  file_options.security.token_file =
+      dir_.Write("a.token", "  " + token_a_ + "\n");
   auto m1 = JoinedClient(file_options);
   ASSERT_NE(m0, nullptr);
   ASSERT_NE(m1, nullptr);
@@ -234,8 +233,7 @@ TEST_F(TokenTest, Isolation_MemberOfAHasNoWayIntoB) {
             grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(a.Sync("job-a", b1, 1, poison).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(a.Heartbeat("job-a", b1).error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(a.Heartbeat("job-a", b1).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_TRUE(a.Leave("job-a", b1).ok());  // Leave is idempotent
   EXPECT_TRUE(b.Heartbeat("job-b", b1).ok()) << "b1 must still be a member";
 

@@ -50,8 +50,7 @@ inline Layout LayoutOfSizes(const std::vector<int64_t>& sizes,
                             const std::string& prefix = "t") {
   std::vector<TensorSpec> tensors;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    tensors.push_back(
-        {absl::StrCat(prefix, i), {sizes[i]}, DType::kFloat32});
+    tensors.push_back({absl::StrCat(prefix, i), {sizes[i]}, DType::kFloat32});
   }
   return MakeLayout(std::move(tensors));
 }
@@ -281,7 +280,6 @@ class RawClient {
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::string authorization_;
 };
-
 
 // Two joined clients of one job: `a` seeds zeros, `b` adopts them; then a
 // round where a sends 1 and b sends 3 must give both exactly 2.
