@@ -6,6 +6,7 @@
 #ifndef LOCALSGD_CLIENT_CHANNEL_SECURITY_H_
 #define LOCALSGD_CLIENT_CHANNEL_SECURITY_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -30,9 +31,13 @@ struct ChannelSecurity {
   std::string token_file;
 
   // INVALID_ARGUMENT naming the fields that do not go together; `prefix`
-  // goes before field names in the message (e.g. "ClientOptions.security.",
-  // "--"). Files are read when the channel is made.
+  // goes before field names in the message (e.g. "ClientOptions.security.").
+  // Files are read when the channel is made.
   absl::Status Validate(absl::string_view prefix = "") const;
+  // The same, with `name_of(field)` naming each field in the message (e.g.
+  // the command-line flag that sets it).
+  absl::Status Validate(
+      const std::function<std::string(absl::string_view field)>& name_of) const;
 };
 
 }  // namespace localsgd

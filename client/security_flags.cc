@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA bundle that signed the coordinator's certificate; set: TLS "
@@ -27,20 +28,16 @@ absl::StatusOr<ChannelSecurity> ChannelSecurityFromFlags() {
   s.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   s.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   s.token_file = absl::GetFlag(FLAGS_token_file);
-  // The flag names differ from the fields' (--tls_ca is tls_ca_file): name
-  // the flags in the message.
-  if (s.tls_cert_file.empty() != s.tls_key_file.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls_cert and --tls_key go together (mutual TLS): give both or "
-        "neither");
+  // The flags' names are not the fields' (--tls_ca sets tls_ca_file).
+  if (absl::Status v = s.Validate([](absl::string_view field) -> std::string {
+        if (field == "tls_ca_file") return "--tls_ca";
+        if (field == "tls_cert_file") return "--tls_cert";
+        if (field == "tls_key_file") return "--tls_key";
+        return absl::StrCat("--", field);
+      });
+      !v.ok()) {
+    return v;
   }
-  if (s.tls_ca_file.empty() &&
-      (!s.tls_cert_file.empty() || !s.tls_server_name.empty())) {
-    return absl::InvalidArgumentError(
-        "--tls_cert / --tls_server_name need --tls_ca (the CA that signed the "
-        "coordinator's certificate)");
-  }
-  if (absl::Status v = s.Validate("--"); !v.ok()) return v;
   return s;
 }
 
