@@ -60,12 +60,12 @@ absl::Status HandleJoin(Coordinator& coordinator,
                         const v1::JoinRequest& request, std::string principal,
                         uint64_t max_message_bytes,
                         v1::JoinResponse* response) {
-  // Before decoding it: a layout's cost is its tensor count.
-  const uint32_t max_tensors = coordinator.options().max_tensors;
-  if (static_cast<uint64_t>(request.layout().tensors_size()) > max_tensors) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("layout has ", request.layout().tensors_size(),
-                     " tensors, more than ", max_tensors, " (--max_tensors)"));
+  // Before decoding the layout: its cost is its tensor count. (The core
+  // checks the same for its direct callers.)
+  if (absl::Status s = CheckTensorCount(request.layout().tensors_size(),
+                                        coordinator.options().max_tensors);
+      !s.ok()) {
+    return s;
   }
   absl::StatusOr<JoinRequestParams> params =
       JoinParamsFromProto(request, std::move(principal));

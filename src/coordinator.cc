@@ -25,6 +25,13 @@ absl::Status ValidateJobId(absl::string_view job_id) {
   return absl::OkStatus();
 }
 
+absl::Status CheckTensorCount(uint64_t tensors, uint32_t max_tensors) {
+  if (tensors <= max_tensors) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("layout has ", tensors, " tensors, more than ", max_tensors,
+                   " (--max_tensors)"));
+}
+
 absl::Status CoordinatorOptions::Validate() const {
   if (job_idle_ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("job_idle_ttl must be >= 0 (0: never)");
@@ -176,10 +183,10 @@ absl::StatusOr<uint64_t> Coordinator::CheckJoin(
       !s.ok()) {
     return s;
   }
-  if (params.layout.tensors.size() > options_.max_tensors) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "layout has ", params.layout.tensors.size(), " tensors, more than ",
-        options_.max_tensors, " (--max_tensors)"));
+  if (absl::Status s =
+          CheckTensorCount(params.layout.tensors.size(), options_.max_tensors);
+      !s.ok()) {
+    return s;
   }
   if (absl::Status s = TakeJoinToken(job_id, params.member_name); !s.ok()) {
     return s;

@@ -180,6 +180,10 @@ class Coordinator {
 // Whether `job_id` is a valid job id: [A-Za-z0-9._-]{1,128}.
 absl::Status ValidateJobId(absl::string_view job_id);
 
+// RESOURCE_EXHAUSTED if a layout of `tensors` tensors exceeds
+// CoordinatorOptions::max_tensors.
+absl::Status CheckTensorCount(uint64_t tensors, uint32_t max_tensors);
+
 }  // namespace localsgd
 
 #endif  // LOCALSGD_SRC_COORDINATOR_H_
