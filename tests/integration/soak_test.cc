@@ -11,7 +11,7 @@
 //   LOCALSGD_SOAK_KILL_RATE (0.25: the chance a round has a member that dies
 //   in it). Every 100 rounds it prints the process's RSS and open file
 //   descriptors (the coordinator and the clients share the process):
-//   LOCALSGD_SOAK_ROUNDS=2000 build/tests/integration/integration_tests \
+//   LOCALSGD_SOAK_ROUNDS=2000 build/tests/integration/integration_tests
 //     --gtest_filter='SoakTest.*'
 
 #include <cmath>
