@@ -480,6 +480,7 @@ class Client::Replica {
   absl::StatusOr<SyncOutcome> Rejoin(const Layout& layout,
                                      absl::Span<float> params) {
     const RoundId trained_from = state_round_;
+    const uint32_t last_contributors = last_contributors_;
     const ShardSpec shard = shard_;
     if (absl::Status s = Join(layout, global_.num_elements(), &shard);
         !s.ok()) {
@@ -490,7 +491,8 @@ class Client::Replica {
         DecideRejoin(info_.has_state, info_.state_round, trained_from);
     switch (decision.action) {
       case RejoinAction::kReseedThenContribute:
-        outcome = ReseedThenContribute(layout, params);
+        outcome = ReseedThenContribute(
+            layout, SeedOrigin{trained_from, last_contributors}, params);
         break;
       case RejoinAction::kContribute:
         outcome = SyncRound(layout, decision.round, params);
@@ -513,11 +515,16 @@ class Client::Replica {
     return outcome;
   }
 
-  // The coordinator lost the job: re-seed it (or adopt another member's
-  // re-seed), then contribute these parameters to its first round, as the
-  // members that re-join after the seed do: so every member takes part in
-  // that round and none waits for one that already returned.
+  // The coordinator lost the job: re-seed it at `origin` (the round of the
+  // state these parameters grew from, and how many contributed to it), or
+  // adopt another member's re-seed, then contribute these parameters to its
+  // next round, as the members that re-join after the seed do: so every
+  // member takes part in that round and none waits for one that already
+  // returned. The seed round keeps the job's numbering in step with the
+  // other replicas, and the re-seeded job regathers until the contributors
+  // are back or a lease has passed (SyncHeader.seed_round).
   absl::StatusOr<SyncOutcome> ReseedThenContribute(const Layout& layout,
+                                                   const SeedOrigin& origin,
                                                    absl::Span<float> params) {
     std::vector<float> own;
     own.reserve(local_.num_elements());
@@ -525,7 +532,7 @@ class Client::Replica {
       const absl::Span<const float> slice = Slice(params, j);
       own.insert(own.end(), slice.begin(), slice.end());
     }
-    absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, 0, params);
+    absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, 0, params, origin);
     if (!outcome.ok()) return outcome;
     for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
       const auto from =
@@ -535,10 +542,11 @@ class Client::Replica {
     return SyncRound(layout, state_round_ + 1, params);
   }
 
-  // Sends the replica's chunks of `params` for `round` (0: seed) and stores
-  // the result in them.
+  // Sends the replica's chunks of `params` for `round` (0: seed, continuing
+  // `origin`) and stores the result in them.
   absl::StatusOr<SyncOutcome> SyncRound(const Layout& layout, RoundId round,
-                                        absl::Span<float> params) {
+                                        absl::Span<float> params,
+                                        const SeedOrigin& origin = {}) {
     const DType wire = info_.settings.wire_dtype;
     SyncOutcome outcome;
     absl::Status status = WithRetries(
@@ -552,6 +560,8 @@ class Client::Replica {
           header->set_job_id(options_.job_id);
           header->set_member_id(info_.member_id.str());
           header->set_round(round);
+          header->set_seed_round(origin.round);
+          header->set_seed_contributors(origin.contributors);
           header->set_layout_fingerprint(layout.fingerprint);
           bool writing = stream.Write(SerializeMessage(request));
           for (uint32_t c = 0; writing && c < local_.num_chunks(); ++c) {
@@ -608,6 +618,7 @@ class Client::Replica {
         });
     if (!status.ok()) return status;
     state_round_ = outcome.round;
+    if (round != 0) last_contributors_ = outcome.contributors;
     return outcome;
   }
 
@@ -687,6 +698,9 @@ class Client::Replica {
   ChunkGeometry global_;  // the whole layout
   ChunkGeometry local_;   // this replica's chunks, back to back
   RoundId state_round_ = 0;
+  // Contributors of the last round this member saw close here (a re-seed
+  // waits for as many: SeedOrigin).
+  uint32_t last_contributors_ = 0;
   std::thread heartbeat_;
 
   absl::Mutex mu_;

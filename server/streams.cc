@@ -147,9 +147,11 @@ void SyncServerStream::OnHeader(const v1::SyncHeader& header) {
       callback_pending_ = true;
     }
     absl::StatusOr<std::unique_ptr<SyncSession>> session = job->BeginSync(
-        member, header.round(), [this](absl::StatusOr<SyncResult> result) {
+        member, header.round(),
+        [this](absl::StatusOr<SyncResult> result) {
           OnResult(std::move(result));
-        });
+        },
+        SeedOrigin{header.seed_round(), header.seed_contributors()});
     absl::MutexLock lock(&mu_);
     if (!session.ok()) {
       callback_pending_ = false;

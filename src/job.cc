@@ -129,6 +129,7 @@ Gathering Job::GatheringLocked() const {
   g.rendezvous_pending = !rendezvous_done_;
   g.rendezvous_members = settings_.rendezvous_members;
   g.regather_until = regather_until_;
+  g.regather_members = regather_members_;
   return g;
 }
 
@@ -311,8 +312,34 @@ absl::StatusOr<RoundId> Job::Heartbeat(const MemberId& member) {
   return state_ != nullptr ? state_->round : 0;
 }
 
+namespace {
+
+absl::Status CheckSeedOrigin(absl::string_view member, RoundId round,
+                             const SeedOrigin& origin) {
+  if ((origin.round != 0 || origin.contributors != 0) && round != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Sync header of member ", member, " for round ", round,
+        " names seed_round ", origin.round, " and seed_contributors ",
+        origin.contributors, "; these go only with round 0 (a seed)"));
+  }
+  if (origin.contributors != 0 && origin.round == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Sync header of member ", member, " names seed_contributors ",
+        origin.contributors, " without a seed_round; they go with a re-seed"));
+  }
+  if (origin.round > kMaxSeedRound) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Sync header of member ", member, " names seed_round ",
+                     origin.round, "; at most ", kMaxSeedRound));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
-    const MemberId& member, RoundId round, SyncCallback done) {
+    const MemberId& member, RoundId round, SyncCallback done,
+    SeedOrigin origin) {
   const absl::Time now = clock_->Now();
   Deferred deferred;
   std::unique_ptr<SyncSession> session;
@@ -321,11 +348,14 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
     if (stopped_) return Stopping();
     const MemberInfo* info = FindMemberLocked(member, now);
     if (info == nullptr) return MemberNotFound(member);
+    if (absl::Status s = CheckSeedOrigin(info->name, round, origin); !s.ok()) {
+      return s;
+    }
     if (round == 0) {
       if (state_ == nullptr && seed_ == nullptr && draining_) {
         return Draining("starts no seed");
       }
-      session = BeginSeedLocked(*info, std::move(done), deferred);
+      session = BeginSeedLocked(*info, origin, std::move(done), deferred);
     } else if (state_ == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("job '", id_,
@@ -360,6 +390,7 @@ std::unique_ptr<SyncSession> Job::NewSession(const MemberId& member,
 }
 
 std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
+                                                  const SeedOrigin& origin,
                                                   SyncCallback done,
                                                   Deferred& deferred) {
   if (state_ != nullptr) {
@@ -372,10 +403,15 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
   if (seed_ == nullptr) {
     seed_ = std::make_unique<Seed>();
     seed_->owner = member.id;
+    seed_->origin = origin;
     seed_->values = TakeBufferLocked();
     seed_->got.assign(geometry_.num_chunks(), false);
     LOG(INFO) << "job " << id_ << ": " << member.name
-              << " seeds the global state";
+              << (origin.round == 0
+                      ? std::string(" seeds the global state")
+                      : absl::StrCat(" re-seeds the global state at round ",
+                                     origin.round, " (", origin.contributors,
+                                     " contributed to it)"));
   }
   const bool owner = seed_->owner == member.id;
   const uint64_t waiter_id = next_waiter_id_++;
@@ -708,7 +744,7 @@ void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
 void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   std::unique_ptr<Seed> seed = std::move(seed_);
   RoundRecord record;
-  record.round = 0;
+  record.round = seed->origin.round;
   record.reason = CloseReason::kSeed;
   record.opened = now;
   record.closed = now;
@@ -722,8 +758,17 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   record.contributors = {name};
   record.contributor_ids.insert(seed->owner);
   record.contributor_weight = weight;
+  const SeedOrigin origin = seed->origin;
   CommitLocked(std::move(record), std::move(seed->values),
                std::move(seed->waiters), /*refused=*/{}, deferred);
+  if (origin.round > 0) {
+    // A re-seed of a job its coordinator lost: its members come back one by
+    // one, as after a restore (RestoreState), and the re-seeder says how
+    // many to wait for.
+    rendezvous_done_ = true;
+    regather_until_ = now + policy_.lease_ttl;
+    regather_members_ = origin.contributors;
+  }
 }
 
 void Job::CommitLocked(RoundRecord record, std::vector<float> values,
@@ -740,6 +785,11 @@ void Job::CommitLocked(RoundRecord record, std::vector<float> values,
   state->values = std::move(values);
   std::shared_ptr<StateSnapshot> old = std::move(state_);
   state_ = state;
+  if (record.reason != CloseReason::kSeed && regather_members_ > 0) {
+    // A re-seed's regather lasts its first round.
+    regather_members_ = 0;
+    regather_until_ = absl::InfinitePast();
+  }
   // Recycle the old state's memory for the next accumulator unless a stream
   // (or the checkpointer) still reads it: fresh pages cost ~20x more than
   // reused ones.
@@ -757,8 +807,8 @@ void Job::CommitLocked(RoundRecord record, std::vector<float> values,
     // Not counted: late, unless dropped for non-finite values (it was on
     // time, and refused) or adopting the seed (there was nothing to be late
     // for).
-    result.late =
-        !result.contributed && record.round != 0 && !refused.contains(w.member);
+    result.late = !result.contributed && record.reason != CloseReason::kSeed &&
+                  !refused.contains(w.member);
     result.contributors = static_cast<uint32_t>(record.contributors.size());
     result.contributor_weight = record.contributor_weight;
     result.state = state;
@@ -772,7 +822,9 @@ void Job::CommitLocked(RoundRecord record, std::vector<float> values,
 
 void Job::ReportCommitLocked(const RoundRecord& record, Deferred& deferred) {
   if (record.reason == CloseReason::kSeed) {
-    LOG(INFO) << "job " << id_ << ": seeded by " << record.contributors[0];
+    LOG(INFO) << "job " << id_ << ": seeded by " << record.contributors[0]
+              << (record.round > 0 ? absl::StrCat(" at round ", record.round)
+                                   : std::string());
   } else {
     LOG(INFO) << "job " << id_ << ": round " << record.round << " closed ("
               << CloseReasonName(record.reason) << ") in "

@@ -3,9 +3,10 @@
 //
 // Rounds. The state after round r is the average of the contributions to r.
 // Round 0 is the seed: the first member to send it makes its parameters the
-// state. Round L+1 (L = round of the current state) opens at the first
-// contribution for it; its participants are the members active then whose
-// first round is <= L+1. It closes when
+// state (of round 0, or of the seed round the seeding member names: a re-seed
+// of a job its coordinator lost; see BeginSync). Round L+1 (L = round of the
+// current state) opens at the first contribution for it; its participants are
+// the members active then whose first round is <= L+1. It closes when
 //   (COMPLETE)      every participant has contributed every chunk, or
 //   (MEMBERS_GONE)  every participant has either contributed every chunk or
 //                   left / lost its lease, or
@@ -265,10 +266,20 @@ class Job : public std::enable_shared_from_this<Job> {
   // abandoned) or UNAVAILABLE (the job stops). Errors: NOT_FOUND (member),
   // FAILED_PRECONDITION (no state yet for round >= 1; round ahead of the
   // open round), UNAVAILABLE (stopping; or draining and the Sync would open
-  // a new round or start a seed).
+  // a new round or start a seed), INVALID_ARGUMENT (an `origin` with a
+  // round other than 0, contributors without a round, or a round above
+  // kMaxSeedRound).
+  //
+  // `origin` (round 0 only): what the seed continues. A re-seed
+  // (origin.round > 0) makes the state round origin.round, so that numbering
+  // goes on in step with the other shards, and the job's next round
+  // regathers as after RestoreState, until it has origin.contributors
+  // participants (if > 0) or one lease TTL has passed. Whoever owns the
+  // seed names its origin; members adopting it get its round.
   absl::StatusOr<std::unique_ptr<SyncSession>> BeginSync(const MemberId& member,
                                                          RoundId round,
-                                                         SyncCallback done)
+                                                         SyncCallback done,
+                                                         SeedOrigin origin = {})
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The current state. NOT_FOUND (member), FAILED_PRECONDITION (no state).
@@ -326,6 +337,7 @@ class Job : public std::enable_shared_from_this<Job> {
   };
   struct Seed {
     MemberId owner;
+    SeedOrigin origin;  // the state will be of round origin.round
     std::vector<float> values;
     std::vector<bool> got;
     uint32_t received = 0;
@@ -347,6 +359,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // BeginSync, one function per kind: round 0 (seed or adopt the seed), a
   // round that has closed (adopt), the open or next round.
   std::unique_ptr<SyncSession> BeginSeedLocked(const MemberInfo& member,
+                                               const SeedOrigin& origin,
                                                SyncCallback done,
                                                Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -465,6 +478,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // After a restore, until this time an open round admits members that join
   // (again) and does not close before it (see RestoreState).
   absl::Time regather_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // After a re-seed: the regather also ends once the open round has this
+  // many participants (0: only at regather_until_); it lasts one round.
+  uint32_t regather_members_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };

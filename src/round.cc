@@ -57,10 +57,14 @@ CloseDecision DecideClose(const Participants& participants, absl::Time opened,
   // Stays open: say why.
   std::vector<std::string> reasons;
   if (gathering_now) {
-    if (now < gathering.regather_until) {
+    if (gathering.Regathering(participants.size(), now)) {
       reasons.push_back(absl::StrCat(
           "regathering members after a restart until ",
-          absl::FormatTime(gathering.regather_until, absl::UTCTimeZone())));
+          absl::FormatTime(gathering.regather_until, absl::UTCTimeZone()),
+          gathering.regather_members > 0
+              ? absl::StrCat(" or until ", gathering.regather_members,
+                             " are back (", participants.size(), " so far)")
+              : std::string()));
     } else {
       reasons.push_back(absl::StrCat("gathering: ", participants.size(), " of ",
                                      gathering.rendezvous_members,

@@ -52,12 +52,19 @@ struct Gathering {
   // the open round gathers.
   bool rendezvous_pending = false;
   uint32_t rendezvous_members = 0;
-  // After a restore, until this time (see Job::RestoreState).
+  // After a restore or a re-seed, until this time (see Job::RestoreState,
+  // Job::BeginSync), or (if > 0) until the round has regather_members
+  // participants.
   absl::Time regather_until = absl::InfinitePast();
+  uint32_t regather_members = 0;
 
+  bool Regathering(size_t participants, absl::Time now) const {
+    return now < regather_until &&
+           (regather_members == 0 || participants < regather_members);
+  }
   // Whether a round with `participants` participants gathers at `now`.
   bool Active(size_t participants, absl::Time now) const {
-    return now < regather_until ||
+    return Regathering(participants, now) ||
            (rendezvous_pending && participants < rendezvous_members);
   }
 };

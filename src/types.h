@@ -139,6 +139,21 @@ struct RoundOutcome {
   double contributor_weight = 0;
 };
 
+// The largest round a re-seed may name (Job::BeginSync): far beyond any
+// real job, and far from overflowing the round arithmetic.
+inline constexpr RoundId kMaxSeedRound = RoundId{1} << 48;
+
+// What a seed continues (SyncHeader.seed_round, Job::BeginSync). A new
+// job's seed is round 0. A member re-seeding a job that its coordinator
+// lost names the round of the state its parameters were trained from, and
+// how many members contributed to that round as it last saw it: the job's
+// numbering goes on from that round, and its next round regathers until
+// that many members are back in it (for at most one lease TTL).
+struct SeedOrigin {
+  RoundId round = 0;
+  uint32_t contributors = 0;
+};
+
 }  // namespace localsgd
 
 #endif  // LOCALSGD_SRC_TYPES_H_

@@ -392,6 +392,139 @@ TEST_F(JobTest, Sync_RoundOneBeforeSeed_ReturnsFailedPrecondition) {
   EXPECT_EQ(BeginStatus(b, 1).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A re-seed (seed_round > 0: a member re-seeding a job its coordinator
+// lost) makes the state that round, so numbering goes on from there; those
+// who adopt it get that round, not late. The next round regathers for one
+// lease: the re-seeder alone does not close it, a member that joins meanwhile
+// takes part, and it closes at the lease's end with both.
+TEST_F(JobTest, Reseed_SeedRound_ContinuesNumberingAndRegathersForALease) {
+  const MemberId a = Join("a");
+  const MemberId b = Join("b");
+  SyncCapture ca, cb;
+  std::unique_ptr<SyncSession> sa =
+      job()->BeginSync(a, 0, ca.Callback(), SeedOrigin{5, 0}).value();
+  std::unique_ptr<SyncSession> sb =
+      job()->BeginSync(b, 0, cb.Callback(), SeedOrigin{5, 0}).value();
+  Send(*sa, Ramp(1));
+  ASSERT_TRUE(ca.fired() && cb.fired());
+  ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+  ASSERT_TRUE(cb.result().ok()) << cb.result().status();
+  EXPECT_EQ(ca.result()->round, 5u);
+  EXPECT_EQ(cb.result()->round, 5u);
+  EXPECT_FALSE(cb.result()->contributed);
+  EXPECT_FALSE(cb.result()->late) << "adopting a seed is never late";
+  ASSERT_EQ(Record(5).value().reason, CloseReason::kSeed);
+  const JoinResult late = TryJoin("late").value();
+  EXPECT_EQ(late.state_round, 5u);
+  ASSERT_TRUE(job()->Leave(late.member_id).ok());
+
+  SyncCapture ra, rb, rc;
+  std::unique_ptr<SyncSession> a6 = Contribute(a, 6, Ramp(2), ra);
+  std::unique_ptr<SyncSession> b6 = Contribute(b, 6, Ramp(4), rb);
+  coordinator_->Tick();
+  EXPECT_FALSE(ra.fired()) << "round 6 closed before the regather ended";
+  const MemberId c = Join("c");  // joins the open round
+  std::unique_ptr<SyncSession> c6 = Contribute(c, 6, Ramp(6), rc);
+  coordinator_->Tick();
+  EXPECT_FALSE(ra.fired());
+  clock_.Advance(policy_.lease_ttl);  // exactly: no lease runs out
+  coordinator_->Tick();
+  ASSERT_TRUE(ra.fired() && rb.fired() && rc.fired());
+  ASSERT_TRUE(rc.result().ok()) << rc.result().status();
+  EXPECT_EQ(rc.result()->round, 6u);
+  EXPECT_TRUE(rc.result()->contributed);
+  EXPECT_EQ(rc.result()->contributors, 3u);
+  EXPECT_EQ(ValuesOf(rc.result()), Ramp(4));
+}
+
+// A re-seed that says how many contributed to its round (3) regathers
+// until that many are back, not for the whole lease; and only for its first
+// round.
+TEST_F(JobTest, Reseed_WithContributors_RegatherEndsWhenTheyAreBack) {
+  const MemberId a = Join("a");
+  SyncCapture seed;
+  std::unique_ptr<SyncSession> s =
+      job()->BeginSync(a, 0, seed.Callback(), SeedOrigin{5, 3}).value();
+  Send(*s, Ramp(1));
+  ASSERT_TRUE(seed.fired());
+  SyncCapture ra, rb, rc;
+  std::unique_ptr<SyncSession> a6 = Contribute(a, 6, Ramp(2), ra);
+  const MemberId b = Join("b");
+  std::unique_ptr<SyncSession> b6 = Contribute(b, 6, Ramp(4), rb);
+  coordinator_->Tick();
+  EXPECT_FALSE(ra.fired()) << "closed with 2 of the 3 contributors back";
+  EXPECT_NE(job()->Status(1).open_round_decision.why_open.find(
+                "until 3 are back (2 so far)"),
+            std::string::npos)
+      << job()->Status(1).open_round_decision.why_open;
+  const MemberId c = Join("c");
+  std::unique_ptr<SyncSession> c6 = Contribute(c, 6, Ramp(6), rc);
+  ASSERT_TRUE(ra.fired() && rb.fired() && rc.fired())
+      << "the regather did not end with all 3 back";
+  EXPECT_EQ(rc.result()->contributors, 3u);
+  EXPECT_EQ(ValuesOf(rc.result()), Ramp(4));
+  // Round 7, still within the lease: no regather; b and c leave, and it
+  // closes without them.
+  SyncCapture r7;
+  std::unique_ptr<SyncSession> a7 = Contribute(a, 7, Ramp(2), r7);
+  ASSERT_TRUE(job()->Leave(b).ok());
+  ASSERT_TRUE(job()->Leave(c).ok());
+  ASSERT_TRUE(r7.fired()) << "round 7 regathered";
+  EXPECT_EQ(r7.result()->round, 7u);
+}
+
+// Fewer come back than the re-seed waits for: the round closes at the end
+// of the lease with those that did.
+TEST_F(JobTest, Reseed_WithContributors_FewerBack_ClosesAtTheLeaseEnd) {
+  const MemberId a = Join("a");
+  SyncCapture seed, ra;
+  std::unique_ptr<SyncSession> s =
+      job()->BeginSync(a, 0, seed.Callback(), SeedOrigin{2, 4}).value();
+  Send(*s, Ramp(1));
+  std::unique_ptr<SyncSession> a3 = Contribute(a, 3, Ramp(2), ra);
+  coordinator_->Tick();
+  EXPECT_FALSE(ra.fired());
+  clock_.Advance(policy_.lease_ttl);
+  coordinator_->Tick();
+  ASSERT_TRUE(ra.fired());
+  EXPECT_EQ(ra.result()->round, 3u);
+  EXPECT_EQ(ra.result()->contributors, 1u);
+}
+
+// A plain seed (seed_round 0) does not regather: the next round closes as
+// soon as its participants are in.
+TEST_F(JobTest, Seed_RoundZero_NextRoundDoesNotRegather) {
+  const MemberId a = Join("a");
+  Seed(a, Ramp(1));
+  SyncCapture ra;
+  std::unique_ptr<SyncSession> s = Contribute(a, 1, Ramp(2), ra);
+  ASSERT_TRUE(ra.fired());
+  EXPECT_EQ(ra.result()->round, 1u);
+}
+
+TEST_F(JobTest, Reseed_MalformedOrigin_InvalidArgumentAndNothingChanges) {
+  const MemberId a = Join("a");
+  Seed(a, Ramp(1));
+  SyncCapture c1, c2;
+  SyncCapture c3;
+  absl::Status s =
+      job()->BeginSync(a, 1, c1.Callback(), SeedOrigin{3, 0}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("only with round 0"), std::string::npos) << s;
+  s = job()
+          ->BeginSync(a, 0, c2.Callback(), SeedOrigin{kMaxSeedRound + 1, 0})
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("at most"), std::string::npos) << s;
+  s = job()->BeginSync(a, 0, c3.Callback(), SeedOrigin{0, 2}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("without a seed_round"), std::string::npos) << s;
+  EXPECT_FALSE(c1.fired() || c2.fired() || c3.fired());
+  // Nothing changed: the state is the seed's, round 0.
+  EXPECT_EQ(job()->Status(1).state_round, 0u);
+  EXPECT_EQ(StateValues(a), Ramp(1));
+}
+
 TEST_F(JobTest, Seed_BFloat16Wire_StoresDecodedValues) {
   Config config;
   config.wire = DType::kBFloat16;

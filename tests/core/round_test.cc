@@ -211,6 +211,18 @@ TEST(GatheringTest, Active_RendezvousOnlyWhilePendingAndShort) {
   done.rendezvous_pending = false;
   EXPECT_FALSE(done.Active(1, now));
   EXPECT_TRUE(Regather(absl::Seconds(1)).Active(5, now));
+  EXPECT_FALSE(Regather(absl::Seconds(1)).Active(5, now + absl::Seconds(1)));
+}
+
+// A re-seed's regather (regather_members > 0) ends early once that many are
+// back, and at regather_until at the latest.
+TEST(GatheringTest, Active_ReseedRegatherEndsWhenTheMembersAreBack) {
+  Gathering g = Regather(absl::Seconds(1));
+  g.regather_members = 3;
+  EXPECT_TRUE(g.Active(1, kOpened));
+  EXPECT_TRUE(g.Active(2, kOpened));
+  EXPECT_FALSE(g.Active(3, kOpened));
+  EXPECT_FALSE(g.Active(1, kOpened + absl::Seconds(1)));
 }
 
 // The accumulator and the mean rule against an independent computation:

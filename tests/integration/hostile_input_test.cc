@@ -1457,6 +1457,28 @@ std::vector<Row> Rows() {
         return std::vector<v1::SyncRequest>{h, env.ChunkOf(0, 100)};
       }),
       kPrecondition, "fingerprint");
+  add("Sync_SeedRoundWithRoundAboveZero_ReturnsInvalidArgument", kFp32,
+      SyncWith([](Env& env, const std::string& m) {
+        auto h = env.Header(m, env.next_round());
+        h.mutable_header()->set_seed_round(7);
+        return std::vector<v1::SyncRequest>{h, env.ChunkOf(0, 100)};
+      }),
+      kInvalid, "seed_round");
+  add("Sync_SeedRoundAboveLimit_ReturnsInvalidArgument", kFp32,
+      SyncWith([](Env& env, const std::string& m) {
+        auto h = env.Header(m, 0);
+        h.mutable_header()->set_seed_round(
+            std::numeric_limits<uint64_t>::max());
+        return std::vector<v1::SyncRequest>{h, env.ChunkOf(0, 100)};
+      }),
+      kInvalid, "seed_round");
+  add("Sync_SeedContributorsWithoutSeedRound_ReturnsInvalidArgument", kFp32,
+      SyncWith([](Env& env, const std::string& m) {
+        auto h = env.Header(m, 0);
+        h.mutable_header()->set_seed_contributors(3);
+        return std::vector<v1::SyncRequest>{h, env.ChunkOf(0, 100)};
+      }),
+      kInvalid, "seed_contributors");
   add("Sync_RoundFarInFuture_ReturnsFailedPrecondition", kFp32,
       SyncWith([](Env& env, const std::string& m) {
         return std::vector<v1::SyncRequest>{env.Header(m, 1000),

@@ -13,6 +13,8 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "src/clock.h"
+#include "src/job.h"
 #include "src/layout.h"
 #include "tests/testkit/testkit.h"
 
@@ -36,18 +38,26 @@ float Value(int m, uint64_t j, int round) {
 class ShardTest : public ::testing::Test {
  protected:
   void TearDown() override {
+    // Threads a failed test left blocked end once the replicas are gone
+    // (their retries give up after max_retry_time).
+    if (!threads_.empty()) {
+      for (auto& server : servers_) server->Shutdown(absl::ZeroDuration());
+      for (std::thread& t : threads_) t.join();
+    }
     clients_.clear();
     servers_.clear();
     for (const std::string& d : dirs_) std::filesystem::remove_all(d);
   }
 
   // Starts replica `i` of `count` on `port` (0: any), with a state dir if
-  // `with_state`.
+  // `with_state`, on `clock` (null: the real one).
   std::unique_ptr<CoordinatorServer> StartReplica(uint32_t i, uint32_t count,
-                                                  int port, bool with_state) {
+                                                  int port, bool with_state,
+                                                  Clock* clock = nullptr) {
     ServerOptions options = testkit::BaseServerOptions(kChunk);
     options.listen_address = absl::StrCat("127.0.0.1:", port);
     options.coordinator.shard = ShardSpec{i, count};
+    options.coordinator.clock = clock;
     // A restored replica regathers its members for one lease before its
     // first round closes: keep that short.
     options.coordinator.policy.lease_ttl = absl::Seconds(2);
@@ -115,13 +125,31 @@ class ShardTest : public ::testing::Test {
     }
   }
 
-  // Every member syncs Value(m, ., round) in parallel; returns the outcomes.
-  std::vector<SyncOutcome> SyncRound(int round) {
+  // Member m's parameters become Value(m, ., round).
+  void SetValues(int round) {
     for (size_t m = 0; m < clients_.size(); ++m) {
       for (uint64_t j = 0; j < n_; ++j) {
         params_[m][j] = Value(static_cast<int>(m), j, round);
       }
     }
+  }
+
+  // Member m's Sync, in a thread of threads_, into *outcome.
+  void StartSync(size_t m, absl::StatusOr<SyncOutcome>* outcome) {
+    threads_.emplace_back([this, m, outcome] {
+      *outcome = clients_[m]->Sync(absl::MakeSpan(params_[m]));
+    });
+  }
+
+  // Replica `i`'s view of the job (empty before any member joined it).
+  JobStatusSnapshot ReplicaStatus(size_t i) {
+    auto job = servers_[i]->coordinator()->FindJob("sharded");
+    return job.ok() ? (*job)->Status(/*max_rounds=*/4) : JobStatusSnapshot();
+  }
+
+  // Every member syncs Value(m, ., round) in parallel; returns the outcomes.
+  std::vector<SyncOutcome> SyncRound(int round) {
+    SetValues(round);
     std::vector<absl::StatusOr<SyncOutcome>> outcomes(clients_.size());
     std::vector<std::thread> threads;
     for (size_t m = 0; m < clients_.size(); ++m) {
@@ -155,8 +183,11 @@ class ShardTest : public ::testing::Test {
     }
   }
 
+  // Declared before the servers that may run on it: outlives them.
+  FakeClock clock_;
   std::vector<std::unique_ptr<CoordinatorServer>> servers_;
   std::vector<std::unique_ptr<Client>> clients_;
+  std::vector<std::thread> threads_;
   std::vector<std::vector<float>> params_;
   std::vector<double> weights_;
   std::vector<std::string> dirs_;
@@ -236,6 +267,60 @@ TEST_F(ShardTest, ReplicaRestart_WithoutState_ReseedsAndConverges) {
     EXPECT_EQ(params_[m], params_[0]) << "member " << m;
   }
   SyncRound(3);
+  ExpectExactMean(3);
+}
+
+// The interleaving that hung a job (issue 17.7), forced: replica 0 restarts
+// without its state, one member (m2) re-joins it, re-seeds it and
+// contributes before the others have noticed. The re-seed continues the
+// job's numbering (the state is round 1, as on replica 1) and the job
+// regathers until round 1's three contributors are back, so m2 does not
+// close round 2 alone; m0 and m1 re-join and take part in the same round 2.
+// Replica 0 runs on a fake clock that the test never advances: no lease
+// runs out, and the regather ends only by the members' return.
+TEST_F(ShardTest, ReplicaRestart_WithoutState_FirstReseederWaitsForTheOthers) {
+  StartReplicas(2);
+  JoinMembers({1.0, 2.0, 0.5});
+  SyncRound(1);
+  ExpectExactMean(1);
+  const int port = servers_[0]->port();
+  servers_[0]->Shutdown(absl::ZeroDuration());
+  servers_[0] = StartReplica(0, 2, port, /*with_state=*/false, &clock_);
+  ASSERT_NE(servers_[0], nullptr);
+
+  SetValues(2);
+  std::vector<absl::StatusOr<SyncOutcome>> outcomes(3);
+  StartSync(2, &outcomes[2]);
+  ASSERT_TRUE(testkit::AwaitCondition([&] {
+    const JobStatusSnapshot s = ReplicaStatus(0);
+    return s.has_state && s.round_open &&
+           s.open_round_contributed == std::vector<std::string>{"m2"};
+  })) << "m2 never re-seeded replica 0 and contributed to its open round";
+  {
+    const JobStatusSnapshot s = ReplicaStatus(0);
+    EXPECT_EQ(s.state_round, 1u) << "the re-seed continues round 1";
+    EXPECT_EQ(s.open_round, 2u);
+    EXPECT_NE(s.open_round_decision.why_open.find("regathering"),
+              std::string::npos)
+        << s.open_round_decision.why_open;
+  }
+  // m2 saw 3 contributors in round 1: the regather ends when m0 and m1 are
+  // back (the fake clock never ends it).
+  StartSync(0, &outcomes[0]);
+  StartSync(1, &outcomes[1]);
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  for (size_t m = 0; m < outcomes.size(); ++m) {
+    ASSERT_TRUE(outcomes[m].ok())
+        << "member " << m << ": " << outcomes[m].status();
+    EXPECT_EQ(outcomes[m]->round, 2u) << "member " << m;
+    EXPECT_TRUE(outcomes[m]->contributed) << "member " << m;
+    EXPECT_EQ(outcomes[m]->contributors, 3u) << "member " << m;
+    EXPECT_TRUE(outcomes[m]->rejoined) << "member " << m;
+  }
+  ExpectExactMean(2);
+  const std::vector<SyncOutcome> next = SyncRound(3);
+  for (const SyncOutcome& o : next) EXPECT_EQ(o.round, 3u);
   ExpectExactMean(3);
 }
 

@@ -411,15 +411,16 @@ TEST(ElasticTest, Sync_CoordinatorRestartedWithoutState_ReseedsAndContinues) {
   ASSERT_TRUE(restarted.ok()) << restarted.status();
 
   // Each member trains on (here: sets its values) and syncs until it holds
-  // round 3, as a training loop would. Whoever comes back first re-seeds the
-  // job; the other contributes or adopts; the rendezvous makes round 1 wait
-  // for both, and both average every round after.
+  // round 4, as a training loop would. Whoever comes back first re-seeds the
+  // job at round 3 (numbering goes on); the other contributes or adopts; the
+  // re-seed's regather (2 contributed to round 3) makes round 4 wait for
+  // both, and both average every round after.
   std::vector<absl::StatusOr<SyncOutcome>> first(2);
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
       bool first_sync = true;
-      while (clients[i]->state_round() < 3 || first_sync) {
+      while (clients[i]->state_round() < 4 || first_sync) {
         std::fill(params[i].begin(), params[i].end(), 5.0f + 2 * i);
         absl::StatusOr<SyncOutcome> o =
             clients[i]->Sync(absl::MakeSpan(params[i]));
@@ -433,9 +434,11 @@ TEST(ElasticTest, Sync_CoordinatorRestartedWithoutState_ReseedsAndContinues) {
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(first[i].ok()) << first[i].status();
     EXPECT_TRUE(first[i]->rejoined) << "member " << i;
-    EXPECT_EQ(clients[i]->state_round(), 3u);
+    EXPECT_EQ(first[i]->round, 4u) << "member " << i;
+    EXPECT_TRUE(first[i]->contributed) << "member " << i;
+    EXPECT_EQ(clients[i]->state_round(), 4u);
   }
-  // Round 3 averaged both: 5 and 7.
+  // Round 4 averaged both: 5 and 7.
   EXPECT_EQ(params[0], params[1]);
   for (float v : params[0]) EXPECT_EQ(v, 6.0f);
 }

@@ -99,6 +99,20 @@ class TempDir {
   std::string path_;
 };
 
+// Waits until `condition()` holds, checking every 5 ms, for at most
+// `timeout`; returns whether it held. For conditions that no notification
+// announces (a coordinator's status, seen from a test).
+template <typename Condition>
+bool AwaitCondition(Condition condition,
+                    absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (!condition()) {
+    if (absl::Now() >= give_up) return false;
+    absl::SleepFor(absl::Milliseconds(5));  // polling the condition
+  }
+  return true;
+}
+
 // 32 random hex digits.
 inline std::string RandomToken() {
   static absl::BitGen* gen = new absl::BitGen();
