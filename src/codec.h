@@ -25,7 +25,7 @@ inline uint16_t FloatToBFloat16(float f) {
   const uint32_t rounded = (bits + rounding_bias) >> 16;
   const uint32_t quiet_nan = (bits >> 16) | 0x0040u;  // keep NaN a NaN
   return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan
-                                                                   : rounded);
+                                                                  : rounded);
 }
 inline float BFloat16ToFloat(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;
@@ -65,8 +65,7 @@ void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
 int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
                              DType dtype);
 void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
-                              DType dtype, float weight,
-                              absl::Span<float> acc);
+                              DType dtype, float weight, absl::Span<float> acc);
 // INVALID_ARGUMENT if the pieces do not hold WireBytes(dtype, out.size()).
 absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
                                 DType dtype, absl::Span<float> out);

@@ -421,8 +421,7 @@ TEST_P(PiecesTest, NonFiniteAnywhere_FoundAtItsIndexWhateverTheCut) {
     // A cut through the bad element, one before it, one after it.
     for (size_t at : {bad * size + 1, bad * size, (bad + 1) * size}) {
       const auto pieces = Cut(bytes, {std::min(at, bytes.size())});
-      EXPECT_EQ(FirstNonFinitePieces(pieces, dtype),
-                static_cast<int64_t>(bad))
+      EXPECT_EQ(FirstNonFinitePieces(pieces, dtype), static_cast<int64_t>(bad))
           << "bad " << bad << " cut at " << at;
     }
   }
