@@ -1,17 +1,23 @@
 // A coordinator member driven line by line from stdin, for process-level
-// tests (tests/deploy/health_drain_test.py): it uses the real client library
-// (client/client.h) on a one-tensor model and answers every command with one
-// line on stdout, so that a test can interleave several members and signals
-// exactly, without sleeping.
+// tests (tests/deploy/health_drain_test.py, bench/process_soak.py): it uses
+// the real client library (client/client.h) on a one-tensor model and
+// answers every command with one line on stdout, so that a test can
+// interleave several members and signals exactly, without sleeping.
 //
-// Commands:
+// Commands (V, B: numbers; element j of the parameters becomes
+// V + B * (j / chunk_elements), constant within each chunk of the job):
 //   join            -> ok join member=<id> has_state=<0|1> state_round=<r>
-//   init V          -> ok init round=<r>          (params := V, seed or fetch)
-//   sync V          -> ok sync round=<r> contributed=<0|1> late=<0|1>
+//   init V [B]      -> ok init round=<r> chunks=<c0,c1,...>
+//                      (seed or fetch; c_i: chunk i's first value after)
+//   sync V [B]      -> ok sync round=<r> contributed=<0|1> late=<0|1>
 //                         contributors=<n> value=<params[0] after>
+//                         rejoined=<0|1> chunks=<c0,c1,...>
 //   leave           -> ok leave
 //   quit            -> (exits 0)
-// A failed command prints: error <command> <CODE> <message>.
+// A failed command prints: error <command> <CODE> <message>. A chunk whose
+// elements are not all equal after a command is reported as "nan" in
+// chunks= (the coordinator mixed values within a chunk).
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -34,6 +40,7 @@ ABSL_FLAG(int64_t, elements, 1000, "Parameters of the one-tensor model");
 ABSL_FLAG(uint32_t, chunk_elements, 0, "Chunk size to ask for (0: default)");
 ABSL_FLAG(absl::Duration, max_retry_time, absl::Seconds(10),
           "How long the client retries UNAVAILABLE/ABORTED per call; 0: once");
+ABSL_FLAG(double, weight, 1.0, "The member's weight");
 
 namespace {
 
@@ -47,6 +54,30 @@ void ReplyError(const std::string& command, const absl::Status& status) {
                      status.message()));
 }
 
+// params[j] := v + b * (j / chunk).
+void Fill(std::vector<float>& params, uint32_t chunk, float v, float b) {
+  for (size_t j = 0; j < params.size(); ++j) {
+    params[j] = v + b * static_cast<float>(j / chunk);
+  }
+}
+
+// Each chunk's value, comma-separated, "nan" where a chunk's elements
+// differ. %.9g: every float exactly.
+std::string Chunks(const std::vector<float>& params, uint32_t chunk) {
+  std::string out;
+  for (size_t start = 0; start < params.size(); start += chunk) {
+    const size_t end = std::min(params.size(), start + chunk);
+    bool same = true;
+    for (size_t j = start; j < end; ++j)
+      same = same && params[j] == params[start];
+    if (!out.empty()) out += ',';
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.9g", params[start]);
+    out += same ? std::string(buf) : std::string("nan");
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,6 +88,7 @@ int main(int argc, char** argv) {
   options.member_name = absl::GetFlag(FLAGS_name);
   options.settings.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
   options.max_retry_time = absl::GetFlag(FLAGS_max_retry_time);
+  options.weight = absl::GetFlag(FLAGS_weight);
   options.initial_backoff = absl::Milliseconds(50);
   absl::StatusOr<std::unique_ptr<localsgd::Client>> client =
       localsgd::Client::Create(options);
@@ -75,6 +107,10 @@ int main(int argc, char** argv) {
     std::string command;
     in >> command;
     float value = 0;
+    float slope = 0;
+    // The job's chunk size once joined (Fill and Chunks cut by it).
+    const uint32_t chunk =
+        std::max<uint32_t>(1, (*client)->info().settings.chunk_elements);
     if (command == "join") {
       absl::Status s = (*client)->Join(layout);
       if (!s.ok()) {
@@ -87,26 +123,31 @@ int main(int argc, char** argv) {
                          " state_round=", info.state_round));
     } else if (command == "init") {
       in >> value;
-      params.assign(n, value);
+      if (!(in >> slope)) slope = 0;
+      Fill(params, chunk, value, slope);
       absl::Status s = (*client)->Initialize(absl::MakeSpan(params));
       if (!s.ok()) {
         ReplyError(command, s);
         continue;
       }
-      Reply(absl::StrCat("ok init round=", (*client)->state_round()));
+      Reply(absl::StrCat("ok init round=", (*client)->state_round(),
+                         " chunks=", Chunks(params, chunk)));
     } else if (command == "sync") {
       in >> value;
-      params.assign(n, value);
+      if (!(in >> slope)) slope = 0;
+      Fill(params, chunk, value, slope);
       absl::StatusOr<localsgd::SyncOutcome> out =
           (*client)->Sync(absl::MakeSpan(params));
       if (!out.ok()) {
         ReplyError(command, out.status());
         continue;
       }
-      Reply(absl::StrCat("ok sync round=", out->round, " contributed=",
-                         out->contributed ? 1 : 0, " late=", out->late ? 1 : 0,
-                         " contributors=", out->contributors,
-                         " value=", params[0]));
+      Reply(absl::StrCat(
+          "ok sync round=", out->round,
+          " contributed=", out->contributed ? 1 : 0,
+          " late=", out->late ? 1 : 0, " contributors=", out->contributors,
+          " value=", params[0], " rejoined=", out->rejoined ? 1 : 0,
+          " chunks=", Chunks(params, chunk)));
     } else if (command == "leave") {
       absl::Status s = (*client)->Leave();
       if (!s.ok()) {
