@@ -491,8 +491,12 @@ class Client::Replica {
         DecideRejoin(info_.has_state, info_.state_round, trained_from);
     switch (decision.action) {
       case RejoinAction::kReseedThenContribute:
+        // The contributors count goes only with a seed round (a first seed
+        // has neither).
         outcome = ReseedThenContribute(
-            layout, SeedOrigin{trained_from, last_contributors}, params);
+            layout,
+            SeedOrigin{trained_from, trained_from > 0 ? last_contributors : 0},
+            params);
         break;
       case RejoinAction::kContribute:
         outcome = SyncRound(layout, decision.round, params);
@@ -511,6 +515,12 @@ class Client::Replica {
       LOG(INFO) << "job " << options_.job_id << " at " << address_
                 << ": joined again; now at round " << outcome->round
                 << (outcome->contributed ? " (contributed)" : " (adopted)");
+    } else if (state_round_ < trained_from) {
+      // Join set the round to the job's (0 without state); nothing newer
+      // arrived: the parameters still grew from `trained_from`, and the
+      // next re-join (or re-seed) must say so.
+      state_round_ = trained_from;
+      last_contributors_ = last_contributors;
     }
     return outcome;
   }
@@ -534,6 +544,13 @@ class Client::Replica {
     }
     absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, 0, params, origin);
     if (!outcome.ok()) return outcome;
+    if (outcome->round > origin.round) {
+      // Another member re-seeded from a newer state than these parameters
+      // grew from: they are stale; keep the adopted state (as kAdopt does).
+      outcome->contributed = false;
+      outcome->late = true;
+      return outcome;
+    }
     for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
       const auto from =
           absl::MakeConstSpan(own).subspan(local_.Offset(j), local_.Size(j));
@@ -549,8 +566,26 @@ class Client::Replica {
                                         const SeedOrigin& origin = {}) {
     const DType wire = info_.settings.wire_dtype;
     SyncOutcome outcome;
+    // The result goes straight into `params`, with no staging copy; each
+    // chunk's contribution is kept (in `kept_`, reused) just before its
+    // result overwrites it, and put back if the Sync fails after that: a
+    // retry, a re-join or a re-seed then sends this member's contribution,
+    // never a mix of it and a result that the coordinator may have lost (a
+    // restart after the round closed and before its checkpoint).
+    kept_.resize(local_.num_elements());
+    kept_chunk_.assign(local_.num_chunks(), false);
+    const auto put_back = [&] {
+      for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+        if (!kept_chunk_[j]) continue;
+        const auto from = absl::MakeConstSpan(kept_).subspan(local_.Offset(j),
+                                                             local_.Size(j));
+        std::copy(from.begin(), from.end(), Slice(params, j).begin());
+        kept_chunk_[j] = false;
+      }
+    };
     absl::Status status = WithRetries(
         absl::StrCat("Sync of round ", round), [&]() -> absl::Status {
+          put_back();
           outcome = SyncOutcome();
           grpc::ClientContext context;
           SetDeadline(&context, options_.sync_timeout);
@@ -578,14 +613,15 @@ class Client::Replica {
           if (writing) stream.WritesDone();
 
           RawReader<v1::SyncResponse> in;
-          // The result goes straight into `params`, with no staging copy.
-          // A retry may then resend result values as its contribution; that
-          // is harmless: result chunks arrive only once the round has
-          // closed, and a Sync for a closed round only adopts its result
-          // (a member whose coordinator lost the job re-seeds with a state
-          // whose every chunk is its own or the average).
-          ChunkReceiver chunks("Sync result", local_, wire,
-                               [&](uint32_t j) { return Slice(params, j); });
+          ChunkReceiver chunks("Sync result", local_, wire, [&](uint32_t j) {
+            const absl::Span<float> slice = Slice(params, j);
+            if (!kept_chunk_[j]) {
+              std::copy(slice.begin(), slice.end(),
+                        kept_.begin() + local_.Offset(j));
+              kept_chunk_[j] = true;
+            }
+            return slice;
+          });
           bool have_header = false;
           absl::Status error;
           while (error.ok() && in.Read(stream)) {
@@ -616,7 +652,10 @@ class Client::Replica {
           }
           return chunks.CheckComplete();
         });
-    if (!status.ok()) return status;
+    if (!status.ok()) {
+      put_back();
+      return status;
+    }
     state_round_ = outcome.round;
     if (round != 0) last_contributors_ = outcome.contributors;
     return outcome;
@@ -692,6 +731,10 @@ class Client::Replica {
   const std::string fetch_state_path_ = MethodPath("FetchState");
   grpc::GenericStub generic_;
   StagingPool staging_;
+  // SyncRound: this member's contribution to chunks whose result has been
+  // written over it in the current Sync (one model's worth, reused).
+  std::vector<float> kept_;
+  std::vector<bool> kept_chunk_;
   const uint64_t incarnation_;
   JoinInfo info_;
   ShardSpec shard_;

@@ -314,23 +314,24 @@ absl::StatusOr<RoundId> Job::Heartbeat(const MemberId& member) {
 
 namespace {
 
-absl::Status CheckSeedOrigin(absl::string_view member, RoundId round,
-                             const SeedOrigin& origin) {
+absl::Status CheckSeedOrigin(absl::string_view job, absl::string_view member,
+                             RoundId round, const SeedOrigin& origin) {
   if ((origin.round != 0 || origin.contributors != 0) && round != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Sync header of member ", member, " for round ", round,
-        " names seed_round ", origin.round, " and seed_contributors ",
+        "Sync header of member ", member, " of job '", job, "' for round ",
+        round, " names seed_round ", origin.round, " and seed_contributors ",
         origin.contributors, "; these go only with round 0 (a seed)"));
   }
   if (origin.contributors != 0 && origin.round == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Sync header of member ", member, " names seed_contributors ",
-        origin.contributors, " without a seed_round; they go with a re-seed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Sync header of member ", member, " of job '", job,
+                     "' names seed_contributors ", origin.contributors,
+                     " without a seed_round; they go with a re-seed"));
   }
   if (origin.round > kMaxSeedRound) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Sync header of member ", member, " names seed_round ",
-                     origin.round, "; at most ", kMaxSeedRound));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Sync header of member ", member, " of job '", job,
+        "' names seed_round ", origin.round, "; at most ", kMaxSeedRound));
   }
   return absl::OkStatus();
 }
@@ -348,7 +349,8 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
     if (stopped_) return Stopping();
     const MemberInfo* info = FindMemberLocked(member, now);
     if (info == nullptr) return MemberNotFound(member);
-    if (absl::Status s = CheckSeedOrigin(info->name, round, origin); !s.ok()) {
+    if (absl::Status s = CheckSeedOrigin(id_, info->name, round, origin);
+        !s.ok()) {
       return s;
     }
     if (round == 0) {

@@ -272,10 +272,11 @@ class Job : public std::enable_shared_from_this<Job> {
   //
   // `origin` (round 0 only): what the seed continues. A re-seed
   // (origin.round > 0) makes the state round origin.round, so that numbering
-  // goes on in step with the other shards, and the job's next round
-  // regathers as after RestoreState, until it has origin.contributors
-  // participants (if > 0) or one lease TTL has passed. Whoever owns the
-  // seed names its origin; members adopting it get its round.
+  // goes on in step with the other shards, the job counts as past its
+  // rendezvous, and its next round regathers as after RestoreState, until it
+  // has origin.contributors participants (if > 0) or one lease TTL has
+  // passed. Whoever owns the seed names its origin; members adopting it get
+  // its round.
   absl::StatusOr<std::unique_ptr<SyncSession>> BeginSync(const MemberId& member,
                                                          RoundId round,
                                                          SyncCallback done,
@@ -479,7 +480,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // (again) and does not close before it (see RestoreState).
   absl::Time regather_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // After a re-seed: the regather also ends once the open round has this
-  // many participants (0: only at regather_until_); it lasts one round.
+  // many participants, and when that round closes (0: only at
+  // regather_until_, as after a restore).
   uint32_t regather_members_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
