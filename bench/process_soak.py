@@ -27,12 +27,13 @@ Every 100 steps it samples the coordinator's RSS and open file descriptors.
 Usage (from the build tree):
   /usr/bin/python3 bench/process_soak.py --coordinator=build/server/localsgd-coordinator \
       --member=build/tests/deploy/scripted_member --rounds=2000 [--netns]
-CI runs a short one (tests/e2e/CMakeLists.txt: e2e_process_soak).
+CI runs a short one (ctest -R soak_processes, tests/deploy/CMakeLists.txt).
 Exit status: 0 when every check held, 1 otherwise, 77 when --netns was
 asked for and this machine cannot build network namespaces.
 """
 
 import argparse
+import calendar
 import fractions
 import itertools
 import os
@@ -59,6 +60,10 @@ def log(msg):
 
 def f32(x):
     return struct.unpack("f", struct.pack("f", float(x)))[0]
+
+
+class NetUnavailable(Exception):
+    pass
 
 
 class Net:
@@ -88,11 +93,20 @@ class Net:
             self.wire(self.c, "p-c", f"{subnet}.1")
             for i, ns in enumerate(self.w):
                 self.wire(ns, f"p-w{i}", f"{subnet}.{10 + i}")
-        except subprocess.CalledProcessError as e:
+        except subprocess.SubprocessError as e:
             self.close()
-            log(f"SKIP: cannot build the network: {e}")
-            sys.exit(SKIP)
+            raise NetUnavailable(str(e)) from e
         self.coordinator_address = f"{subnet}.1:{self.port}"
+
+    @staticmethod
+    def remove_stale():
+        # Namespaces of soaks that died without cleaning up (their pid gone).
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                             text=True).stdout
+        for name in re.findall(r"^(lsgdsoak(\d+)-\S+)", out, re.M):
+            if not os.path.exists(f"/proc/{name[1]}"):
+                subprocess.run(["ip", "netns", "del", name[0]],
+                               capture_output=True)
 
     @staticmethod
     def ip(*args):
@@ -151,7 +165,8 @@ class Coordinator:
             self.net.coordinator_prefix() + [
                 self.binary, f"--listen={self.net.coordinator_address}",
                 f"--state_dir={self.state}", f"--lease_ttl={LEASE}"],
-            stdout=out, stderr=subprocess.STDOUT)
+            stdout=out, stderr=subprocess.STDOUT,
+            env=dict(os.environ, TZ="UTC"))  # its log's times: UTC
         out.close()
         deadline = time.time() + 30
         while "coordinator listening on" not in open(path).read():
@@ -248,7 +263,8 @@ def parse_chunks(text):
 
 GLOG = re.compile(r"^[IWEF](\d{8}) (\d\d):(\d\d):(\d\d)\.(\d{6}) .*?\] (.*)$")
 CLOSED = re.compile(r"^job " + JOB + r": round (\d+) closed \((\w+)\) in [^;]*;"
-                    r" contributors \[([^\]]*)\]")
+                    r" contributors \[([^\]]*)\](?:; dropped \[([^\]]*)\])?"
+                    r"(?:; timed out \[([^\]]*)\])?")
 SEEDED = re.compile(r"^job " + JOB + r": seeded by (\S+)(?: at round (\d+))?$")
 
 
@@ -261,16 +277,23 @@ def parse_closures(paths):
             if not m:
                 continue
             day, hh, mm, ss, us, text = m.groups()
-            t = time.mktime(time.strptime(f"{day} {hh}:{mm}:{ss}",
-                                          "%Y%m%d %H:%M:%S")) + int(us) / 1e6
+            t = calendar.timegm(time.strptime(f"{day} {hh}:{mm}:{ss}",
+                                              "%Y%m%d %H:%M:%S")) + int(us) / 1e6
             c = CLOSED.match(text)
             if c:
-                names = [n.strip() for n in c.group(3).split(",") if n.strip()]
-                out.append((t, int(c.group(1)), c.group(2), names, inc))
+                def names_of(group):
+                    return [n.strip() for n in (group or "").split(",")
+                            if n.strip()]
+                # Whose finished chunks may count beyond the contributors:
+                # the participants that left, lost their lease or timed out.
+                out.append((t, int(c.group(1)), c.group(2),
+                            names_of(c.group(3)),
+                            names_of(c.group(4)) + names_of(c.group(5)), inc))
                 continue
             s = SEEDED.match(text)
             if s:
-                out.append((t, int(s.group(2) or 0), "seed", [s.group(1)], inc))
+                out.append((t, int(s.group(2) or 0), "seed", [s.group(1)], [],
+                            inc))
     return out
 
 
@@ -284,6 +307,9 @@ def main():
     p.add_argument("--kill_rate", type=float, default=0.03,
                    help="chance a step SIGKILLs a member")
     p.add_argument("--coordinator_restarts", type=int, default=6)
+    p.add_argument("--stateless_restarts", type=int, default=0,
+                   help="coordinator restarts that also lose its state dir "
+                        "(the members re-seed the job)")
     p.add_argument("--link_cuts", type=int, default=8,
                    help="with --netns: member links cut")
     p.add_argument("--netns", nargs="?", const="on", default="off",
@@ -293,15 +319,38 @@ def main():
     p.add_argument("--elements", type=int, default=1000)
     p.add_argument("--chunk", type=int, default=128)
     p.add_argument("--keep", action="store_true", help="keep the logs")
+    p.add_argument("--deadline", type=float, default=0,
+                   help="seconds: stop (and fail) if the run takes longer; "
+                        "0: none")
     args = p.parse_args()
-    if args.netns == "auto":
-        args.netns = "on" if os.geteuid() == 0 and shutil.which("ip") else "off"
-    args.netns = args.netns == "on"
+    if args.rounds < 6 or not 1 <= args.members <= 8:
+        p.error("--rounds must be >= 6 and --members 1..8")
     rng = random.Random(args.seed)
     random.seed(args.seed)
+    # SIGTERM (ctest's timeout) ends the run through the cleanup below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("[soak] SIGTERM"))
+    if args.deadline > 0:
+        signal.signal(signal.SIGALRM,
+                      lambda *_: sys.exit(f"[soak] past --deadline={args.deadline:.0f} s"))
+        signal.alarm(int(args.deadline))
 
+    want_netns = args.netns
+    if want_netns != "off" and os.geteuid() == 0 and shutil.which("ip"):
+        Net.remove_stale()
+    try:
+        if want_netns == "off" or (want_netns == "auto" and (
+                os.geteuid() != 0 or not shutil.which("ip"))):
+            net = Net(False, args.members)
+        else:
+            net = Net(True, args.members)
+    except NetUnavailable as e:
+        if want_netns == "on":
+            log(f"SKIP: cannot build the network namespaces: {e}")
+            return SKIP
+        log(f"network namespaces unavailable ({e}); on loopback")
+        net = Net(False, args.members)
+    args.netns = net.netns
     tmp = tempfile.mkdtemp(prefix="lsgd-soak-")
-    net = Net(args.netns, args.members)
     coordinator = Coordinator(args.coordinator, net, tmp)
     weights = [[1.0, 2.0, 0.5, 3.0][i % 4] for i in range(args.members)]
     members = [Member(args, net, tmp, i, weights[i]) for i in range(args.members)]
@@ -310,12 +359,15 @@ def main():
     # candidates[step][name]: the (v, b) values that member sent in the step.
     candidates = []
     windows = []  # (start, end) of each step
-    replies = []  # (step, name, kind, round, chunks)
+    replies = []  # (step, name, kind, round, chunks, contributed)
+    faults = set()  # steps with a kill, a restart or a cut (and the next)
     errors = []
     kills = restarts = cuts = 0
     table = []
     T = args.rounds
     restart_steps = set(rng.sample(range(5, T), min(args.coordinator_restarts, T - 5)))
+    stateless_steps = set(rng.sample(sorted(set(range(5, T)) - restart_steps),
+                                     min(args.stateless_restarts, T - 5 - len(restart_steps))))
     cut_steps = set()
     if args.netns:
         cut_steps = set(rng.sample(range(5, T), min(args.link_cuts, T - 5)))
@@ -326,18 +378,18 @@ def main():
     def start_member(m, step):
         m.start()
         m.send("join")
-        r = m.reply(180)
+        r = m.reply(90)
         if not r.startswith("ok join"):
             raise RuntimeError(f"{m.name}: {r}")
         v, b = values()
         candidates[step].setdefault(m.name, []).append((v, b))
         m.send(f"init {v} {b}")
-        r = m.reply(180)
+        r = m.reply(90)
         if not r.startswith("ok init"):
             raise RuntimeError(f"{m.name}: {r}")
         f = fields(r)
         replies.append((step, m.name, "init", int(f["round"]),
-                        parse_chunks(f["chunks"])))
+                        parse_chunks(f["chunks"]), None))
 
     ok = False
     try:
@@ -366,9 +418,12 @@ def main():
                 time.sleep(rng.uniform(0, 0.01))  # a random point of the step
                 victim.kill()
                 kills += 1
-            if step in restart_steps:
+            if step in restart_steps or step in stateless_steps:
                 time.sleep(rng.uniform(0, 0.02))
                 coordinator.kill()
+                if step in stateless_steps:
+                    shutil.rmtree(coordinator.state)
+                    os.makedirs(coordinator.state)
                 coordinator.start()
                 restarts += 1
             if step in cut_steps:
@@ -380,15 +435,19 @@ def main():
             for m in live:
                 if m is victim:
                     continue
-                r = m.reply(300)
+                r = m.reply(90)
                 if not r.startswith("ok sync"):
                     errors.append((step, m.name, r))
                     continue
                 f = fields(r)
                 replies.append((step, m.name, "sync", int(f["round"]),
-                                parse_chunks(f["chunks"])))
+                                parse_chunks(f["chunks"]),
+                                f["contributed"] == "1"))
             if victim is not None:
                 start_member(victim, step)
+            if (victim is not None or step in restart_steps or
+                    step in stateless_steps or step in cut_steps):
+                faults.update((step, step + 1))
             windows.append((start, time.time()))
             if step % 100 == 0 or step == T:
                 rss, fds = coordinator.rss_fds()
@@ -422,10 +481,12 @@ def main():
         return [s for s, (a, b) in enumerate(windows)
                 if a - 2e-6 <= t <= b + 2e-6]
 
-    def mean_options(names, step, chunk):
-        """Every value the chunk may hold after a closure counting `names`."""
+    def mean_options(names, gone, step, chunk):
+        """Every value the chunk may hold after a closure counting `names`
+        (and, per chunk, any of `gone`: participants that left or were
+        dropped, whose finished chunks count)."""
         cand = candidates[step]
-        others = [n for n in cand if n not in names]
+        others = [n for n in gone if n in cand and n not in names]
         out = set()
         for picks in itertools.product(*[cand.get(n, []) for n in names]):
             num = sum(fractions.Fraction(weight[n]) * fractions.Fraction(v + b * chunk)
@@ -447,25 +508,35 @@ def main():
 
     by_round = {}
     unplaced = 0
-    for (t, rnd, reason, names, inc) in closures:
+    incomplete = []  # fault-free steps whose round did not count everyone
+    everyone = sorted(m.name for m in members)
+    for (t, rnd, reason, names, gone, inc) in closures:
         s = steps_of(t)
         if not s:
             unplaced += 1
             continue
-        by_round.setdefault(rnd, []).append((s, names, reason, inc))
+        by_round.setdefault(rnd, []).append((s, names, gone, reason, inc))
+        if (reason != "seed" and not any(x in faults for x in s) and
+                (reason != "complete" or sorted(names) != everyone)):
+            incomplete.append((rnd, reason, names, s))
 
     cache = {}
     observed = set()
     mismatches = []
-    for (step, name, kind, rnd, chunks) in replies:
+    for (step, name, kind, rnd, chunks, contributed) in replies:
         found = False
-        for idx, (s, names, reason, inc) in enumerate(by_round.get(rnd, [])):
+        for idx, (s, names, gone, reason, inc) in enumerate(by_round.get(rnd, [])):
+            # A result from the member's own step or before it, and one that
+            # counted the member if (and only if, for the round it asked
+            # for) it says so.
+            if min(s) > step or (contributed and name not in names):
+                continue
             good = True
             for c, value in enumerate(chunks):
                 key = (rnd, idx, c)
                 if key not in cache:
                     cache[key] = set().union(
-                        *[mean_options(names, one, c) for one in s])
+                        *[mean_options(names, gone, one, c) for one in s])
                 if value != value or not matches(value, cache[key]):
                     good = False
                     break
@@ -474,14 +545,14 @@ def main():
                 observed.add((rnd, idx))
                 break
         if not found:
-            seen = [(s, names, sorted(mean_options(names, s[0], 0))[:4])
-                    for (s, names, _, _) in by_round.get(rnd, [])]
+            seen = [(s, names, sorted(mean_options(names, gone, s[0], 0))[:4])
+                    for (s, names, gone, _, _) in by_round.get(rnd, [])]
             mismatches.append((step, name, kind, rnd,
                                f"chunks {chunks[:3]}; closures of the round "
                                f"(step, counted, chunk 0 may be): {seen}"))
 
     reasons = {}
-    for (_, _, reason, _, _) in closures:
+    for (_, _, reason, _, _, _) in closures:
         reasons[reason] = reasons.get(reason, 0) + 1
     log("RSS and open fds of the coordinator, every 100 steps:")
     print("| step | coordinator # | RSS MiB | fds |")
@@ -493,12 +564,15 @@ def main():
         f"closures whose result a member printed {len(observed)}; results "
         f"checked {len(replies)}; member kills {kills}; coordinator restarts "
         f"{restarts}; link cuts {cuts}; errors {len(errors)}; closures outside "
-        f"any step {unplaced}; mismatches {len(mismatches)}")
+        f"any step {unplaced}; fault-free rounds that did not count every "
+        f"member {len(incomplete)}; mismatches {len(mismatches)}")
+    for i in incomplete[:10]:
+        log(f"INCOMPLETE: round {i[0]} closed {i[1]} counting {i[2]} in step {i[3]}")
     for e in errors[:10]:
         log(f"error: step {e[0]} {e[1]}: {e[2]}")
     for mm in mismatches[:10]:
         log(f"MISMATCH: step {mm[0]} {mm[1]} {mm[2]} round {mm[3]}: {mm[4]}")
-    failed = bool(mismatches or errors or unplaced)
+    failed = bool(mismatches or errors or unplaced or incomplete)
     if failed or args.keep:
         log(f"logs kept in {tmp}")
     else:
