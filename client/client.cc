@@ -536,12 +536,6 @@ class Client::Replica {
   absl::StatusOr<SyncOutcome> ReseedThenContribute(const Layout& layout,
                                                    const SeedOrigin& origin,
                                                    absl::Span<float> params) {
-    std::vector<float> own;
-    own.reserve(local_.num_elements());
-    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
-      const absl::Span<const float> slice = Slice(params, j);
-      own.insert(own.end(), slice.begin(), slice.end());
-    }
     absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, 0, params, origin);
     if (!outcome.ok()) return outcome;
     if (outcome->round > origin.round) {
@@ -551,11 +545,8 @@ class Client::Replica {
       outcome->late = true;
       return outcome;
     }
-    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
-      const auto from =
-          absl::MakeConstSpan(own).subspan(local_.Offset(j), local_.Size(j));
-      std::copy(from.begin(), from.end(), Slice(params, j).begin());
-    }
+    // The seed's result overwrote them; SyncRound kept them.
+    PutBackContribution(params);
     return SyncRound(layout, state_round_ + 1, params);
   }
 
@@ -574,18 +565,9 @@ class Client::Replica {
     // restart after the round closed and before its checkpoint).
     kept_.resize(local_.num_elements());
     kept_chunk_.assign(local_.num_chunks(), false);
-    const auto put_back = [&] {
-      for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
-        if (!kept_chunk_[j]) continue;
-        const auto from = absl::MakeConstSpan(kept_).subspan(local_.Offset(j),
-                                                             local_.Size(j));
-        std::copy(from.begin(), from.end(), Slice(params, j).begin());
-        kept_chunk_[j] = false;
-      }
-    };
     absl::Status status = WithRetries(
         absl::StrCat("Sync of round ", round), [&]() -> absl::Status {
-          put_back();
+          PutBackContribution(params);
           outcome = SyncOutcome();
           grpc::ClientContext context;
           SetDeadline(&context, options_.sync_timeout);
@@ -653,12 +635,24 @@ class Client::Replica {
           return chunks.CheckComplete();
         });
     if (!status.ok()) {
-      put_back();
+      PutBackContribution(params);
       return status;
     }
     state_round_ = outcome.round;
     if (round != 0) last_contributors_ = outcome.contributors;
     return outcome;
+  }
+
+  // Puts back into `params` the contribution that the last SyncRound's
+  // result overwrote (kept_), chunk by chunk.
+  void PutBackContribution(absl::Span<float> params) {
+    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+      if (!kept_chunk_[j]) continue;
+      const auto from =
+          absl::MakeConstSpan(kept_).subspan(local_.Offset(j), local_.Size(j));
+      std::copy(from.begin(), from.end(), Slice(params, j).begin());
+      kept_chunk_[j] = false;
+    }
   }
 
   // Runs `attempt` with the retry policy of the options (client/retry.h),
