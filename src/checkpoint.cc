@@ -75,6 +75,8 @@ bool IsKnownMode(AveragingMode mode) {
   // No default: a new mode makes the compiler point here (-Wswitch).
   switch (mode) {
     case AveragingMode::kMean:
+    case AveragingMode::kOuterNesterov:
+    case AveragingMode::kOuterSgd:
       return true;
     case AveragingMode::kUnspecified:
       return false;
@@ -84,7 +86,8 @@ bool IsKnownMode(AveragingMode mode) {
 
 // What Save refuses to write and Decode refuses to return, as a message; the
 // caller picks the code (INVALID_ARGUMENT or DATA_LOSS).
-std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values) {
+std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values,
+                           uint64_t num_momentum, uint64_t num_residual) {
   if (absl::Status s = ValidateJobId(c.job_id); !s.ok()) {
     return std::string(s.message());
   }
@@ -116,6 +119,17 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values) {
   if (c.settings.chunk_elements < 1) {
     return "chunk_elements is 0";
   }
+  if (c.settings.contribution != Contribution::kParameters &&
+      c.settings.contribution != Contribution::kPseudoGradients) {
+    return absl::StrCat("unknown contribution ",
+                        static_cast<int>(c.settings.contribution));
+  }
+  if ((num_momentum != 0 && num_momentum != num_values) ||
+      (num_residual != 0 && num_residual != num_values)) {
+    return absl::StrCat("momentum (", num_momentum, ") and residual (",
+                        num_residual, ") values must each be 0 or ",
+                        num_values);
+  }
   if (c.shard.count < 1 || c.shard.index >= c.shard.count) {
     return absl::StrCat("invalid shard ", c.shard.index, " of ", c.shard.count);
   }
@@ -131,7 +145,8 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values) {
 }
 
 // Everything between the fixed prefix and the header CRC.
-std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values) {
+std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values,
+                         uint64_t num_momentum, uint64_t num_residual) {
   std::string h;
   PutU32(&h, static_cast<uint32_t>(c.job_id.size()));
   h.append(c.job_id);
@@ -153,7 +168,16 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values) {
   }
   PutU32(&h, c.shard.index);
   PutU32(&h, c.shard.count);
+  PutU32(&h, static_cast<uint32_t>(c.settings.contribution));
+  uint32_t bits;
+  std::memcpy(&bits, &c.settings.outer_lr, 4);
+  PutU32(&h, bits);
+  std::memcpy(&bits, &c.settings.outer_momentum, 4);
+  PutU32(&h, bits);
+  PutU64(&h, c.state_id);
   PutU64(&h, num_values);
+  PutU64(&h, num_momentum);
+  PutU64(&h, num_residual);
   return h;
 }
 
@@ -202,14 +226,18 @@ class FileSink : public Sink {
 // Streams the file: prefix and header, then the values in pieces with the
 // CRC carried along, so a model of gigabytes is never copied whole.
 absl::Status WriteCheckpoint(const JobCheckpoint& c,
-                             absl::Span<const float> values, Sink& sink) {
-  const std::string header = EncodeHeader(c, values.size());
+                             absl::Span<const float> values,
+                             absl::Span<const float> momentum,
+                             absl::Span<const float> residual, Sink& sink) {
+  const std::string header =
+      EncodeHeader(c, values.size(), momentum.size(), residual.size());
   if (header.size() > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint header of job '", c.job_id, "' has ",
                      header.size(), " bytes; at most 4 GiB fit the format"));
   }
-  const uint64_t value_bytes = uint64_t{4} * values.size();
+  const uint64_t value_bytes =
+      uint64_t{4} * (values.size() + momentum.size() + residual.size());
   const uint64_t file_length =
       kPrefixBytes + header.size() + kCrcBytes + value_bytes + kCrcBytes;
 
@@ -227,25 +255,28 @@ absl::Status WriteCheckpoint(const JobCheckpoint& c,
   if (absl::Status s = sink.Append(head); !s.ok()) return s;
 
   std::string staging;  // big-endian hosts only
-  const char* const base = reinterpret_cast<const char*>(values.data());
-  for (uint64_t off = 0; off < value_bytes; off += kPieceBytes) {
-    const size_t len =
-        static_cast<size_t>(std::min<uint64_t>(kPieceBytes, value_bytes - off));
-    absl::string_view piece;
-    if constexpr (kLittleEndian) {
-      piece = absl::string_view(base + off, len);
-    } else {
-      staging.resize(len);
-      for (size_t i = 0; i < len; i += 4) {
-        uint32_t v;
-        std::memcpy(&v, base + off + i, 4);
-        v = __builtin_bswap32(v);
-        std::memcpy(&staging[i], &v, 4);
+  for (const absl::Span<const float> array : {values, momentum, residual}) {
+    const char* const base = reinterpret_cast<const char*>(array.data());
+    const uint64_t array_bytes = uint64_t{4} * array.size();
+    for (uint64_t off = 0; off < array_bytes; off += kPieceBytes) {
+      const size_t len = static_cast<size_t>(
+          std::min<uint64_t>(kPieceBytes, array_bytes - off));
+      absl::string_view piece;
+      if constexpr (kLittleEndian) {
+        piece = absl::string_view(base + off, len);
+      } else {
+        staging.resize(len);
+        for (size_t i = 0; i < len; i += 4) {
+          uint32_t v;
+          std::memcpy(&v, base + off + i, 4);
+          v = __builtin_bswap32(v);
+          std::memcpy(&staging[i], &v, 4);
+        }
+        piece = staging;
       }
-      piece = staging;
+      crc = Crc32c(crc, piece);
+      if (absl::Status s = sink.Append(piece); !s.ok()) return s;
     }
-    crc = Crc32c(crc, piece);
-    if (absl::Status s = sink.Append(piece); !s.ok()) return s;
   }
 
   std::string trailer;
@@ -355,8 +386,14 @@ absl::Status Malformed(const HeaderReader& r, absl::string_view field) {
 
 // Fills everything but the values from the header bytes; returns the number
 // of values the header announces.
-absl::StatusOr<uint64_t> ParseHeader(absl::string_view header, uint32_t version,
-                                     JobCheckpoint* c) {
+struct ArrayCounts {
+  uint64_t values = 0;
+  uint64_t momentum = 0;
+  uint64_t residual = 0;
+};
+
+absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
+                                        uint32_t version, JobCheckpoint* c) {
   HeaderReader r(header);
   if (!r.String(&c->job_id)) return Malformed(r, "job id");
   if (!r.U64(&c->round)) return Malformed(r, "round");
@@ -405,13 +442,27 @@ absl::StatusOr<uint64_t> ParseHeader(absl::string_view header, uint32_t version,
   if (version >= 2 && (!r.U32(&c->shard.index) || !r.U32(&c->shard.count))) {
     return Malformed(r, "shard");
   }
-  uint64_t num_values;
-  if (!r.U64(&num_values)) return Malformed(r, "values count");
+  c->settings.contribution = Contribution::kParameters;
+  if (version >= 3) {
+    uint32_t contribution, lr, momentum;
+    if (!r.U32(&contribution) || !r.U32(&lr) || !r.U32(&momentum) ||
+        !r.U64(&c->state_id)) {
+      return Malformed(r, "pseudo-gradient settings");
+    }
+    c->settings.contribution = static_cast<Contribution>(contribution);
+    std::memcpy(&c->settings.outer_lr, &lr, 4);
+    std::memcpy(&c->settings.outer_momentum, &momentum, 4);
+  }
+  ArrayCounts counts;
+  if (!r.U64(&counts.values)) return Malformed(r, "values count");
+  if (version >= 3 && (!r.U64(&counts.momentum) || !r.U64(&counts.residual))) {
+    return Malformed(r, "momentum and residual counts");
+  }
   if (r.remaining() != 0) {
     return absl::DataLossError(absl::StrCat("malformed header: ", r.remaining(),
                                             " unparsed bytes at its end"));
   }
-  return num_values;
+  return counts;
 }
 
 // Longer than a screen on purpose: it reads one file front to back, and each
@@ -482,34 +533,45 @@ absl::StatusOr<JobCheckpoint> Decode(Source& in) {
   }
 
   JobCheckpoint c;
-  absl::StatusOr<uint64_t> num_values = ParseHeader(
+  absl::StatusOr<ArrayCounts> counts = ParseHeader(
       absl::string_view(header).substr(0, header_bytes), version, &c);
-  if (!num_values.ok()) return num_values.status();
-  if (file_length < header_end + kCrcBytes ||
-      (file_length - header_end - kCrcBytes) / 4 != *num_values ||
+  if (!counts.ok()) return counts.status();
+  // Each count is bounded by the file length before it is added up.
+  const uint64_t floats =
+      (file_length - std::min(file_length, header_end + kCrcBytes)) / 4;
+  if (file_length < header_end + kCrcBytes || counts->values > floats ||
+      counts->momentum > floats || counts->residual > floats ||
+      counts->values + counts->momentum + counts->residual != floats ||
       (file_length - header_end - kCrcBytes) % 4 != 0) {
-    return absl::DataLossError(absl::StrCat("values count ", *num_values,
-                                            " does not match the file length ",
-                                            file_length));
+    return absl::DataLossError(
+        absl::StrCat("values count ", counts->values, " (momentum ",
+                     counts->momentum, ", residual ", counts->residual,
+                     ") does not match the file length ", file_length));
   }
-  if (std::string problem = ContentProblem(c, *num_values); !problem.empty()) {
+  if (std::string problem =
+          ContentProblem(c, counts->values, counts->momentum, counts->residual);
+      !problem.empty()) {
     return absl::DataLossError(problem);
   }
 
-  c.values.resize(static_cast<size_t>(*num_values));
-  char* const base = reinterpret_cast<char*>(c.values.data());
-  const uint64_t value_bytes = uint64_t{4} * *num_values;
-  for (uint64_t off = 0; off < value_bytes; off += kPieceBytes) {
-    const size_t len =
-        static_cast<size_t>(std::min<uint64_t>(kPieceBytes, value_bytes - off));
-    if (absl::Status s = in.Read(base + off, len); !s.ok()) return s;
-    crc = Crc32c(crc, absl::string_view(base + off, len));
-    if constexpr (!kLittleEndian) {
-      for (size_t i = 0; i < len; i += 4) {
-        uint32_t v;
-        std::memcpy(&v, base + off + i, 4);
-        v = __builtin_bswap32(v);
-        std::memcpy(base + off + i, &v, 4);
+  c.values.resize(static_cast<size_t>(counts->values));
+  c.momentum.resize(static_cast<size_t>(counts->momentum));
+  c.residual.resize(static_cast<size_t>(counts->residual));
+  for (std::vector<float>* array : {&c.values, &c.momentum, &c.residual}) {
+    char* const base = reinterpret_cast<char*>(array->data());
+    const uint64_t array_bytes = uint64_t{4} * array->size();
+    for (uint64_t off = 0; off < array_bytes; off += kPieceBytes) {
+      const size_t len = static_cast<size_t>(
+          std::min<uint64_t>(kPieceBytes, array_bytes - off));
+      if (absl::Status s = in.Read(base + off, len); !s.ok()) return s;
+      crc = Crc32c(crc, absl::string_view(base + off, len));
+      if constexpr (!kLittleEndian) {
+        for (size_t i = 0; i < len; i += 4) {
+          uint32_t v;
+          std::memcpy(&v, base + off + i, 4);
+          v = __builtin_bswap32(v);
+          std::memcpy(base + off + i, &v, 4);
+        }
       }
     }
   }
@@ -633,7 +695,9 @@ absl::StatusOr<JobCheckpoint> LoadFile(const std::string& path) {
 std::string EncodeCheckpoint(const JobCheckpoint& checkpoint) {
   std::string out;
   StringSink sink(&out);
-  if (!WriteCheckpoint(checkpoint, checkpoint.values, sink).ok()) {
+  if (!WriteCheckpoint(checkpoint, checkpoint.values, checkpoint.momentum,
+                       checkpoint.residual, sink)
+           .ok()) {
     return "";  // a header over 4 GiB; Decode rejects the empty string
   }
   return out;
@@ -678,7 +742,9 @@ std::shared_ptr<absl::Mutex> CheckpointStore::JobLock(
 }
 
 absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
-                                   absl::Span<const float> values) {
+                                   absl::Span<const float> values,
+                                   absl::Span<const float> momentum,
+                                   absl::Span<const float> residual) {
   if (!checkpoint.values.empty() && values.data() != checkpoint.values.data()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint of job '", checkpoint.job_id,
@@ -686,7 +752,8 @@ absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
   }
   // Validating the id here is what keeps the path inside dir_: an id has no
   // '/', and with the suffix the name is never "." or "..".
-  if (std::string problem = ContentProblem(checkpoint, values.size());
+  if (std::string problem = ContentProblem(checkpoint, values.size(),
+                                           momentum.size(), residual.size());
       !problem.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint of job '", checkpoint.job_id, "': ", problem));
@@ -703,7 +770,8 @@ absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
     return absl::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
   }
   FileSink sink(fd.get(), tmp);
-  absl::Status status = WriteCheckpoint(checkpoint, values, sink);
+  absl::Status status =
+      WriteCheckpoint(checkpoint, values, momentum, residual, sink);
   if (status.ok() && FsyncRetrying(fd.get()) != 0) {
     status = absl::ErrnoToStatus(errno, absl::StrCat("fsync ", tmp));
   }

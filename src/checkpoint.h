@@ -1,12 +1,12 @@
 // Durable checkpoints of coordinator job state: what a restarted coordinator
 // needs to resume a job (layout, settings, round, global parameters).
 //
-// File format, version 2. All integers little-endian; floats IEEE-754
+// File format, version 3. All integers little-endian; floats IEEE-754
 // binary32, little-endian.
 //
 //   offset  size  field
 //   0       8     magic "LSGDCKPT"
-//   8       4     format version (2; 1 is read too)
+//   8       4     format version (3; 1 and 2 are read too)
 //   12      4     H: header length in bytes
 //   16      8     file length in bytes (all of it, the trailer included)
 //   24      H     header:
@@ -19,17 +19,24 @@
 //                   u32 tensor count; per tensor: u32 name length, name
 //                     bytes, u32 dtype, u32 rank, rank x i64 dimensions
 //                   u32 shard index, u32 shard count     (version 2)
+//                   u32 contribution, f32 outer_lr, f32 outer_momentum,
+//                   u64 state id                         (version 3)
 //                   u64 N: number of values (the shard's elements)
+//                   u64 M, u64 R: momentum and residual values, each 0
+//                     or N                               (version 3)
 //   24+H    4     masked CRC32C of bytes [0, 24+H)
 //   28+H    4N    the values
+//           4M    the momentum (version 3)
+//           4R    the residual (version 3)
 //   end-4   4     masked CRC32C of bytes [0, end-4)
 //
 // CRCs are masked as leveldb masks them (a CRC over data that holds CRCs is
 // weak otherwise). The header CRC lets a reader trust the header's lengths
 // before it reads gigabytes of values; the trailing CRC covers everything. A
-// later version changes the format version. This build writes version 2 and
-// reads 1 (which had no non-finite policy, "reject", and no shards, {0, 1})
-// and 2.
+// later version changes the format version. This build writes version 3 and
+// reads 1 (which had no non-finite policy, "reject", and no shards, {0, 1}),
+// 2 (which had no pseudo-gradients: contribution "parameters", outer
+// hyper-parameters 0, no state id, momentum or residual) and 3.
 #ifndef LOCALSGD_SRC_CHECKPOINT_H_
 #define LOCALSGD_SRC_CHECKPOINT_H_
 
@@ -63,10 +70,16 @@ struct JobCheckpoint {
   // The global state: one float per element of the shard's chunks, back to
   // back (every layout element without shards).
   std::vector<float> values;
+  // Pseudo-gradient jobs: the state's id (0: none), the averaging rule's
+  // momentum and the coordinator's quantization residual (each empty or one
+  // float per value).
+  uint64_t state_id = 0;
+  std::vector<float> momentum;
+  std::vector<float> residual;
 };
 
 // The file format version this build writes and reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 2;
+inline constexpr uint32_t kCheckpointFormatVersion = 3;
 // The oldest format version this build reads.
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 
@@ -118,8 +131,11 @@ class CheckpointStore {
   // Other codes (from errno, e.g. RESOURCE_EXHAUSTED for a full disk,
   // PERMISSION_DENIED) name the path and the reason; the previous checkpoint
   // is left in place and the temporary file removed.
+  // `momentum` and `residual` the same (each empty or of values.size()).
   absl::Status Save(const JobCheckpoint& checkpoint,
-                    absl::Span<const float> values);
+                    absl::Span<const float> values,
+                    absl::Span<const float> momentum = {},
+                    absl::Span<const float> residual = {});
 
   // Loads every <job_id>.ckpt in the directory, sorted by job id. A file that
   // cannot be read or decoded, or whose name is not a job id or not the job

@@ -62,7 +62,9 @@ void Checkpointer::Run() {
     meta.settings = p.job->settings();
     meta.round = p.state->round;
     meta.shard = shard_;
-    const absl::Status s = store_->Save(meta, p.state->values);
+    meta.state_id = p.state->id;
+    const absl::Status s = store_->Save(meta, p.state->values,
+                                        p.state->momentum, p.state->residual);
     if (s.ok()) {
       VLOG(1) << "checkpointed job " << meta.job_id << " at round "
               << meta.round;

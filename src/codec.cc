@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -20,9 +22,130 @@ namespace localsgd {
 #define LOCALSGD_KERNEL
 #endif
 
+namespace {
+
+// Blockwise codes (codec.h): the largest code magnitude, and the bytes of
+// the codes of n values.
+constexpr int CodeMax(DType dtype) {
+  return dtype == DType::kInt8Block ? 127 : 7;
+}
+size_t CodeBytes(DType dtype, size_t n) {
+  return dtype == DType::kInt8Block ? n : (n + 1) / 2;
+}
+// The blocks of a well-sized payload of `bytes` bytes: its B scales and
+// ceil(n / 2) or n code bytes, with n in (kQuantBlock (B - 1), kQuantBlock B].
+size_t BlocksOfBytes(DType dtype, size_t bytes) {
+  const size_t per_block = 4 + CodeBytes(dtype, kQuantBlock);
+  return (bytes + per_block - 1) / per_block;
+}
+float ScaleAt(const char* data, size_t b) {
+  float s;
+  std::memcpy(&s, data + 4 * b, 4);
+  return s;
+}
+
+// Codes for the n <= kQuantBlock values `e` with scale from their absmax;
+// a non-finite value makes the scale NaN and the codes 0.
+float QuantizeBlock(const float* e, size_t n, int max_code, int8_t* codes) {
+  float absmax = 0;
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(e[i]);
+    finite = finite && std::isfinite(a);
+    absmax = a > absmax ? a : absmax;
+  }
+  if (!finite) {
+    std::memset(codes, 0, n);
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  if (absmax == 0) {
+    std::memset(codes, 0, n);
+    return 1.0f;
+  }
+  // A positive normal scale, also for subnormal blocks, and at most
+  // kMaxBlockScale (a block near the float32 limit saturates).
+  const float scale = std::min(std::max(absmax / static_cast<float>(max_code),
+                                        std::numeric_limits<float>::min()),
+                               kMaxBlockScale);
+  const float inv = 1.0f / scale;
+  const float lim = static_cast<float>(max_code);
+  for (size_t i = 0; i < n; ++i) {
+    float v = e[i] * inv;
+    v = v > lim ? lim : (v < -lim ? -lim : v);
+    codes[i] = static_cast<int8_t>(std::nearbyint(v));
+  }
+  return scale;
+}
+
+void EncodeBlocks(absl::Span<const float> values, DType dtype, char* out) {
+  const size_t n = values.size();
+  const size_t blocks = NumBlocks(n);
+  char* codes_out = out + 4 * blocks;
+  int8_t codes[kQuantBlock];
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t first = b * kQuantBlock;
+    const size_t len = std::min(kQuantBlock, n - first);
+    const float scale =
+        QuantizeBlock(values.data() + first, len, CodeMax(dtype), codes);
+    std::memcpy(out + 4 * b, &scale, 4);
+    if (dtype == DType::kInt8Block) {
+      std::memcpy(codes_out + first, codes, len);
+    } else {
+      // kQuantBlock is even: a block's codes start on a byte.
+      uint8_t* p = reinterpret_cast<uint8_t*>(codes_out) + first / 2;
+      for (size_t i = 0; i < len; i += 2) {
+        const uint8_t lo = static_cast<uint8_t>(codes[i]) & 0x0f;
+        const uint8_t hi =
+            i + 1 < len ? static_cast<uint8_t>(codes[i + 1]) & 0x0f : 0;
+        p[i / 2] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+  }
+}
+
+// acc[i] = (accumulate ? acc[i] : 0) + weight * decode(i), block by block.
+template <bool kAccumulate>
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+inline void
+DecodeBlocksImpl(const char* data, DType dtype, float weight, float* acc,
+                 size_t n) {
+  const size_t blocks = NumBlocks(n);
+  const char* codes = data + 4 * blocks;
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t first = b * kQuantBlock;
+    const size_t len = std::min(kQuantBlock, n - first);
+    const float scale = weight * ScaleAt(data, b);
+    float* a = acc + first;
+    if (dtype == DType::kInt8Block) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(codes) + first;
+      for (size_t i = 0; i < len; ++i) {
+        const int c = q[i] < -127 ? -127 : q[i];
+        const float v = scale * static_cast<float>(c);
+        a[i] = kAccumulate ? a[i] + v : v;
+      }
+    } else {
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(codes) + first / 2;
+      for (size_t i = 0; i < len; ++i) {
+        const uint8_t byte = q[i / 2];
+        const int nib = (i & 1) ? (byte >> 4) : (byte & 0x0f);
+        int c = nib >= 8 ? nib - 16 : nib;
+        c = c < -7 ? -7 : c;
+        const float v = scale * static_cast<float>(c);
+        a[i] = kAccumulate ? a[i] + v : v;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 LOCALSGD_KERNEL
 void EncodeValuesTo(absl::Span<const float> values, DType dtype, char* out) {
-  if (dtype == DType::kBFloat16) {
+  if (IsBlockDType(dtype)) {
+    EncodeBlocks(values, dtype, out);
+  } else if (dtype == DType::kBFloat16) {
     for (size_t i = 0; i < values.size(); ++i) {
       const uint16_t h = FloatToBFloat16(values[i]);
       std::memcpy(out + 2 * i, &h, 2);
@@ -47,7 +170,11 @@ absl::Status DecodeValues(absl::string_view data, DType dtype,
                      WireBytes(dtype, out.size()), " (", out.size(), " ",
                      DTypeName(dtype), " values)"));
   }
-  if (dtype == DType::kBFloat16) {
+  if (IsBlockDType(dtype)) {
+    // Decoding is the weight-1 case of accumulating, so that a decoded value
+    // is bit for bit the one the coordinator adds.
+    DecodeBlocksImpl<false>(data.data(), dtype, 1.0f, out.data(), out.size());
+  } else if (dtype == DType::kBFloat16) {
     for (size_t i = 0; i < out.size(); ++i) {
       uint16_t h;
       std::memcpy(&h, data.data() + 2 * i, 2);
@@ -91,6 +218,12 @@ inline int64_t FirstWithExponentAllOnes(absl::string_view data,
 
 LOCALSGD_KERNEL
 int64_t FirstNonFinite(absl::string_view data, DType dtype) {
+  if (IsBlockDType(dtype)) {
+    const size_t blocks = BlocksOfBytes(dtype, data.size());
+    const int64_t bad = FirstWithExponentAllOnes<uint32_t>(
+        data.substr(0, 4 * blocks), 0x7f800000u);
+    return bad < 0 ? -1 : bad * static_cast<int64_t>(kQuantBlock);
+  }
   // Exponent all ones means Inf or NaN: the same test for bf16 (the upper
   // half of a float32) and float32 bits.
   if (dtype == DType::kBFloat16) {
@@ -104,6 +237,10 @@ void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
                         absl::Span<float> acc) {
   float* a = acc.data();
   const size_t n = acc.size();
+  if (IsBlockDType(dtype)) {
+    DecodeBlocksImpl<true>(data.data(), dtype, weight, a, n);
+    return;
+  }
   if (dtype == DType::kBFloat16) {
     const char* p = data.data();
     if (weight == 1.0f) {
@@ -179,10 +316,24 @@ size_t TotalSize(absl::Span<const absl::string_view> pieces) {
   return n;
 }
 
+// A blockwise payload in one piece: its scales sit apart from its codes, so
+// a payload that arrived in several is made contiguous (in a buffer of the
+// calling thread, reused) before it is read.
+absl::string_view Contiguous(absl::Span<const absl::string_view> pieces) {
+  if (pieces.size() == 1) return pieces[0];
+  thread_local std::string gathered;
+  gathered.clear();
+  for (absl::string_view piece : pieces) {
+    gathered.append(piece.data(), piece.size());
+  }
+  return gathered;
+}
+
 }  // namespace
 
 int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
                              DType dtype) {
+  if (IsBlockDType(dtype)) return FirstNonFinite(Contiguous(pieces), dtype);
   int64_t found = -1;
   ForEachElementRun(pieces, DTypeSize(dtype),
                     [&](absl::string_view run, size_t first) {
@@ -197,6 +348,10 @@ int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
 void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
                               DType dtype, float weight,
                               absl::Span<float> acc) {
+  if (IsBlockDType(dtype)) {
+    AccumulateWeighted(Contiguous(pieces), dtype, weight, acc);
+    return;
+  }
   const size_t size = DTypeSize(dtype);
   ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
     AccumulateWeighted(run, dtype, weight,
@@ -214,6 +369,7 @@ absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
                      WireBytes(dtype, out.size()), " (", out.size(), " ",
                      DTypeName(dtype), " values)"));
   }
+  if (IsBlockDType(dtype)) return DecodeValues(Contiguous(pieces), dtype, out);
   const size_t size = DTypeSize(dtype);
   ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
     // The size is right: DecodeValues cannot fail.
@@ -234,6 +390,68 @@ LOCALSGD_KERNEL
 void RoundTripInPlace(absl::Span<float> values, DType dtype) {
   if (dtype != DType::kBFloat16) return;
   for (float& v : values) v = BFloat16ToFloat(FloatToBFloat16(v));
+}
+
+absl::Status CheckBlockScales(absl::string_view scales, DType dtype) {
+  const size_t blocks = scales.size() / 4;
+  for (size_t b = 0; b < blocks; ++b) {
+    const float scale = ScaleAt(scales.data(), b);
+    // NaN and +inf pass: FirstNonFinite reports them (non-finite values).
+    if (scale <= 0 || (scale > kMaxBlockScale &&
+                       scale != std::numeric_limits<float>::infinity())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block ", b, " (elements from ", b * kQuantBlock, ") of the ",
+          DTypeName(dtype), " payload has scale ", scale,
+          "; scales must be positive (a block of zeros takes any positive "
+          "scale and zero codes) and at most float32 max / 128 (about 2^121)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void EncodeWithFeedback(absl::Span<const float> values,
+                        absl::Span<float> residual, DType dtype, char* out,
+                        absl::Span<float> decoded) {
+  const size_t n = values.size();
+  if (residual.empty()) {
+    EncodeValuesTo(values, dtype, out);
+    (void)DecodeValues(absl::string_view(out, WireBytes(dtype, n)), dtype,
+                       decoded);
+    return;
+  }
+  // Block by block (so that `decoded` may be `values`): e = values +
+  // residual, encoded; residual = e - decode(e's encoding).
+  constexpr size_t kStep = 16 * kQuantBlock;  // whole blocks, and bf16 pairs
+  float e[kStep];
+  for (size_t first = 0; first < n; first += kStep) {
+    const size_t len = std::min(kStep, n - first);
+    for (size_t i = 0; i < len; ++i) {
+      e[i] = values[first + i] + residual[first + i];
+    }
+    const size_t offset = WireBytes(dtype, first);  // first: whole blocks
+    const size_t bytes = WireBytes(dtype, len);
+    char* piece = out + offset;
+    if (IsBlockDType(dtype)) {
+      // Each piece is a payload of its own; the layout of the whole is
+      // scales first: encode into a scratch payload and scatter.
+      thread_local std::string scratch;
+      scratch.resize(bytes);
+      EncodeValuesTo(absl::MakeConstSpan(e, len), dtype, scratch.data());
+      const size_t blocks = NumBlocks(len);
+      const size_t all_blocks = NumBlocks(n);
+      std::memcpy(out + 4 * (first / kQuantBlock), scratch.data(), 4 * blocks);
+      std::memcpy(out + 4 * all_blocks + CodeBytes(dtype, first),
+                  scratch.data() + 4 * blocks, bytes - 4 * blocks);
+      (void)DecodeValues(scratch, dtype, decoded.subspan(first, len));
+    } else {
+      EncodeValuesTo(absl::MakeConstSpan(e, len), dtype, piece);
+      (void)DecodeValues(absl::string_view(piece, bytes), dtype,
+                         decoded.subspan(first, len));
+    }
+    for (size_t i = 0; i < len; ++i) {
+      residual[first + i] = e[i] - decoded[first + i];
+    }
+  }
 }
 
 }  // namespace localsgd

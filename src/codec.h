@@ -34,12 +34,39 @@ inline float BFloat16ToFloat(uint16_t h) {
   return f;
 }
 
-// Bytes that `n` values take in wire dtype `dtype` (float32 or bfloat16).
-inline size_t WireBytes(DType dtype, size_t n) {
-  return n * static_cast<size_t>(DTypeSize(dtype));
+// Blockwise codes (DType::kInt8Block, kInt4Block). A payload of n values
+// holds B = ceil(n / kQuantBlock) blocks: first the B scales (float32,
+// little-endian; block b covers elements [b * kQuantBlock, (b + 1) *
+// kQuantBlock)), then the n codes: int8, one byte each; int4, two per byte
+// (element 2k in the low nibble of byte k, 2k+1 in the high one), two's
+// complement. Element i of block b decodes to scale_b * max(code_i, -M), M =
+// 127 (int8) or 7 (int4): a code of -128 / -8 reads as -M. Scales must be
+// in (0, kMaxBlockScale] (a block of zeros has any and zero codes); a
+// non-finite scale means a non-finite value (what an encoder writes for a
+// block that holds one). The block size was chosen by measurement
+// (bench/README.md "Blockwise codes").
+inline constexpr size_t kQuantBlock = 64;
+// The largest scale (float32 max / 128): every code times it stays finite.
+inline constexpr float kMaxBlockScale = 3.40282347e38f / 128;
+inline size_t NumBlocks(size_t n) {
+  return (n + kQuantBlock - 1) / kQuantBlock;
 }
 
-// Encodes `values` in `dtype` into `out` (resized to WireBytes).
+// Bytes that `n` values take in wire dtype `dtype`.
+inline size_t WireBytes(DType dtype, size_t n) {
+  switch (dtype) {
+    case DType::kInt8Block:
+      return 4 * NumBlocks(n) + n;
+    case DType::kInt4Block:
+      return 4 * NumBlocks(n) + (n + 1) / 2;
+    default:
+      return n * static_cast<size_t>(DTypeSize(dtype));
+  }
+}
+
+// Encodes `values` in `dtype` into `out` (resized to WireBytes). Blockwise
+// codes: absmax scaling, round to nearest; a block with a non-finite value
+// gets a NaN scale.
 void EncodeValues(absl::Span<const float> values, DType dtype,
                   std::string* out);
 // Encodes into a caller-provided buffer of exactly WireBytes(dtype, n) bytes.
@@ -51,8 +78,25 @@ absl::Status DecodeValues(absl::string_view data, DType dtype,
                           absl::Span<float> out);
 
 // Returns the index of the first non-finite value in `data` (wire dtype
-// `dtype`), or -1 if all are finite. `data` must hold whole elements.
+// `dtype`), or -1 if all are finite. `data` must hold whole elements (for a
+// blockwise code: be WireBytes of its element count; the index is then the
+// first element of the first block whose scale is not finite).
 int64_t FirstNonFinite(absl::string_view data, DType dtype);
+
+// Blockwise codes: INVALID_ARGUMENT naming the first block whose scale is
+// zero, negative or finite above kMaxBlockScale (a malformed payload,
+// whatever the non-finite policy).
+// `scales` is the payload's first 4 * NumBlocks(n) bytes (its scales).
+absl::Status CheckBlockScales(absl::string_view scales, DType dtype);
+
+// Encodes `values` + `residual` (error feedback: what earlier encodings
+// lost) in `dtype` into `out` (WireBytes(dtype, n) bytes), writes what `out`
+// decodes to into `decoded`, and leaves in `residual` what this encoding
+// lost: (values + residual) - decoded. An empty `residual` means none (and
+// none is kept). All spans hold n values; `decoded` may be `values`.
+void EncodeWithFeedback(absl::Span<const float> values,
+                        absl::Span<float> residual, DType dtype, char* out,
+                        absl::Span<float> decoded);
 
 // acc[i] += weight * value(data, i) for every i. `data` holds acc.size()
 // elements of wire dtype `dtype`.

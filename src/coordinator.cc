@@ -131,7 +131,8 @@ absl::Status Coordinator::Restore() {
     auto job = std::make_shared<Job>(c.job_id, c.layout, shard_elements,
                                      c.settings, options_.policy, clock_,
                                      checkpointer_.get(), options_.observer);
-    job->RestoreState(c.round, std::move(c.values));
+    job->RestoreState(c.round, std::move(c.values), c.state_id,
+                      std::move(c.momentum), std::move(c.residual));
     LOG(INFO) << "restored job " << c.job_id << " at round " << c.round << " ("
               << *n << " elements) from " << options_.checkpoint_store->dir();
     jobs_.emplace(c.job_id, std::move(job));
@@ -244,6 +245,13 @@ absl::StatusOr<std::shared_ptr<Job>> Coordinator::FindOrCreateJob(
       }
       const JobSettings settings =
           WithDefaults(want, options_.default_settings);
+      // What the member asks for combined with the defaults (a code of a
+      // few bits needs pseudo-gradients, ...).
+      if (absl::Status s =
+              ValidateComplete(settings, options_.settings_limits(), "");
+          !s.ok()) {
+        return s;
+      }
       const uint64_t shard_elements =
           ShardElements(num_elements, settings.chunk_elements, options_.shard);
       if (shard_elements == 0) {

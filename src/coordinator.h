@@ -39,7 +39,10 @@ struct CoordinatorOptions {
                                /*wire_dtype=*/DType::kFloat32,
                                /*mode=*/AveragingMode::kMean,
                                /*rendezvous_members=*/0,
-                               /*nonfinite_policy=*/NonFinitePolicy::kReject};
+                               /*nonfinite_policy=*/NonFinitePolicy::kReject,
+                               /*contribution=*/Contribution::kParameters,
+                               /*outer_lr=*/0.7f,
+                               /*outer_momentum=*/0.9f};
   // The chunks this coordinator owns when several replicas share the jobs
   // (chunk i of a layout goes to replica i mod shard.count). A job's state
   // here holds only those chunks, back to back.

@@ -22,6 +22,16 @@ std::string RandomMemberHex(absl::BitGen& gen) {
   return absl::StrFormat("%016x%016x", hi, lo);
 }
 
+// to = from[offset, offset + to.size()), or zeros if `from` is empty.
+void CopyOrZero(const std::vector<float>& from, size_t offset,
+                absl::Span<float> to) {
+  if (from.empty()) {
+    std::fill(to.begin(), to.end(), 0.0f);
+  } else {
+    std::copy_n(from.begin() + offset, to.size(), to.begin());
+  }
+}
+
 std::vector<std::string> Sorted(std::vector<std::string> v) {
   std::sort(v.begin(), v.end());
   return v;
@@ -38,11 +48,14 @@ absl::Status Draining(absl::string_view what) {
                    "; retry, it or its replacement will take it"));
 }
 
-// The job's averaging rule. The settings are validated before a job exists
-// (Coordinator::Join, checkpoint restore): a mode without a rule here is a
-// bug, not bad input.
-std::unique_ptr<AveragingRule> RuleFor(AveragingMode mode) {
-  absl::StatusOr<std::unique_ptr<AveragingRule>> rule = MakeAveragingRule(mode);
+// The averaging rule of a pseudo-gradient job (parameter jobs average
+// parameters: MeanOfParameters). The settings are validated before a job
+// exists (Coordinator::Join, checkpoint restore): a mode without a rule here
+// is a bug, not bad input.
+std::unique_ptr<AveragingRule> RuleFor(const JobSettings& settings) {
+  if (settings.contribution != Contribution::kPseudoGradients) return nullptr;
+  absl::StatusOr<std::unique_ptr<AveragingRule>> rule =
+      MakeAveragingRule(settings);
   CHECK(rule.ok()) << rule.status();
   return *std::move(rule);
 }
@@ -95,7 +108,7 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       sink_(sink),
       observer_(observer),
       close_rules_{policy.round_deadline, policy.min_quorum},
-      rule_(RuleFor(settings.mode)),
+      rule_(RuleFor(settings)),
       rendezvous_done_(settings.rendezvous_members <= 1) {
   empty_since_ = clock_->Now();  // no member yet
 }
@@ -112,11 +125,20 @@ bool Job::RetireIfEmptyFor(absl::Time now, absl::Duration ttl) {
 }
 
 void Job::RestoreState(RoundId round, std::vector<float> values) {
+  RestoreState(round, std::move(values), 0, {}, {});
+}
+
+void Job::RestoreState(RoundId round, std::vector<float> values, uint64_t id,
+                       std::vector<float> momentum,
+                       std::vector<float> residual) {
   absl::MutexLock lock(&mu_);
   empty_since_ = clock_->Now();
   auto state = std::make_shared<StateSnapshot>();
   state->round = round;
   state->values = std::move(values);
+  state->id = id != 0 ? id : NewStateIdLocked();
+  state->momentum = std::move(momentum);
+  state->residual = std::move(residual);
   state_ = std::move(state);
   if (round > 0) rendezvous_done_ = true;
   // The members are not checkpointed: give them one lease to come back, so
@@ -169,6 +191,7 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
       result.settings = settings_;
       result.has_state = state_ != nullptr;
       result.state_round = state_ != nullptr ? state_->round : 0;
+      result.state_id = state_ != nullptr ? state_->id : 0;
       result.geometry = geometry_;
     }
   }
@@ -328,6 +351,12 @@ absl::Status CheckSeedOrigin(absl::string_view job, absl::string_view member,
                      "' names seed_contributors ", origin.contributors,
                      " without a seed_round; they go with a re-seed"));
   }
+  if (origin.state_id != 0 && origin.round == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Sync header of member ", member, " of job '", job,
+                     "' names seed_state_id ", origin.state_id,
+                     " without a seed_round; it goes with a re-seed"));
+  }
   if (origin.round > kMaxSeedRound) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Sync header of member ", member, " of job '", job,
@@ -339,8 +368,8 @@ absl::Status CheckSeedOrigin(absl::string_view job, absl::string_view member,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
-    const MemberId& member, RoundId round, SyncCallback done,
-    SeedOrigin origin) {
+    const MemberId& member, RoundId round, SyncCallback done, SeedOrigin origin,
+    uint64_t anchor) {
   const absl::Time now = clock_->Now();
   Deferred deferred;
   std::unique_ptr<SyncSession> session;
@@ -353,6 +382,13 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
         !s.ok()) {
       return s;
     }
+    if (pseudo_gradients() && round != 0 && anchor == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sync header of member ", info->name, " of job '", id_,
+          "' for round ", round,
+          " names no anchor_state_id; in a pseudo-gradient job it is "
+          "required: the id of the state the delta was taken against"));
+    }
     if (round == 0) {
       if (state_ == nullptr && seed_ == nullptr && draining_) {
         return Draining("starts no seed");
@@ -364,8 +400,18 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
                        "' has no global state yet; seed it with a Sync of "
                        "round 0 (Client::Initialize) before round ",
                        round));
-    } else if (round <= state_->round) {
-      session = BeginLateLocked(*info, round, std::move(done), deferred);
+    } else if (round <= state_->round ||
+               (pseudo_gradients() && anchor != state_->id)) {
+      // Late; or, in a pseudo-gradient job, a delta against another state
+      // than the job's: never averaged, the member adopts.
+      if (round == state_->round + 1) {
+        LOG(WARNING) << "job " << id_ << ": " << info->name
+                     << " contributes to round " << round
+                     << " against another state than the job's round "
+                     << state_->round << "; it adopts the job's state";
+      }
+      session =
+          BeginLateLocked(*info, round, anchor, std::move(done), deferred);
     } else if (round == state_->round + 1) {
       if (open_ == nullptr && draining_) {
         return Draining("opens no new round");
@@ -406,6 +452,7 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
     seed_ = std::make_unique<Seed>();
     seed_->owner = member.id;
     seed_->origin = origin;
+    // A pseudo-gradient job's seed is float32 (one per element).
     seed_->values = TakeBufferLocked();
     seed_->got.assign(geometry_.num_chunks(), false);
     LOG(INFO) << "job " << id_ << ": " << member.name
@@ -425,10 +472,11 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
 
 std::unique_ptr<SyncSession> Job::BeginLateLocked(const MemberInfo& member,
                                                   RoundId round,
+                                                  uint64_t anchor,
                                                   SyncCallback done,
                                                   Deferred& deferred) {
   // A straggler (or a retry after its round closed): adopt the latest.
-  SyncResult result = LatestResultLocked(member.id, round);
+  SyncResult result = LatestResultLocked(member.id, round, anchor);
   if (!result.contributed) {
     for (RoundRecord& record : recent_) {
       if (record.round != round) continue;
@@ -506,16 +554,36 @@ absl::Status Job::ValidateChunk(const SyncSession& session, uint32_t index,
                      " chunks (0..", n - 1, "); did the model change?"));
   }
   const uint32_t elements = geometry_.Size(index);
-  const size_t expected = WireBytes(settings_.wire_dtype, elements);
+  const DType dtype = ChunkDType(session);
+  const size_t expected = WireBytes(dtype, elements);
   size_t size = 0;
   for (absl::string_view piece : pieces) size += piece.size();
   if (size != expected) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk ", index, " for round ", session.round_, " of job '", id_,
         "' has ", size, " bytes; expected ", expected, " (", elements, " ",
-        DTypeName(settings_.wire_dtype), " values)"));
+        DTypeName(dtype),
+        IsBlockDType(dtype)
+            ? absl::StrCat(" values in ", NumBlocks(elements), " blocks")
+            : std::string(" values"),
+        ")"));
   }
-  const int64_t bad = FirstNonFinitePieces(pieces, settings_.wire_dtype);
+  if (IsBlockDType(dtype)) {
+    // The scales lead the payload (codec.h).
+    std::string scales;
+    const size_t want = 4 * NumBlocks(elements);
+    for (absl::string_view piece : pieces) {
+      if (scales.size() == want) break;
+      const absl::string_view part = piece.substr(0, want - scales.size());
+      scales.append(part.data(), part.size());
+    }
+    if (absl::Status s = CheckBlockScales(scales, dtype); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", index, " for round ", session.round_,
+                       " of job '", id_, "': ", s.message()));
+    }
+  }
+  const int64_t bad = FirstNonFinitePieces(pieces, dtype);
   if (bad < 0) return absl::OkStatus();
   // Seeds are always refused: a seed is the state everyone starts from.
   if (settings_.nonfinite_policy != NonFinitePolicy::kDrop ||
@@ -574,7 +642,7 @@ absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
         return absl::OkStatus();
       }
       if (absl::Status s = DecodeValuesPieces(
-              pieces, settings_.wire_dtype,
+              pieces, ChunkDType(session),
               absl::MakeSpan(seed_->values)
                   .subspan(geometry_.Offset(index), geometry_.Size(index)));
           !s.ok()) {
@@ -596,7 +664,7 @@ absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
       Participant& p = it->second;
       // The whole chunk goes in under the lock: simple and, at a few
       // hundred KiB per chunk and ~17 GB/s, short.
-      open_->sums.Add(index, pieces, settings_.wire_dtype, p.weight);
+      open_->sums.Add(index, pieces, ChunkDType(session), p.weight);
       p.got[index] = true;
       if (++p.received == n) MaybeCloseRoundLocked(now, deferred);
       return absl::OkStatus();
@@ -695,11 +763,16 @@ void Job::MaybeCloseRoundLocked(absl::Time now, Deferred& deferred) {
 void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                            Deferred& deferred) {
   std::unique_ptr<OpenRound> round = std::move(open_);
-  std::vector<float> values =
-      rule_->NextState(std::move(round->sums), state_->values);
-  // Store exactly what members receive, so that a late joiner's fetched state
-  // equals what the others hold.
-  RoundTripInPlace(absl::MakeSpan(values), settings_.wire_dtype);
+  std::shared_ptr<StateSnapshot> state;
+  if (pseudo_gradients()) {
+    state = NextDeltaStateLocked(std::move(round->sums));
+  } else {
+    state = std::make_shared<StateSnapshot>();
+    state->values = MeanOfParameters(std::move(round->sums), state_->values);
+    // Store exactly what members receive, so that a late joiner's fetched
+    // state equals what the others hold.
+    RoundTripInPlace(absl::MakeSpan(state->values), settings_.wire_dtype);
+  }
 
   RoundRecord record;
   record.round = round->id;
@@ -726,8 +799,79 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
     LOG(INFO) << "job " << id_ << ": rendezvous of "
               << settings_.rendezvous_members << " members complete";
   }
-  CommitLocked(std::move(record), std::move(values), std::move(round->waiters),
+  CommitLocked(std::move(record), std::move(state), std::move(round->waiters),
                refused, deferred);
+}
+
+std::shared_ptr<StateSnapshot> Job::NextDeltaStateLocked(
+    RoundAccumulator sums) {
+  const DType wire = settings_.wire_dtype;
+  const bool lossy = wire != DType::kFloat32;
+  const size_t n = geometry_.num_elements();
+  const StateSnapshot& old = *state_;
+  auto next = std::make_shared<StateSnapshot>();
+  next->previous_id = old.id;
+  next->delta = std::move(spare_delta_);
+  spare_delta_.clear();
+  next->delta.resize(
+      WireBytes(wire, geometry_.chunk_elements()) *
+          (geometry_.num_chunks() - 1) +
+      WireBytes(wire, geometry_.Size(geometry_.num_chunks() - 1)));
+  if (rule_->has_momentum()) next->momentum = Recycled(spare_momentum_, n);
+  if (lossy) next->residual = Recycled(spare_residual_, n);
+  for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
+    const size_t offset = geometry_.Offset(c);
+    const absl::Span<float> chunk = sums.scaled_sums(c);
+    const size_t len = chunk.size();
+    // Carried over from the old state (zeros after a seed or a restore
+    // without them), then updated in place.
+    absl::Span<float> momentum;
+    if (rule_->has_momentum()) {
+      momentum = absl::MakeSpan(next->momentum).subspan(offset, len);
+      CopyOrZero(old.momentum, offset, momentum);
+    }
+    absl::Span<float> residual;
+    if (lossy) {
+      residual = absl::MakeSpan(next->residual).subspan(offset, len);
+      CopyOrZero(old.residual, offset, residual);
+    }
+    char* out =
+        next->delta.data() + WireBytes(wire, geometry_.chunk_elements()) * c;
+    if (sums.chunk_weight(c) > 0) {
+      // mean delta -> the rule's step -> encoded with the residual -> what
+      // the encoding decodes to (in place), as every member decodes it.
+      DivideInPlace(chunk, sums.scaled_weight(c));
+      rule_->Step(chunk, momentum, momentum);
+      EncodeWithFeedback(chunk, residual, wire, out, chunk);
+    } else {
+      // No one contributed: the chunk keeps its state, momentum and
+      // residual; its delta is zeros.
+      std::fill(chunk.begin(), chunk.end(), 0.0f);
+      EncodeValuesTo(chunk, wire, out);
+    }
+    const auto previous = absl::MakeConstSpan(old.values).subspan(offset, len);
+    for (size_t i = 0; i < len; ++i) chunk[i] += previous[i];
+  }
+  next->values = sums.TakeBuffer();
+  return next;
+}
+
+std::vector<float> Job::Recycled(std::vector<float>& spare, size_t n) {
+  std::vector<float> buffer = std::move(spare);
+  spare.clear();
+  buffer.resize(n);
+  return buffer;
+}
+
+uint64_t Job::NewStateIdLocked() {
+  uint64_t id = 0;
+  while (id == 0) id = absl::Uniform<uint64_t>(bitgen_);
+  return id;
+}
+
+DType Job::ChunkDType(const SyncSession& session) const {
+  return pseudo_gradients() && session.round_ == 0 ? DType::kFloat32
+                                                   : settings_.wire_dtype;
 }
 
 void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
@@ -761,8 +905,11 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   record.contributor_ids.insert(seed->owner);
   record.contributor_weight = weight;
   const SeedOrigin origin = seed->origin;
-  CommitLocked(std::move(record), std::move(seed->values),
-               std::move(seed->waiters), /*refused=*/{}, deferred);
+  auto state = std::make_shared<StateSnapshot>();
+  state->values = std::move(seed->values);
+  state->id = origin.state_id != 0 ? origin.state_id : NewStateIdLocked();
+  CommitLocked(std::move(record), std::move(state), std::move(seed->waiters),
+               /*refused=*/{}, deferred);
   if (origin.round > 0) {
     // A re-seed of a job its coordinator lost: its members come back one by
     // one, as after a restore (RestoreState), and the re-seeder says how
@@ -773,7 +920,7 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   }
 }
 
-void Job::CommitLocked(RoundRecord record, std::vector<float> values,
+void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
                        Waiters waiters,
                        const absl::flat_hash_set<MemberId>& refused,
                        Deferred& deferred) {
@@ -782,9 +929,8 @@ void Job::CommitLocked(RoundRecord record, std::vector<float> values,
   std::sort(record.dropped.begin(), record.dropped.end());
   std::sort(record.timed_out.begin(), record.timed_out.end());
 
-  auto state = std::make_shared<StateSnapshot>();
   state->round = record.round;
-  state->values = std::move(values);
+  if (state->id == 0) state->id = NewStateIdLocked();
   std::shared_ptr<StateSnapshot> old = std::move(state_);
   state_ = state;
   if (record.reason != CloseReason::kSeed && regather_members_ > 0) {
@@ -795,8 +941,11 @@ void Job::CommitLocked(RoundRecord record, std::vector<float> values,
   // Recycle the old state's memory for the next accumulator unless a stream
   // (or the checkpointer) still reads it: fresh pages cost ~20x more than
   // reused ones.
-  if (old != nullptr && old.use_count() == 1 && spare_.empty()) {
-    spare_ = std::move(old->values);
+  if (old != nullptr && old.use_count() == 1) {
+    if (spare_.empty()) spare_ = std::move(old->values);
+    if (spare_momentum_.empty()) spare_momentum_ = std::move(old->momentum);
+    if (spare_residual_.empty()) spare_residual_ = std::move(old->residual);
+    if (spare_delta_.empty()) spare_delta_ = std::move(old->delta);
   }
   NotifySinkLocked(state, deferred);
 
@@ -814,6 +963,9 @@ void Job::CommitLocked(RoundRecord record, std::vector<float> values,
     result.contributors = static_cast<uint32_t>(record.contributors.size());
     result.contributor_weight = record.contributor_weight;
     result.state = state;
+    result.state_id = state->id;
+    // Every waiter of a round asked for it holding its previous state.
+    result.delta = state->previous_id != 0;
     deferred.push_back([done = std::move(w.done), result = std::move(result)] {
       done(result);
     });
@@ -874,11 +1026,16 @@ void Job::NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
       });
 }
 
-SyncResult Job::LatestResultLocked(const MemberId& member,
-                                   RoundId asked_round) {
+SyncResult Job::LatestResultLocked(const MemberId& member, RoundId asked_round,
+                                   uint64_t anchor) {
   SyncResult result;
   result.round = state_->round;
   result.state = state_;
+  result.state_id = state_->id;
+  // A retry of the round that closed last, from the state before it: the
+  // round's delta applies.
+  result.delta = state_->previous_id != 0 && asked_round == state_->round &&
+                 anchor == state_->previous_id;
   for (const RoundRecord& record : recent_) {
     if (record.round != state_->round) continue;
     result.contributed = record.contributor_ids.contains(member);

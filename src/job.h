@@ -71,12 +71,34 @@ struct JobPolicy {
 struct StateSnapshot {
   RoundId round = 0;
   std::vector<float> values;
+  // Random and non-zero: names this state (a member's anchor) in
+  // pseudo-gradient jobs, where two states of one round can differ (a job
+  // re-seeded after its coordinator lost it).
+  uint64_t id = 0;
+  // Pseudo-gradient jobs, a closed round's state: `delta` is the round's
+  // global delta in the job's wire dtype, chunk by chunk (chunk c at
+  // WireBytes(wire dtype, c * chunk_elements)), and values = the state
+  // `previous_id` + decode(delta), element by element, exactly as a member
+  // that holds that state computes it. Empty (previous_id 0) for a seed, a
+  // restored state and in parameter jobs.
+  std::string delta;
+  uint64_t previous_id = 0;
+  // Pseudo-gradient jobs: the rule's momentum after this round (empty: the
+  // rule has none) and what the coordinator's encoding of the deltas has
+  // lost so far (error feedback; empty for float32), one float per element.
+  // Checkpointed with the values.
+  std::vector<float> momentum;
+  std::vector<float> residual;
 };
 
 // What a Sync resolves to: how the round ended for the member, and the
 // state it ended with.
 struct SyncResult : RoundOutcome {
   std::shared_ptr<const StateSnapshot> state;
+  // Pseudo-gradient jobs: the member holds state->previous_id and gets
+  // state->delta to add to it; otherwise it gets state->values (in float32
+  // in pseudo-gradient jobs, in the wire dtype in parameter jobs).
+  bool delta = false;
 };
 using SyncCallback = std::function<void(absl::StatusOr<SyncResult>)>;
 
@@ -148,6 +170,7 @@ struct JoinResult {
   JobSettings settings;
   bool has_state = false;
   RoundId state_round = 0;
+  uint64_t state_id = 0;
   ChunkGeometry geometry;
 };
 
@@ -228,6 +251,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // return a little later than the first still take part.
   void RestoreState(RoundId round, std::vector<float> values)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The same with the state's id and a pseudo-gradient job's momentum and
+  // residual (each empty or of num_elements; id 0: a new one).
+  void RestoreState(RoundId round, std::vector<float> values, uint64_t id,
+                    std::vector<float> momentum, std::vector<float> residual)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const Layout& layout() const { return layout_; }
 
@@ -268,7 +296,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // open round), UNAVAILABLE (stopping; or draining and the Sync would open
   // a new round or start a seed), INVALID_ARGUMENT (an `origin` with a
   // round other than 0, contributors without a round, or a round above
-  // kMaxSeedRound).
+  // kMaxSeedRound, or a state id without a round).
+  //
+  // Pseudo-gradient jobs: `anchor` is the id of the state the member's
+  // delta was taken against (INVALID_ARGUMENT if 0 for a round >= 1). A
+  // member whose anchor is not the job's current state is late: it adopts
+  // the current state, and its delta is never averaged. A seed's chunks are
+  // float32 whatever the wire dtype.
   //
   // `origin` (round 0 only): what the seed continues. A re-seed
   // (origin.round > 0) makes the state round origin.round, so that numbering
@@ -277,11 +311,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // has origin.contributors participants (if > 0) or one lease TTL has
   // passed. Whoever owns the seed names its origin; members adopting it get
   // its round.
-  absl::StatusOr<std::unique_ptr<SyncSession>> BeginSync(const MemberId& member,
-                                                         RoundId round,
-                                                         SyncCallback done,
-                                                         SeedOrigin origin = {})
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::unique_ptr<SyncSession>> BeginSync(
+      const MemberId& member, RoundId round, SyncCallback done,
+      SeedOrigin origin = {}, uint64_t anchor = 0) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The current state. NOT_FOUND (member), FAILED_PRECONDITION (no state).
   absl::StatusOr<std::shared_ptr<const StateSnapshot>> GetState(
@@ -365,7 +397,8 @@ class Job : public std::enable_shared_from_this<Job> {
                                                Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<SyncSession> BeginLateLocked(const MemberInfo& member,
-                                               RoundId round, SyncCallback done,
+                                               RoundId round, uint64_t anchor,
+                                               SyncCallback done,
                                                Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<SyncSession> BeginRoundLocked(const MemberInfo& member,
@@ -427,7 +460,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // of `record.round`, tells the sink and the observer, answers `waiters`
   // (a waiter in `refused` was dropped for non-finite values: not counted,
   // and not late) and keeps the record.
-  void CommitLocked(RoundRecord record, std::vector<float> values,
+  void CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
                     Waiters waiters,
                     const absl::flat_hash_set<MemberId>& refused,
                     Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -436,11 +469,27 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
                         Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The result of the latest closed round, for `member`.
-  SyncResult LatestResultLocked(const MemberId& member, RoundId asked_round)
+  // The result of the latest closed round, for `member`, which asked for
+  // `asked_round` holding the state `anchor` (pseudo-gradient jobs).
+  SyncResult LatestResultLocked(const MemberId& member, RoundId asked_round,
+                                uint64_t anchor = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pseudo-gradient jobs: the next state from the closed round's sums (the
+  // rule's step, encoded with error feedback), as CommitLocked stores it.
+  std::shared_ptr<StateSnapshot> NextDeltaStateLocked(RoundAccumulator sums)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The dtype of the chunks a session sends: float32 for a pseudo-gradient
+  // job's seed, else the wire dtype.
+  DType ChunkDType(const SyncSession& session) const;
+  bool pseudo_gradients() const {
+    return settings_.contribution == Contribution::kPseudoGradients;
+  }
+  uint64_t NewStateIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A buffer of num_elements floats, recycled from an old state if possible.
   std::vector<float> TakeBufferLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for a state's other buffers (momentum, residual: num_elements
+  // floats, contents undefined; delta: `bytes`).
+  static std::vector<float> Recycled(std::vector<float>& spare, size_t n);
   MemberInfo* FindMemberLocked(const MemberId& member, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MemberNotFound(const MemberId& member) const;
@@ -474,6 +523,9 @@ class Job : public std::enable_shared_from_this<Job> {
   std::unique_ptr<AveragingRule> rule_ ABSL_GUARDED_BY(mu_);
   std::deque<RoundRecord> recent_ ABSL_GUARDED_BY(mu_);
   std::vector<float> spare_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> spare_momentum_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> spare_residual_ ABSL_GUARDED_BY(mu_);
+  std::string spare_delta_ ABSL_GUARDED_BY(mu_);
   // Whether a round has had settings_.rendezvous_members participants.
   bool rendezvous_done_ ABSL_GUARDED_BY(mu_);
   // After a restore, until this time an open round admits members that join

@@ -56,6 +56,22 @@ const SettingField kSettingFields[] = {
                            "'; member asks for '",
                            NonFinitePolicyName(asked.nonfinite_policy), "'");
      }},
+    {LOCALSGD_SETTING(contribution, Contribution::kUnspecified),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat("takes ", ContributionName(job.contribution),
+                           "; member sends ",
+                           ContributionName(asked.contribution));
+     }},
+    {LOCALSGD_SETTING(outer_lr, 0.0f),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat("uses outer learning rate ", job.outer_lr,
+                           "; member asks for ", asked.outer_lr);
+     }},
+    {LOCALSGD_SETTING(outer_momentum, 0.0f),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat("uses outer momentum ", job.outer_momentum,
+                           "; member asks for ", asked.outer_momentum);
+     }},
 };
 
 #undef LOCALSGD_SETTING
@@ -73,7 +89,25 @@ absl::Status ValidateSetFields(const JobSettings& s,
   if (s.wire_dtype != DType::kUnspecified && !IsWireDType(s.wire_dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, "wire dtype ", DTypeName(s.wire_dtype),
-                     " is not supported; use float32 or bfloat16"));
+                     " is not supported; use float32, bfloat16, int8 or int4"));
+  }
+  if (s.contribution != Contribution::kUnspecified &&
+      s.contribution != Contribution::kParameters &&
+      s.contribution != Contribution::kPseudoGradients) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "contribution ", static_cast<int>(s.contribution),
+                     " is not supported; use parameters or pseudo_gradients"));
+  }
+  // Negated comparisons so that NaN fails them too.
+  if (s.outer_lr != 0 && !(s.outer_lr > 0 && s.outer_lr <= 100)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "outer_lr ", s.outer_lr, " is out of range; use (0, 100]"));
+  }
+  if (s.outer_momentum != 0 &&
+      !(s.outer_momentum > 0 && s.outer_momentum < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "outer_momentum ", s.outer_momentum,
+                     " is out of range; use (0, 1) (no momentum: outer_sgd)"));
   }
   if (s.rendezvous_members > limits.max_members) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -87,10 +121,13 @@ absl::Status ValidateSetFields(const JobSettings& s,
         what, "non-finite policy ", static_cast<int>(s.nonfinite_policy),
         " is not supported; use reject or drop"));
   }
-  if (s.mode != AveragingMode::kUnspecified && s.mode != AveragingMode::kMean) {
+  if (s.mode != AveragingMode::kUnspecified && s.mode != AveragingMode::kMean &&
+      s.mode != AveragingMode::kOuterNesterov &&
+      s.mode != AveragingMode::kOuterSgd) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, "averaging mode ", static_cast<int>(s.mode),
-                     " is not supported; use mean"));
+                     " is not supported; use mean, outer_nesterov or "
+                     "outer_sgd"));
   }
   return absl::OkStatus();
 }
@@ -112,8 +149,42 @@ absl::Status ValidateComplete(const JobSettings& s,
         absl::StrCat(what, "non-finite policy must be reject or drop"));
   }
   if (s.mode == AveragingMode::kUnspecified) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "averaging mode must be mean, outer_nesterov or outer_sgd"));
+  }
+  if (s.contribution == Contribution::kUnspecified) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "contribution must be parameters or pseudo_gradients"));
+  }
+  if (s.contribution == Contribution::kParameters) {
+    // Parameters are averaged as they are: no outer step, and a code of a
+    // few bits would round the state itself.
+    if (s.mode != AveragingMode::kMean) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "averaging mode ", AveragingModeName(s.mode),
+          " needs contribution pseudo_gradients (a job of parameters "
+          "averages them: mean)"));
+    }
+    if (IsBlockDType(s.wire_dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "wire dtype ", DTypeName(s.wire_dtype),
+          " needs contribution pseudo_gradients (parameters travel as "
+          "float32 or bfloat16)"));
+    }
+  }
+  if (s.mode == AveragingMode::kOuterNesterov ||
+      s.mode == AveragingMode::kOuterSgd) {
+    if (s.outer_lr == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "averaging mode ",
+                                                     AveragingModeName(s.mode),
+                                                     " needs an outer_lr"));
+    }
+  }
+  if (s.mode == AveragingMode::kOuterNesterov && s.outer_momentum == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, "averaging mode must be MEAN"));
+        absl::StrCat(what,
+                     "averaging mode outer_nesterov needs an "
+                     "outer_momentum"));
   }
   return ValidateSetFields(s, limits, what);
 }

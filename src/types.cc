@@ -14,6 +14,10 @@ absl::string_view DTypeName(DType dtype) {
       return "float16";
     case DType::kFloat64:
       return "float64";
+    case DType::kInt8Block:
+      return "int8";
+    case DType::kInt4Block:
+      return "int4";
     case DType::kUnspecified:
       break;
   }
@@ -29,6 +33,9 @@ int DTypeSize(DType dtype) {
       return 2;
     case DType::kFloat64:
       return 8;
+    case DType::kInt8Block:  // per element; scales come on top (WireBytes)
+      return 1;
+    case DType::kInt4Block:  // two per byte: see WireBytes
     case DType::kUnspecified:
       break;
   }
@@ -51,14 +58,31 @@ absl::string_view AveragingModeName(AveragingMode mode) {
   switch (mode) {
     case AveragingMode::kMean:
       return "mean";
+    case AveragingMode::kOuterNesterov:
+      return "outer_nesterov";
+    case AveragingMode::kOuterSgd:
+      return "outer_sgd";
     case AveragingMode::kUnspecified:
       break;
   }
   return "unspecified";
 }
 
+absl::string_view ContributionName(Contribution contribution) {
+  switch (contribution) {
+    case Contribution::kParameters:
+      return "parameters";
+    case Contribution::kPseudoGradients:
+      return "pseudo_gradients";
+    case Contribution::kUnspecified:
+      break;
+  }
+  return "unspecified";
+}
+
 bool IsWireDType(DType dtype) {
-  return dtype == DType::kFloat32 || dtype == DType::kBFloat16;
+  return dtype == DType::kFloat32 || dtype == DType::kBFloat16 ||
+         IsBlockDType(dtype);
 }
 
 absl::Status CheckNoControlCharacters(absl::string_view value,

@@ -20,14 +20,24 @@ enum class DType : int {
   kBFloat16 = 2,
   kFloat16 = 3,
   kFloat64 = 4,
+  // Wire only, pseudo-gradient jobs only (Contribution::kPseudoGradients):
+  // blocks of kQuantBlock elements, each a float32 absmax scale and a signed
+  // code per element (codec.h). Never a tensor's dtype.
+  kInt8Block = 5,
+  kInt4Block = 6,
 };
 
 // "float32", "bfloat16", ... ; "unspecified" for kUnspecified.
 absl::string_view DTypeName(DType dtype);
 // Bytes per element; 0 for kUnspecified.
 int DTypeSize(DType dtype);
-// Whether chunks may travel in this dtype (float32, bfloat16).
+// Whether chunks may travel in this dtype (float32, bfloat16, and the
+// blockwise int8 and int4 codes of pseudo-gradient jobs).
 bool IsWireDType(DType dtype);
+// Whether `dtype` is one of the blockwise codes (kInt8Block, kInt4Block).
+inline bool IsBlockDType(DType dtype) {
+  return dtype == DType::kInt8Block || dtype == DType::kInt4Block;
+}
 
 // INVALID_ARGUMENT naming `what` if `value` holds a control character (a
 // byte below 0x20, or 0x7f): names reach status and the logs, where a
@@ -35,12 +45,31 @@ bool IsWireDType(DType dtype);
 absl::Status CheckNoControlCharacters(absl::string_view value,
                                       absl::string_view what);
 
+// How a round combines its contributions; see localsgd.v1.AveragingMode.
 enum class AveragingMode : int {
   kUnspecified = 0,
   kMean = 1,
+  // Pseudo-gradient jobs only: DiLoCo's outer optimizer,
+  // torch.optim.SGD(nesterov=True) on the outer gradient -mean(delta).
+  kOuterNesterov = 2,
+  // Pseudo-gradient jobs only: torch.optim.SGD without momentum.
+  kOuterSgd = 3,
 };
-// "mean"; "unspecified" for kUnspecified.
+// "mean", "outer_nesterov", "outer_sgd"; "unspecified" for kUnspecified.
 absl::string_view AveragingModeName(AveragingMode mode);
+
+// What members send a round; see localsgd.v1.Contribution.
+enum class Contribution : int {
+  kUnspecified = 0,
+  // Their parameters; the state is their weighted mean (rounded to the wire
+  // dtype). MEAN only, float32 or bfloat16 only.
+  kParameters = 1,
+  // Their pseudo-gradients (theta_local - anchor); the coordinator keeps the
+  // fp32 state and sends back the global delta.
+  kPseudoGradients = 2,
+};
+// "parameters", "pseudo_gradients"; "unspecified" for kUnspecified.
+absl::string_view ContributionName(Contribution contribution);
 
 // What a chunk with a NaN or infinity does; see localsgd.v1.NonFinitePolicy.
 enum class NonFinitePolicy : int {
@@ -74,6 +103,11 @@ struct JobSettings {
   // localsgd.v1.JobSettings.rendezvous_members. 0 or 1: no rendezvous.
   uint32_t rendezvous_members = 0;
   NonFinitePolicy nonfinite_policy = NonFinitePolicy::kUnspecified;
+  Contribution contribution = Contribution::kUnspecified;
+  // The outer optimizer's (OUTER_NESTEROV, OUTER_SGD; MEAN ignores them).
+  // 0: unset.
+  float outer_lr = 0;
+  float outer_momentum = 0;
 };
 
 // Round number of a job. Round 0 is the seed; averaging rounds start at 1.
@@ -119,6 +153,7 @@ struct JoinInfo {
   uint64_t max_message_bytes = 0;
   bool has_state = false;   // whether the job had global state at Join
   RoundId state_round = 0;  // round of that state
+  uint64_t state_id = 0;    // and its id (pseudo-gradient jobs)
   // This replica's chunks and elements (all of the layout's unsharded).
   uint32_t num_chunks = 0;
   uint64_t num_elements = 0;
@@ -137,6 +172,9 @@ struct RoundOutcome {
   // Members counted in the round and their total weight.
   uint32_t contributors = 0;
   double contributor_weight = 0;
+  // The id of the state the member now holds (pseudo-gradient jobs; 0 in
+  // parameter jobs): what its next contribution names as its anchor.
+  uint64_t state_id = 0;
 };
 
 // The largest round a re-seed may name (Job::BeginSync): far beyond any
@@ -149,9 +187,15 @@ inline constexpr RoundId kMaxSeedRound = RoundId{1} << 48;
 // how many members contributed to that round as it last saw it: the job's
 // numbering goes on from that round, and its next round regathers until
 // that many members are back in it (for at most one lease TTL).
+//
+// In a pseudo-gradient job a re-seed sends the state its parameters were
+// trained from (its anchor) and names that state's id (state_id), so that
+// the members holding the same state go on contributing their deltas
+// against it; 0 gives the seed a new id (a new job's seed always gets one).
 struct SeedOrigin {
   RoundId round = 0;
   uint32_t contributors = 0;
+  uint64_t state_id = 0;
 };
 
 }  // namespace localsgd

@@ -137,6 +137,17 @@ JobSettings Settings(DType wire = DType::kFloat32, uint32_t rendezvous = 0) {
   s.mode = AveragingMode::kMean;
   s.nonfinite_policy = NonFinitePolicy::kReject;
   s.rendezvous_members = rendezvous;
+  s.contribution = Contribution::kParameters;
+  return s;
+}
+
+// A pseudo-gradient job with an outer optimizer.
+JobSettings NesterovSettings(DType wire = DType::kInt4Block) {
+  JobSettings s = Settings(wire);
+  s.contribution = Contribution::kPseudoGradients;
+  s.mode = AveragingMode::kOuterNesterov;
+  s.outer_lr = 0.7f;
+  s.outer_momentum = 0.9f;
   return s;
 }
 
@@ -185,11 +196,23 @@ void ExpectSame(const JobCheckpoint& got, const JobCheckpoint& want) {
   EXPECT_EQ(got.settings.mode, want.settings.mode);
   EXPECT_EQ(got.settings.rendezvous_members, want.settings.rendezvous_members);
   EXPECT_EQ(got.settings.nonfinite_policy, want.settings.nonfinite_policy);
+  EXPECT_EQ(got.settings.contribution, want.settings.contribution);
+  EXPECT_EQ(got.settings.outer_lr, want.settings.outer_lr);
+  EXPECT_EQ(got.settings.outer_momentum, want.settings.outer_momentum);
+  EXPECT_EQ(got.state_id, want.state_id);
   EXPECT_EQ(got.shard, want.shard);
   ASSERT_EQ(got.values.size(), want.values.size());
   EXPECT_EQ(std::memcmp(got.values.data(), want.values.data(),
                         4 * want.values.size()),
             0);
+  ASSERT_EQ(got.momentum.size(), want.momentum.size());
+  ASSERT_EQ(got.residual.size(), want.residual.size());
+  EXPECT_TRUE(got.momentum.empty() ||
+              std::memcmp(got.momentum.data(), want.momentum.data(),
+                          4 * want.momentum.size()) == 0);
+  EXPECT_TRUE(got.residual.empty() ||
+              std::memcmp(got.residual.data(), want.residual.data(),
+                          4 * want.residual.size()) == 0);
 }
 
 struct RoundTripCase {
@@ -270,7 +293,12 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
   ReferenceWriter header;
   header.Str("fmt");
   header.U64(9);
-  for (uint32_t v : {8u, 5u, 2u, 1u, 3u}) header.U32(v);
+  for (uint32_t v : {c.settings.local_sgd_steps, c.settings.chunk_elements,
+                     static_cast<uint32_t>(c.settings.wire_dtype),
+                     static_cast<uint32_t>(c.settings.mode),
+                     c.settings.rendezvous_members}) {
+    header.U32(v);
+  }
   if (version >= 2)
     header.U32(static_cast<uint32_t>(c.settings.nonfinite_policy));
   header.U64(c.layout.fingerprint);
@@ -287,20 +315,37 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
     header.U32(c.shard.index);
     header.U32(c.shard.count);
   }
+  if (version >= 3) {
+    header.U32(static_cast<uint32_t>(c.settings.contribution));
+    uint32_t bits;
+    std::memcpy(&bits, &c.settings.outer_lr, 4);
+    header.U32(bits);
+    std::memcpy(&bits, &c.settings.outer_momentum, 4);
+    header.U32(bits);
+    header.U64(c.state_id);
+  }
   header.U64(3);
+  if (version >= 3) {
+    header.U64(c.momentum.size());
+    header.U64(c.residual.size());
+  }
 
   const uint64_t h = header.bytes().size();
   ReferenceWriter file;
   file.Raw("LSGDCKPT");
   file.U32(version);
   file.U32(static_cast<uint32_t>(h));
-  file.U64(24 + h + 4 + 3 * 4 + 4);
+  const size_t floats = 3 + c.momentum.size() + c.residual.size();
+  file.U64(24 + h + 4 + floats * 4 + 4);
   file.Raw(header.bytes());
   file.MaskedCrc();
-  for (float f : c.values) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    file.U32(bits);
+  for (const std::vector<float>* array :
+       {&c.values, &c.momentum, &c.residual}) {
+    for (float f : *array) {
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      file.U32(bits);
+    }
   }
   file.MaskedCrc();
   return file.bytes();
@@ -318,7 +363,34 @@ JobCheckpoint FormatCheckpoint() {
 
 TEST(CheckpointFormatTest, Encode_MatchesTheDocumentedFormat) {
   const JobCheckpoint c = FormatCheckpoint();
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 2));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 3));
+}
+
+// Version 3: a pseudo-gradient job keeps its state id, its outer
+// optimizer's momentum and its quantization residual.
+TEST(CheckpointFormatTest, PseudoGradientJob_KeepsMomentumResidualAndStateId) {
+  JobCheckpoint c = FormatCheckpoint();
+  c.settings = NesterovSettings();
+  c.state_id = 0x0123456789abcdefull;
+  c.momentum = {0.5f, -0.25f, 1e-30f};
+  c.residual = {-1e-3f, 0.0f, 2e-3f};
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 3));
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSame(*back, c);
+  c.momentum.pop_back();  // neither 0 nor the values' count
+  EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(c)).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+// Checkpoints written before pseudo-gradients restore as parameter jobs.
+TEST(CheckpointFormatTest, Decode_Version2_ReadsAsAParameterJob) {
+  JobCheckpoint c = FormatCheckpoint();
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(ReferenceFile(c, 2));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSame(*back, c);
+  EXPECT_EQ(back->settings.contribution, Contribution::kParameters);
+  EXPECT_EQ(back->state_id, 0u);
 }
 
 // Checkpoints written before non-finite policies and shards existed restore
@@ -424,10 +496,10 @@ TEST(CheckpointFormatTest, Decode_WrongMagic_SaysBadMagic) {
 
 TEST(CheckpointFormatTest, Decode_OtherVersion_SaysUnsupportedVersion) {
   std::string bad = EncodeCheckpoint(TinyCheckpoint());
-  PatchU32(&bad, 8, 3);
+  PatchU32(&bad, 8, 4);
   absl::Status s = DecodeCheckpoint(bad).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("unsupported format version 3"));
+  EXPECT_THAT(s.message(), HasSubstr("unsupported format version 4"));
 }
 
 // Contents that no Save writes, with intact checksums (EncodeCheckpoint

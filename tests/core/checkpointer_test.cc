@@ -64,6 +64,25 @@ class CheckpointerTest : public ::testing::Test {
     return capture;
   }
 
+  // The same for a pseudo-gradient job: `values` are the delta against
+  // the state `anchor`, encoded in `dtype`.
+  SyncCapture SendDelta(Job& job, const MemberId& member, RoundId round,
+                        const std::vector<float>& values, DType dtype,
+                        uint64_t anchor) {
+    SyncCapture capture;
+    auto session = job.BeginSync(member, round, capture.Callback(), {}, anchor);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return capture;
+    sessions_.push_back(*std::move(session));
+    for (uint32_t c = 0; c < job.geometry().num_chunks(); ++c) {
+      EXPECT_TRUE(
+          sessions_.back()
+              ->AddChunk(c, EncodeChunk(values, job.geometry(), c, dtype))
+              .ok());
+    }
+    return capture;
+  }
+
   std::string dir_;
   FakeClock clock_;
   std::vector<std::unique_ptr<SyncSession>> sessions_;
@@ -156,7 +175,8 @@ TEST_F(CheckpointerTest, CheckpointOverTheLimits_IsSkippedNotFatal) {
                   DType::kFloat32,
                   AveragingMode::kMean,
                   0,
-                  NonFinitePolicy::kReject};
+                  NonFinitePolicy::kReject,
+                  Contribution::kParameters};
   big.round = 3;
   big.values.assign(100, 0.5f);
   ASSERT_TRUE(SaveWhole(*store_, big).ok());
@@ -207,6 +227,83 @@ TEST_F(CheckpointerTest, ShardCheckpoint_RestoresOnlyIntoTheSameShard) {
   same->Stop();
   auto other = NewCoordinator(ShardSpec{0, 2});
   EXPECT_EQ(other->FindJob("job").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A pseudo-gradient job restarts where it was: the restored coordinator
+// holds the same state (and id, so members go on with their deltas), the
+// outer optimizer's momentum and the quantization residual, and its next
+// round equals the one the first coordinator would have closed.
+TEST_F(CheckpointerTest, PseudoGradientJob_RestartKeepsMomentumAndResidual) {
+  const Layout layout = SmallLayout();
+  const uint64_t n = TotalElements(layout);
+  JoinRequestParams params;
+  params.layout = layout;
+  params.incarnation = 1;
+  params.member_name = "a";
+  params.settings.contribution = Contribution::kPseudoGradients;
+  params.settings.mode = AveragingMode::kOuterNesterov;
+  params.settings.wire_dtype = DType::kInt8Block;
+  std::vector<float> round3_delta(n);
+  for (uint64_t i = 0; i < n; ++i) round3_delta[i] = 0.01f * (i % 7) - 0.02f;
+  auto delta = [&](RoundId r) {
+    std::vector<float> d(n);
+    for (uint64_t i = 0; i < n; ++i) d[i] = 0.001f * r * (i % 5) + 0.003f;
+    return d;
+  };
+  // Rounds 1..last on `coordinator`; returns the states after each round.
+  auto run = [&](Coordinator& coordinator, RoundId last) {
+    std::vector<std::shared_ptr<const StateSnapshot>> states;
+    auto a = coordinator.Join("job", params);
+    EXPECT_TRUE(a.ok()) << a.status();
+    auto job = *coordinator.FindJob("job");
+    SyncCapture seed = Send(*job, a->member_id, 0, std::vector<float>(n, 1));
+    uint64_t anchor = seed.result()->state_id;
+    for (RoundId r = 1; r <= last; ++r) {
+      SyncCapture c =
+          SendDelta(*job, a->member_id, r, r == 3 ? round3_delta : delta(r),
+                    DType::kInt8Block, anchor);
+      EXPECT_TRUE(c.result().ok()) << c.result().status();
+      anchor = c.result()->state_id;
+      states.push_back(c.result()->state);
+    }
+    sessions_.clear();
+    coordinator.Stop();
+    return states;
+  };
+  // Without a restart (and without checkpoints).
+  CoordinatorOptions plain;
+  plain.clock = &clock_;
+  plain.default_settings.chunk_elements = 5;
+  auto reference = *Coordinator::Create(plain);
+  const std::shared_ptr<const StateSnapshot> at3 = run(*reference, 3).back();
+  // With a restart after round 2.
+  std::shared_ptr<const StateSnapshot> at2;
+  {
+    auto coordinator = NewCoordinator();
+    at2 = run(*coordinator, 2).back();
+  }
+  ASSERT_FALSE(at2->momentum.empty());
+  ASSERT_FALSE(at2->residual.empty());
+  auto restored = NewCoordinator();
+  auto a = restored->Join("job", params);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto job = *restored->FindJob("job");
+  auto state = job->GetState(a->member_id);
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ((*state)->id, at2->id);
+  EXPECT_EQ((*state)->values, at2->values);
+  SyncCapture c3 = SendDelta(*job, a->member_id, 3, round3_delta,
+                             DType::kInt8Block, at2->id);
+  clock_.Advance(restored->options().policy.lease_ttl);  // the regather
+  restored->Tick();
+  ASSERT_TRUE(c3.result().ok()) << c3.result().status();
+  EXPECT_TRUE(c3.result()->delta);
+  EXPECT_EQ(c3.result()->state->values, at3->values);
+  EXPECT_EQ(c3.result()->state->momentum, at3->momentum);
+  EXPECT_EQ(c3.result()->state->residual, at3->residual);
+  EXPECT_EQ(c3.result()->state->delta, at3->delta);
+  sessions_.clear();
+  restored->Stop();
 }
 
 }  // namespace

@@ -473,5 +473,154 @@ TEST(MallocTuningTest, KeepFreedMemoryForReuse_TakesOnGlibc) {
 #endif
 }
 
+// Blockwise codes ------------------------------------------------------
+
+std::vector<float> Wavy(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = scale * std::sin(0.37f * i) * (1 + (i % 13 == 0 ? 9 : 0));
+  }
+  return v;
+}
+
+TEST(BlockCodeTest, WireBytes_ScalesThenCodes) {
+  EXPECT_EQ(WireBytes(DType::kInt8Block, 1), 4u + 1);
+  EXPECT_EQ(WireBytes(DType::kInt8Block, 64), 4u + 64);
+  EXPECT_EQ(WireBytes(DType::kInt8Block, 65), 8u + 65);
+  EXPECT_EQ(WireBytes(DType::kInt4Block, 1), 4u + 1);
+  EXPECT_EQ(WireBytes(DType::kInt4Block, 64), 4u + 32);
+  EXPECT_EQ(WireBytes(DType::kInt4Block, 129), 12u + 65);
+}
+
+// Every decoded value is within half a code step of the value: scale / 2,
+// scale = block absmax / M; the block's absmax itself is exact up to fp32.
+TEST(BlockCodeTest, RoundTrip_ErrorWithinHalfAStepPerBlock) {
+  for (DType dtype : {DType::kInt8Block, DType::kInt4Block}) {
+    const int max_code = dtype == DType::kInt8Block ? 127 : 7;
+    for (size_t n : {1u, 63u, 64u, 65u, 1000u}) {
+      const std::vector<float> v = Wavy(n, 0.01f);
+      std::string wire;
+      EncodeValues(v, dtype, &wire);
+      ASSERT_EQ(wire.size(), WireBytes(dtype, n));
+      std::vector<float> back(n);
+      ASSERT_TRUE(DecodeValues(wire, dtype, absl::MakeSpan(back)).ok());
+      for (size_t b = 0; b * kQuantBlock < n; ++b) {
+        float absmax = 0;
+        const size_t end = std::min(n, (b + 1) * kQuantBlock);
+        for (size_t i = b * kQuantBlock; i < end; ++i) {
+          absmax = std::max(absmax, std::fabs(v[i]));
+        }
+        for (size_t i = b * kQuantBlock; i < end; ++i) {
+          EXPECT_LE(std::fabs(back[i] - v[i]),
+                    0.5001f * absmax / max_code + 1e-12f)
+              << DTypeName(dtype) << " n=" << n << " i=" << i;
+        }
+      }
+      EXPECT_EQ(FirstNonFinite(wire, dtype), -1);
+      EXPECT_TRUE(
+          CheckBlockScales(wire.substr(0, 4 * NumBlocks(n)), dtype).ok());
+    }
+  }
+}
+
+TEST(BlockCodeTest, ZerosAndNonFinite) {
+  for (DType dtype : {DType::kInt8Block, DType::kInt4Block}) {
+    std::vector<float> v(130, 0.0f);
+    std::string wire;
+    EncodeValues(v, dtype, &wire);
+    std::vector<float> back(130, 7.0f);
+    ASSERT_TRUE(DecodeValues(wire, dtype, absl::MakeSpan(back)).ok());
+    EXPECT_EQ(back, v);
+    EXPECT_TRUE(CheckBlockScales(wire.substr(0, 12), dtype).ok());  // 1.0
+    v[70] = std::numeric_limits<float>::infinity();
+    EncodeValues(v, dtype, &wire);
+    EXPECT_EQ(FirstNonFinite(wire, dtype), 64);  // block 1's first element
+  }
+}
+
+// A code of -128 (int8) or -8 (int4) no encoder writes reads as -M: any
+// positive finite scale decodes to finite values.
+TEST(BlockCodeTest, MostNegativeCode_ReadsAsMinusMax) {
+  std::string wire(4 + 2, '\0');
+  const float scale = kMaxBlockScale;
+  std::memcpy(wire.data(), &scale, 4);
+  EXPECT_TRUE(CheckBlockScales(wire.substr(0, 4), DType::kInt8Block).ok());
+  const float too_large = std::numeric_limits<float>::max() / 127;
+  EXPECT_THAT(
+      CheckBlockScales(
+          absl::string_view(reinterpret_cast<const char*>(&too_large), 4),
+          DType::kInt8Block)
+          .message(),
+      HasSubstr("at most float32 max / 128"));
+  wire[4] = static_cast<char>(-128);
+  wire[5] = 1;
+  std::vector<float> out(2);
+  ASSERT_TRUE(DecodeValues(wire, DType::kInt8Block, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out[0], -127 * scale);
+  EXPECT_TRUE(std::isfinite(out[0]));
+  std::string wire4(4 + 1, '\0');
+  const float one = 1;
+  std::memcpy(wire4.data(), &one, 4);
+  wire4[4] = static_cast<char>(0x78);  // low nibble 8 (-8), high 7
+  ASSERT_TRUE(DecodeValues(wire4, DType::kInt4Block, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out[0], -7.0f);
+  EXPECT_EQ(out[1], 7.0f);
+}
+
+// Accumulating is weight x decoding, and the pieces form reads the same.
+TEST(BlockCodeTest, AccumulateAndPieces_MatchDecode) {
+  for (DType dtype : {DType::kInt8Block, DType::kInt4Block}) {
+    const std::vector<float> v = Wavy(301, 2.0f);
+    std::string wire;
+    EncodeValues(v, dtype, &wire);
+    std::vector<float> decoded(301);
+    ASSERT_TRUE(DecodeValues(wire, dtype, absl::MakeSpan(decoded)).ok());
+    std::vector<float> acc(301, 1.0f);
+    const absl::string_view all(wire);
+    const absl::string_view pieces[] = {all.substr(0, 7), all.substr(7, 100),
+                                        all.substr(107)};
+    AccumulateWeightedPieces(pieces, dtype, 1.0f, absl::MakeSpan(acc));
+    std::vector<float> from_pieces(301);
+    ASSERT_TRUE(
+        DecodeValuesPieces(pieces, dtype, absl::MakeSpan(from_pieces)).ok());
+    EXPECT_EQ(from_pieces, decoded);
+    for (size_t i = 0; i < 301; ++i) {
+      EXPECT_EQ(acc[i], 1.0f + decoded[i]) << i;
+    }
+  }
+}
+
+// Error feedback: what the encoding drops is kept and sent later, so the
+// sum of what was decoded over rounds tracks the sum of the inputs within
+// one round's error, for every wire dtype.
+TEST(BlockCodeTest, EncodeWithFeedback_NothingIsLostOverRounds) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt8Block,
+                      DType::kInt4Block}) {
+    const size_t n = 2500;  // more than one step of the encoder, odd tail
+    const std::vector<float> step = Wavy(n, 1e-3f);
+    std::vector<float> residual(dtype == DType::kFloat32 ? 0 : n, 0.0f);
+    std::vector<double> sent(n, 0.0);
+    std::string wire(WireBytes(dtype, n), '\0');
+    std::vector<float> decoded(n);
+    for (int round = 0; round < 50; ++round) {
+      EncodeWithFeedback(step, absl::MakeSpan(residual), dtype, wire.data(),
+                         absl::MakeSpan(decoded));
+      std::vector<float> check(n);
+      ASSERT_TRUE(DecodeValues(wire, dtype, absl::MakeSpan(check)).ok());
+      ASSERT_EQ(check, decoded) << DTypeName(dtype);
+      for (size_t i = 0; i < n; ++i) sent[i] += decoded[i];
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const double want = 50.0 * step[i];
+      // residual_50 = sum(inputs) - sum(decoded), bounded by one step's
+      // error (for int4: absmax / 14 of the block, absmax <= 1e-2).
+      EXPECT_NEAR(sent[i], want, 1e-3) << DTypeName(dtype) << " i=" << i;
+      if (!residual.empty()) {
+        EXPECT_NEAR(sent[i] + residual[i], want, 1e-6 + 1e-6 * std::fabs(want));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace localsgd

@@ -3,7 +3,9 @@
 #include "src/round.h"
 
 #include <cmath>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -228,7 +230,7 @@ TEST(GatheringTest, Active_ReseedRegatherEndsWhenTheMembersAreBack) {
 // The accumulator and the mean rule against an independent computation:
 // members i = 0..N-1 with weight i+1 send value i+1 + e/8 for element e; a
 // chunk no one contributed to keeps the previous state.
-TEST(MeanRuleTest, NextState_IsWeightedMeanAndKeepsUntouchedChunks) {
+TEST(MeanOfParametersTest, IsWeightedMeanAndKeepsUntouchedChunks) {
   const ChunkGeometry geometry(10, 4);  // chunks of 4, 4, 2
   const std::vector<float> previous(10, -7.0f);
   RoundAccumulator sums(std::vector<float>(3, 99.0f), geometry);
@@ -254,8 +256,7 @@ TEST(MeanRuleTest, NextState_IsWeightedMeanAndKeepsUntouchedChunks) {
   }
   EXPECT_EQ(sums.chunk_weight(0), total);
   EXPECT_EQ(sums.chunk_weight(2), 0);
-  MeanRule rule;
-  const std::vector<float> next = rule.NextState(std::move(sums), previous);
+  const std::vector<float> next = MeanOfParameters(std::move(sums), previous);
   ASSERT_EQ(next.size(), 10u);
   for (int e = 0; e < 8; ++e) {
     EXPECT_NEAR(next[e], want_num[e] / total, 1e-6) << "element " << e;
@@ -266,7 +267,7 @@ TEST(MeanRuleTest, NextState_IsWeightedMeanAndKeepsUntouchedChunks) {
 
 // Weights whose sum exceeds 1 are scaled by a power of two, so that values
 // near the fp32 limit do not overflow while they are summed.
-TEST(MeanRuleTest, NextState_LargeValuesDoNotOverflow) {
+TEST(MeanOfParametersTest, LargeValuesDoNotOverflow) {
   const ChunkGeometry geometry(2, 2);
   RoundAccumulator sums({}, geometry);
   sums.FitScale(3.0);
@@ -277,20 +278,82 @@ TEST(MeanRuleTest, NextState_LargeValuesDoNotOverflow) {
   for (int i = 0; i < 3; ++i) {
     sums.Add(0, absl::MakeConstSpan(&piece, 1), DType::kFloat32, 1.0f);
   }
-  MeanRule rule;
   const std::vector<float> next =
-      rule.NextState(std::move(sums), std::vector<float>(2, 0.0f));
+      MeanOfParameters(std::move(sums), std::vector<float>(2, 0.0f));
   EXPECT_FLOAT_EQ(next[0], 3e38f);
   EXPECT_FLOAT_EQ(next[1], -3e38f);
 }
 
-TEST(MakeAveragingRuleTest, Mean_HasARule_Unspecified_IsInvalidArgument) {
-  absl::StatusOr<std::unique_ptr<AveragingRule>> mean =
-      MakeAveragingRule(AveragingMode::kMean);
-  ASSERT_TRUE(mean.ok());
-  EXPECT_EQ((*mean)->name(), "mean");
-  EXPECT_EQ(MakeAveragingRule(AveragingMode::kUnspecified).status().code(),
+JobSettings RuleSettings(AveragingMode mode, float lr = 0, float mu = 0) {
+  JobSettings s;
+  s.mode = mode;
+  s.outer_lr = lr;
+  s.outer_momentum = mu;
+  return s;
+}
+
+TEST(MakeAveragingRuleTest, EveryModeHasARule_Unspecified_IsInvalidArgument) {
+  for (const auto& [mode, name] :
+       std::vector<std::pair<AveragingMode, std::string>>{
+           {AveragingMode::kMean, "mean"},
+           {AveragingMode::kOuterNesterov, "outer_nesterov"},
+           {AveragingMode::kOuterSgd, "outer_sgd"}}) {
+    absl::StatusOr<std::unique_ptr<AveragingRule>> rule =
+        MakeAveragingRule(RuleSettings(mode, 0.7f, 0.9f));
+    ASSERT_TRUE(rule.ok()) << name;
+    EXPECT_EQ((*rule)->name(), name);
+    EXPECT_EQ(AveragingModeName(mode), name);
+  }
+  EXPECT_EQ(MakeAveragingRule(RuleSettings(AveragingMode::kUnspecified))
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AveragingRuleTest, Mean_StepIsTheMeanDelta) {
+  std::unique_ptr<AveragingRule> rule =
+      *MakeAveragingRule(RuleSettings(AveragingMode::kMean));
+  std::vector<float> mean = {1.5f, -2.0f, 0.0f};
+  rule->Step(absl::MakeSpan(mean), {}, {});
+  EXPECT_EQ(mean, (std::vector<float>{1.5f, -2.0f, 0.0f}));
+  EXPECT_FALSE(rule->has_momentum());
+}
+
+// torch.optim.SGD(lr, momentum=mu, nesterov=True) on g = -mean, written
+// out independently in double for several steps: b_1 = g_1, b_t = mu
+// b_{t-1} + g_t, step_t = -lr (g_t + mu b_t).
+TEST(AveragingRuleTest, OuterNesterov_MatchesTorchSgdNesterovOverRounds) {
+  const float lr = 0.7f, mu = 0.9f;
+  std::unique_ptr<AveragingRule> rule =
+      *MakeAveragingRule(RuleSettings(AveragingMode::kOuterNesterov, lr, mu));
+  ASSERT_TRUE(rule->has_momentum());
+  const int n = 5;
+  std::vector<float> momentum(n, 0.0f);
+  std::vector<double> b(n, 0.0);
+  for (int t = 1; t <= 6; ++t) {
+    std::vector<float> mean(n);
+    for (int i = 0; i < n; ++i) mean[i] = 0.01f * (i - 2) * t + 0.003f * t * t;
+    std::vector<double> want(n);
+    for (int i = 0; i < n; ++i) {
+      const double g = -static_cast<double>(mean[i]);
+      b[i] = t == 1 ? g : mu * b[i] + g;
+      want[i] = -lr * (g + mu * b[i]);
+    }
+    rule->Step(absl::MakeSpan(mean), momentum, absl::MakeSpan(momentum));
+    for (int i = 0; i < n; ++i) {
+      EXPECT_NEAR(mean[i], want[i], 1e-6 * (1 + std::fabs(want[i])))
+          << "round " << t << " element " << i;
+      EXPECT_NEAR(momentum[i], b[i], 1e-6 * (1 + std::fabs(b[i])));
+    }
+  }
+}
+
+TEST(AveragingRuleTest, OuterSgd_StepIsLrTimesMean) {
+  std::unique_ptr<AveragingRule> rule =
+      *MakeAveragingRule(RuleSettings(AveragingMode::kOuterSgd, 0.5f));
+  std::vector<float> mean = {2.0f, -1.0f};
+  rule->Step(absl::MakeSpan(mean), {}, {});
+  EXPECT_EQ(mean, (std::vector<float>{1.0f, -0.5f}));
 }
 
 JobSettings Complete() {
@@ -300,7 +363,58 @@ JobSettings Complete() {
   s.wire_dtype = DType::kFloat32;
   s.mode = AveragingMode::kMean;
   s.nonfinite_policy = NonFinitePolicy::kReject;
+  s.contribution = Contribution::kParameters;
   return s;
+}
+
+// The combinations a job cannot run with, each named.
+TEST(SettingsTest, ValidateComplete_PseudoGradientOnlySettings) {
+  SettingsLimits limits;
+  JobSettings s = Complete();
+  s.wire_dtype = DType::kInt8Block;
+  EXPECT_THAT(ValidateComplete(s, limits, "").message(),
+              HasSubstr("wire dtype int8 needs contribution pseudo_gradients"));
+  s = Complete();
+  s.mode = AveragingMode::kOuterNesterov;
+  s.outer_lr = 0.7f;
+  s.outer_momentum = 0.9f;
+  EXPECT_THAT(ValidateComplete(s, limits, "").message(),
+              HasSubstr("outer_nesterov needs contribution pseudo_gradients"));
+  s.contribution = Contribution::kPseudoGradients;
+  s.wire_dtype = DType::kInt4Block;
+  EXPECT_TRUE(ValidateComplete(s, limits, "").ok());
+  s.outer_momentum = 0;
+  EXPECT_THAT(ValidateComplete(s, limits, "").message(),
+              HasSubstr("needs an outer_momentum"));
+  s.mode = AveragingMode::kOuterSgd;
+  s.outer_lr = 0;
+  EXPECT_THAT(ValidateComplete(s, limits, "").message(),
+              HasSubstr("outer_sgd needs an outer_lr"));
+  s = Complete();
+  s.contribution = Contribution::kUnspecified;
+  EXPECT_THAT(ValidateComplete(s, limits, "").message(),
+              HasSubstr("contribution must be"));
+}
+
+TEST(SettingsTest, ValidateSetFields_OuterHyperParametersInRange) {
+  SettingsLimits limits;
+  for (float lr : {-1.0f, 101.0f, std::nanf("")}) {
+    JobSettings s;
+    s.outer_lr = lr;
+    EXPECT_THAT(ValidateSetFields(s, limits).message(), HasSubstr("outer_lr"))
+        << lr;
+  }
+  for (float mu : {-0.5f, 1.0f, std::nanf("")}) {
+    JobSettings s;
+    s.outer_momentum = mu;
+    EXPECT_THAT(ValidateSetFields(s, limits).message(),
+                HasSubstr("outer_momentum"))
+        << mu;
+  }
+  JobSettings s;
+  s.contribution = static_cast<Contribution>(7);
+  EXPECT_EQ(ValidateSetFields(s, limits).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SettingsTest, WithDefaults_TakesOnlyTheFieldsTheRequestSets) {

@@ -1,0 +1,349 @@
+// Pseudo-gradient jobs in the core: members contribute deltas against the
+// state they hold (its id), the rule turns the mean delta into a step, the
+// step is encoded for the wire with the coordinator's error feedback, and the
+// state is exactly the previous one plus what the encoded delta decodes to.
+// Driven through Job with a fake clock; every expectation is computed
+// independently in the test.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "src/clock.h"
+#include "src/codec.h"
+#include "src/coordinator.h"
+#include "src/job.h"
+#include "tests/core/test_util.h"
+
+namespace localsgd {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::MakeFloatLayout;
+using testing_util::SyncCapture;
+
+constexpr uint32_t kChunk = 4;
+constexpr uint64_t kElements = 10;  // chunks of 4, 4, 2
+
+JobSettings DeltaSettings(DType wire, AveragingMode mode = AveragingMode::kMean,
+                          float lr = 0.7f, float mu = 0.9f) {
+  JobSettings s;
+  s.chunk_elements = kChunk;
+  s.wire_dtype = wire;
+  s.mode = mode;
+  s.nonfinite_policy = NonFinitePolicy::kReject;
+  s.contribution = Contribution::kPseudoGradients;
+  s.outer_lr = lr;
+  s.outer_momentum = mu;
+  return s;
+}
+
+class PseudoGradientTest : public ::testing::Test {
+ protected:
+  void MakeJob(JobSettings settings) {
+    settings_ = settings;
+    job_ = std::make_shared<Job>("pg", MakeFloatLayout({{"w", {10}}}),
+                                 kElements, settings, JobPolicy(), &clock_);
+  }
+
+  MemberId Join(const std::string& name, double weight = 1) {
+    JoinRequestParams p;
+    p.member_name = name;
+    p.layout = job_->layout();
+    p.incarnation = 1;
+    p.weight = weight;
+    absl::StatusOr<JoinResult> r = job_->Join(p);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->member_id : MemberId();
+  }
+
+  // Sends every chunk of `values` in `dtype` (encoded without feedback).
+  SyncCapture Send(const MemberId& m, RoundId round,
+                   const std::vector<float>& values, DType dtype,
+                   uint64_t anchor) {
+    SyncCapture capture;
+    absl::StatusOr<std::unique_ptr<SyncSession>> session =
+        job_->BeginSync(m, round, capture.Callback(), {}, anchor);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return capture;
+    const ChunkGeometry& g = job_->geometry();
+    for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+      const std::string wire = testing_util::EncodeChunk(values, g, c, dtype);
+      const absl::Status s = (*session)->AddChunk(c, wire);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    sessions_.push_back(*std::move(session));
+    return capture;
+  }
+
+  // Seeds with `values` (float32 whatever the wire dtype); returns the
+  // seed's state id.
+  uint64_t Seed(const MemberId& m, const std::vector<float>& values) {
+    SyncCapture seed = Send(m, 0, values, DType::kFloat32, 0);
+    EXPECT_TRUE(seed.result().ok()) << seed.result().status();
+    EXPECT_NE(seed.result()->state_id, 0u);
+    EXPECT_FALSE(seed.result()->delta);
+    return seed.result()->state_id;
+  }
+
+  // What a member holding `anchor` computes from a result: anchor +
+  // decode(delta), element by element.
+  std::vector<float> Apply(const std::vector<float>& anchor,
+                           const SyncResult& result) {
+    EXPECT_TRUE(result.delta);
+    const ChunkGeometry& g = job_->geometry();
+    const DType wire = settings_.wire_dtype;
+    std::vector<float> out(anchor.size());
+    for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+      const absl::string_view data(
+          result.state->delta.data() + WireBytes(wire, kChunk) * c,
+          WireBytes(wire, g.Size(c)));
+      std::vector<float> d(g.Size(c));
+      EXPECT_TRUE(DecodeValues(data, wire, absl::MakeSpan(d)).ok());
+      for (uint32_t k = 0; k < d.size(); ++k) {
+        out[g.Offset(c) + k] = anchor[g.Offset(c) + k] + d[k];
+      }
+    }
+    return out;
+  }
+
+  FakeClock clock_;
+  JobSettings settings_;
+  std::shared_ptr<Job> job_;
+  std::vector<std::unique_ptr<SyncSession>> sessions_;
+};
+
+std::vector<float> Ramp(float base, float step) {
+  std::vector<float> v(kElements);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = base + step * i;
+  return v;
+}
+
+// MEAN with float32 deltas: the state is the anchor plus the weighted mean
+// of the deltas, and a member that applies the round's delta to its anchor
+// holds the coordinator's state bit for bit.
+TEST_F(PseudoGradientTest, Mean_Float32_IsAnchorPlusWeightedMeanDelta) {
+  MakeJob(DeltaSettings(DType::kFloat32));
+  const MemberId a = Join("a", 1), b = Join("b", 3);
+  const std::vector<float> theta0 = Ramp(1.0f, 0.25f);
+  uint64_t anchor = Seed(a, theta0);
+  std::vector<float> state = theta0;
+  for (RoundId r = 1; r <= 3; ++r) {
+    const std::vector<float> da = Ramp(0.01f * r, 0.001f);
+    const std::vector<float> db = Ramp(-0.02f, 0.003f * r);
+    SyncCapture ca = Send(a, r, da, DType::kFloat32, anchor);
+    SyncCapture cb = Send(b, r, db, DType::kFloat32, anchor);
+    ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+    ASSERT_TRUE(cb.result().ok());
+    const SyncResult& res = *ca.result();
+    EXPECT_TRUE(res.contributed);
+    EXPECT_EQ(res.round, r);
+    EXPECT_NE(res.state_id, anchor);
+    EXPECT_EQ(res.state->previous_id, anchor);
+    for (size_t i = 0; i < kElements; ++i) {
+      const double want = state[i] + (1.0 * da[i] + 3.0 * db[i]) / 4.0;
+      EXPECT_NEAR(res.state->values[i], want, 1e-6) << "round " << r;
+    }
+    EXPECT_EQ(Apply(state, res), res.state->values);
+    EXPECT_TRUE(res.state->residual.empty());  // float32 loses nothing
+    state = res.state->values;
+    anchor = res.state_id;
+  }
+}
+
+// OUTER_NESTEROV against torch.optim.SGD(nesterov=True) written out in
+// double: theta_t = theta_{t-1} - lr (g_t + mu b_t), b_t = mu b_{t-1} + g_t,
+// g_t = -mean delta_t; over rounds in which a member joins and one leaves
+// (the mean changes its members, the momentum carries on).
+TEST_F(PseudoGradientTest, OuterNesterov_MatchesTorchSgdWithJoinsAndLeaves) {
+  const float lr = 0.7f, mu = 0.9f;
+  MakeJob(
+      DeltaSettings(DType::kFloat32, AveragingMode::kOuterNesterov, lr, mu));
+  const MemberId a = Join("a"), b = Join("b");
+  std::vector<float> held = Ramp(0.5f, -0.1f);
+  uint64_t anchor = Seed(a, held);
+  std::vector<double> theta(held.begin(), held.end()), buf(kElements, 0.0);
+  MemberId c;
+  for (RoundId r = 1; r <= 6; ++r) {
+    if (r == 3) c = Join("c");  // takes part from round 3
+    std::vector<std::pair<MemberId, std::vector<float>>> sends = {
+        {a, Ramp(0.01f, 0.002f * r)}};
+    if (r <= 4) sends.push_back({b, Ramp(-0.03f * r, 0.001f)});
+    if (r >= 3) sends.push_back({c, Ramp(0.02f, -0.004f)});
+    if (r == 5) {
+      ASSERT_TRUE(job_->Leave(b).ok());
+    }
+    std::vector<SyncCapture> captures;
+    for (const auto& [m, d] : sends) {
+      captures.push_back(Send(m, r, d, DType::kFloat32, anchor));
+    }
+    ASSERT_TRUE(captures[0].result().ok()) << captures[0].result().status();
+    const SyncResult& res = *captures[0].result();
+    ASSERT_EQ(res.contributors, sends.size()) << "round " << r;
+    for (size_t i = 0; i < kElements; ++i) {
+      double mean = 0;
+      for (const auto& [m, d] : sends) mean += d[i];
+      mean /= sends.size();
+      const double g = -mean;
+      buf[i] = mu * buf[i] + g;
+      theta[i] -= lr * (g + mu * buf[i]);
+      EXPECT_NEAR(res.state->values[i], theta[i], 2e-6) << "round " << r;
+      EXPECT_NEAR(res.state->momentum[i], buf[i], 2e-6) << "round " << r;
+    }
+    EXPECT_EQ(Apply(held, res), res.state->values);
+    held = res.state->values;
+    anchor = res.state_id;
+  }
+}
+
+// A delta against another state than the job's is never averaged: the
+// member adopts the job's state (in full, not as a delta).
+TEST_F(PseudoGradientTest, DeltaAgainstAnotherAnchor_AdoptsAndIsNotAveraged) {
+  MakeJob(DeltaSettings(DType::kFloat32));
+  const MemberId a = Join("a"), b = Join("b");
+  const uint64_t anchor = Seed(a, Ramp(1, 0));
+  SyncCapture stale = Send(b, 1, Ramp(100, 0), DType::kFloat32, anchor ^ 1);
+  ASSERT_TRUE(stale.result().ok()) << stale.result().status();
+  EXPECT_FALSE(stale.result()->contributed);
+  EXPECT_TRUE(stale.result()->late);
+  EXPECT_FALSE(stale.result()->delta);
+  EXPECT_EQ(stale.result()->round, 0u);
+  // The round has not opened for it: a's round closes without b.
+  SyncCapture ca = Send(a, 1, Ramp(0.5f, 0), DType::kFloat32, anchor);
+  ASSERT_FALSE(ca.fired());
+  ASSERT_TRUE(job_->Leave(b).ok());
+  ASSERT_TRUE(ca.result().ok());
+  EXPECT_EQ(ca.result()->state->values, Ramp(1.5f, 0));
+}
+
+TEST_F(PseudoGradientTest, NoAnchor_IsInvalidArgument) {
+  MakeJob(DeltaSettings(DType::kFloat32));
+  const MemberId a = Join("a");
+  Seed(a, Ramp(1, 0));
+  SyncCapture capture;
+  absl::StatusOr<std::unique_ptr<SyncSession>> s =
+      job_->BeginSync(a, 1, capture.Callback(), {}, /*anchor=*/0);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("anchor_state_id"));
+}
+
+// A retry of the round that closed, from the state before it, gets the
+// round's delta again; a member further behind gets the state.
+TEST_F(PseudoGradientTest, RetryOfTheLastRound_GetsTheDeltaAgain) {
+  MakeJob(DeltaSettings(DType::kInt8Block));
+  const MemberId a = Join("a");
+  const uint64_t anchor = Seed(a, Ramp(1, 0.5f));
+  SyncCapture first = Send(a, 1, Ramp(0.1f, 0.01f), DType::kInt8Block, anchor);
+  ASSERT_TRUE(first.result().ok());
+  SyncCapture retry = Send(a, 1, Ramp(0.1f, 0.01f), DType::kInt8Block, anchor);
+  ASSERT_TRUE(retry.result().ok());
+  EXPECT_TRUE(retry.result()->delta);
+  EXPECT_TRUE(retry.result()->contributed);
+  EXPECT_EQ(retry.result()->state, first.result()->state);
+  SyncCapture older = Send(a, 1, Ramp(0.1f, 0.01f), DType::kInt8Block, 12345);
+  ASSERT_TRUE(older.result().ok());
+  EXPECT_FALSE(older.result()->delta);
+}
+
+// Every encoding: a member that contributes a delta of 1e-3 |theta| for 20
+// rounds moves every parameter by the intended amount, within the
+// encoding's error: each end's residual carries what a round's encoding
+// dropped into the next round (the member's here as the client keeps it).
+TEST_F(PseudoGradientTest, SmallRelativeUpdates_MoveEveryParameter) {
+  for (DType wire : {DType::kFloat32, DType::kBFloat16, DType::kInt8Block,
+                     DType::kInt4Block}) {
+    SCOPED_TRACE(DTypeName(wire));
+    MakeJob(DeltaSettings(wire));
+    const MemberId a = Join("a");
+    std::vector<float> theta(kElements);
+    for (size_t i = 0; i < kElements; ++i) theta[i] = 1.0f + 0.37f * i;
+    const std::vector<float> theta0 = theta;
+    uint64_t anchor = Seed(a, theta);
+    // The member's own error feedback, as the client keeps it: per chunk.
+    std::vector<float> residual(kElements, 0.0f);
+    for (RoundId r = 1; r <= 20; ++r) {
+      std::vector<float> delta(kElements);
+      for (size_t i = 0; i < kElements; ++i) delta[i] = 1e-3f * theta0[i];
+      SyncCapture c;
+      absl::StatusOr<std::unique_ptr<SyncSession>> session =
+          job_->BeginSync(a, r, c.Callback(), {}, anchor);
+      ASSERT_TRUE(session.ok()) << session.status();
+      const ChunkGeometry& g = job_->geometry();
+      for (uint32_t k = 0; k < g.num_chunks(); ++k) {
+        std::string wire_bytes(WireBytes(wire, g.Size(k)), '\0');
+        std::vector<float> decoded(g.Size(k));
+        EncodeWithFeedback(
+            absl::MakeConstSpan(delta).subspan(g.Offset(k), g.Size(k)),
+            wire == DType::kFloat32
+                ? absl::Span<float>()
+                : absl::MakeSpan(residual).subspan(g.Offset(k), g.Size(k)),
+            wire, wire_bytes.data(), absl::MakeSpan(decoded));
+        ASSERT_TRUE((*session)->AddChunk(k, wire_bytes).ok());
+      }
+      ASSERT_TRUE(c.result().ok()) << c.result().status();
+      theta = c.result()->state->values;
+      anchor = c.result()->state_id;
+    }
+    for (size_t i = 0; i < kElements; ++i) {
+      const double moved = theta[i] - theta0[i];
+      const double want = 20 * 1e-3 * theta0[i];
+      // Within one round's worth of quantization error of the largest
+      // delta of the chunk (the residual holds at most that).
+      EXPECT_NEAR(moved, want, 0.07 * 1e-3 * theta0.back() + 1e-6)
+          << "element " << i;
+    }
+  }
+}
+
+// Blockwise payloads: a zero or negative scale is malformed (INVALID_
+// ARGUMENT, nothing counted); a NaN scale is a non-finite value.
+TEST_F(PseudoGradientTest, BlockScales_ZeroNegativeAreInvalid_NanIsNonFinite) {
+  MakeJob(DeltaSettings(DType::kInt8Block));
+  const MemberId a = Join("a");
+  const uint64_t anchor = Seed(a, Ramp(1, 0));
+  SyncCapture capture;
+  absl::StatusOr<std::unique_ptr<SyncSession>> session =
+      job_->BeginSync(a, 1, capture.Callback(), {}, anchor);
+  ASSERT_TRUE(session.ok());
+  std::string chunk = testing_util::EncodeChunk(Ramp(1, 0), job_->geometry(), 0,
+                                                DType::kInt8Block);
+  for (float bad : {0.0f, -1.0f}) {
+    std::string spoiled = chunk;
+    std::memcpy(spoiled.data(), &bad, 4);
+    const absl::Status s = (*session)->AddChunk(0, spoiled);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("scales must be positive"));
+  }
+  std::string nan = chunk;
+  const float q = std::nanf("");
+  std::memcpy(nan.data(), &q, 4);
+  const absl::Status s = (*session)->AddChunk(0, nan);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("non-finite value at element 0"));
+  EXPECT_EQ((*session)->received(), 0u);
+  std::string short_chunk = chunk.substr(1);
+  EXPECT_THAT((*session)->AddChunk(0, short_chunk).message(),
+              HasSubstr("values in 1 blocks"));
+}
+
+// The seed of a pseudo-gradient job is float32 whatever the wire dtype.
+TEST_F(PseudoGradientTest, Seed_IsFloat32WhateverTheWire) {
+  MakeJob(DeltaSettings(DType::kInt4Block));
+  const MemberId a = Join("a");
+  const std::vector<float> theta = Ramp(3.14159f, 1e-7f);
+  Seed(a, theta);
+  absl::StatusOr<std::shared_ptr<const StateSnapshot>> state =
+      job_->GetState(a);
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ((*state)->values, theta);
+}
+
+}  // namespace
+}  // namespace localsgd
