@@ -504,7 +504,11 @@ def main():
         return out
 
     def matches(value, options):
-        return any(abs(value - o) <= 4e-7 * max(1.0, abs(o)) for o in options)
+        # The job takes pseudo-gradients: a result is the previous state plus
+        # the mean of (value - previous state) in float32, so it is off by a
+        # few ulps of the states' magnitude (below 32 here: 2^-19 is 4 ulps
+        # of 32). Candidates differ by far more (multiples of 1/8 / weights).
+        return any(abs(value - o) <= 2.0 ** -19 + 4e-7 * abs(o) for o in options)
 
     by_round = {}
     unplaced = 0

@@ -69,6 +69,15 @@ class ChunkReceiver {
         dest_(std::move(dest)),
         got_(geometry.num_chunks(), false) {}
 
+  // What the chunks are, once the stream's header said it: values in
+  // `wire`; or, with `base`, a delta in `wire` that goes to dest(i) as
+  // base(i) + decoded, element by element (a pseudo-gradient job's result).
+  void Expect(DType wire,
+              std::function<absl::Span<const float>(uint32_t)> base) {
+    wire_ = wire;
+    base_ = std::move(base);
+  }
+
   // INTERNAL for an index out of range or repeated, or a wrong size;
   // DATA_LOSS (retryable) for data that does not match its CRC32C.
   absl::Status Add(const ChunkView& chunk) {
@@ -92,7 +101,24 @@ class ChunkReceiver {
       return absl::DataLossError(absl::StrCat(
           what_, " chunk ", i, " does not match its CRC32C; fetching again"));
     }
-    if (wire_ == DType::kFloat32) {
+    if (base_ != nullptr) {
+      absl::string_view data;
+      if (chunk.pieces.size() == 1) {
+        data = chunk.pieces[0];
+      } else {
+        gather_.resize(chunk.size);
+        chunk.CopyTo(gather_.data());
+        data = gather_;
+      }
+      decoded_.resize(dest.size());
+      absl::Status s = DecodeValues(data, wire_, absl::MakeSpan(decoded_));
+      if (!s.ok()) {
+        return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
+      }
+      // anchor + delta, as the coordinator computed its state.
+      const absl::Span<const float> base = base_(i);
+      for (size_t k = 0; k < dest.size(); ++k) dest[k] = base[k] + decoded_[k];
+    } else if (wire_ == DType::kFloat32) {
       // The wire bytes are the values' bytes (EncodeValuesTo): straight from
       // gRPC's slices into place.
       chunk.CopyTo(reinterpret_cast<char*>(dest.data()));
@@ -126,8 +152,10 @@ class ChunkReceiver {
 
  private:
   const std::string what_;
-  const DType wire_;
+  DType wire_;
   const std::function<absl::Span<float>(uint32_t)> dest_;
+  std::function<absl::Span<const float>(uint32_t)> base_;
+  std::vector<float> decoded_;
   std::vector<bool> got_;
   uint32_t received_ = 0;
   uint64_t bytes_ = 0;
@@ -308,7 +336,13 @@ class Client::Replica {
     request.set_weight(options_.weight);
     request.set_incarnation(incarnation_);
     LayoutToProto(layout, request.mutable_layout());
-    SettingsToProto(options_.settings, request.mutable_settings());
+    JobSettings settings = options_.settings;
+    // A client always says what it sends (CONTRIBUTION_UNSPECIFIED is how
+    // a coordinator recognises a client that predates pseudo-gradients).
+    if (settings.contribution == Contribution::kUnspecified) {
+      settings.contribution = Contribution::kPseudoGradients;
+    }
+    SettingsToProto(settings, request.mutable_settings());
 
     v1::JoinResponse response;
     absl::Status status = WithRetries("Join", [&] {
@@ -361,6 +395,14 @@ class Client::Replica {
     global_ = ChunkGeometry(total, info.settings.chunk_elements);
     local_ = ChunkGeometry(info.num_elements, info.settings.chunk_elements);
     state_round_ = info.state_round;
+    pseudo_gradients_ =
+        info.settings.contribution == Contribution::kPseudoGradients;
+    if (pseudo_gradients_) {
+      anchor_.resize(local_.num_elements());
+      if (info.settings.wire_dtype != DType::kFloat32) {
+        residual_.resize(local_.num_elements(), 0.0f);
+      }
+    }
     StartHeartbeats(info_.member_id, info_.lease_ttl / 3);
     LOG(INFO) << "joined job " << options_.job_id << " at " << address_
               << (shard.count > 1 ? absl::StrCat(" (shard ", shard.index,
@@ -388,6 +430,7 @@ class Client::Replica {
   absl::StatusOr<RoundId> FetchState(const Layout& layout,
                                      absl::Span<float> params) {
     RoundId round = 0;
+    uint64_t state_id = 0;
     absl::Status status = WithRetries("FetchState", [&]() -> absl::Status {
       v1::FetchStateRequest request;
       request.set_job_id(options_.job_id);
@@ -399,7 +442,7 @@ class Client::Replica {
       if (reader.Write(SerializeMessage(request))) reader.WritesDone();
       RawReader<v1::FetchStateResponse> in;
       // Straight into `params`: a failed fetch is retried whole.
-      ChunkReceiver chunks("FetchState", local_, info_.settings.wire_dtype,
+      ChunkReceiver chunks("FetchState", local_, StateDType(),
                            [&](uint32_t j) { return Slice(params, j); });
       bool header = false;
       absl::Status error;
@@ -419,6 +462,7 @@ class Client::Replica {
         if (response.has_header()) {
           header = true;
           round = response.header().round();
+          state_id = response.header().state_id();
           if (response.header().num_chunks() != local_.num_chunks()) {
             error = absl::InternalError(
                 "FetchState header has the wrong chunk count");
@@ -435,6 +479,14 @@ class Client::Replica {
     });
     if (!status.ok()) return status;
     state_round_ = round;
+    if (pseudo_gradients_) {
+      if (state_id == 0) {
+        return absl::InternalError(absl::StrCat(
+            "coordinator ", address_,
+            ": FetchState of a pseudo-gradient job names no state id"));
+      }
+      HoldAsAnchor(params, state_id, /*contributed=*/false);
+    }
     return round;
   }
 
@@ -533,12 +585,19 @@ class Client::Replica {
   // returned. The seed round keeps the job's numbering in step with the
   // other replicas, and the re-seeded job regathers until the contributors
   // are back or a lease has passed (SyncHeader.seed_round).
+  //
+  // In a pseudo-gradient job the seed is the anchor (the state the
+  // parameters were trained from, which the other members hold too), named
+  // by its id, and the parameters then go as a delta against it.
   absl::StatusOr<SyncOutcome> ReseedThenContribute(const Layout& layout,
-                                                   const SeedOrigin& origin,
+                                                   SeedOrigin origin,
                                                    absl::Span<float> params) {
+    const uint64_t anchor_id = anchor_id_;
+    if (pseudo_gradients_) origin.state_id = anchor_id;
     absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, 0, params, origin);
     if (!outcome.ok()) return outcome;
-    if (outcome->round > origin.round) {
+    if (outcome->round > origin.round ||
+        (pseudo_gradients_ && outcome->state_id != anchor_id)) {
       // Another member re-seeded from a newer state than these parameters
       // grew from: they are stale; keep the adopted state (as kAdopt does).
       outcome->contributed = false;
@@ -556,6 +615,14 @@ class Client::Replica {
                                         absl::Span<float> params,
                                         const SeedOrigin& origin = {}) {
     const DType wire = info_.settings.wire_dtype;
+    // What the chunks sent are: a pseudo-gradient job's seed (its first, or
+    // a re-seed of the anchor) travels in float32, a delta in the wire
+    // dtype (with this member's error feedback).
+    const bool delta = pseudo_gradients_ && round != 0;
+    const bool reseed_anchor = pseudo_gradients_ && round == 0 &&
+                               origin.round > 0 && origin.state_id != 0;
+    const DType send_dtype =
+        pseudo_gradients_ && round == 0 ? DType::kFloat32 : wire;
     SyncOutcome outcome;
     // The result goes straight into `params`, with no staging copy; each
     // chunk's contribution is kept (in `kept_`, reused) just before its
@@ -580,12 +647,20 @@ class Client::Replica {
           header->set_seed_round(origin.round);
           header->set_seed_contributors(origin.contributors);
           header->set_layout_fingerprint(layout.fingerprint);
+          if (delta) header->set_anchor_state_id(anchor_id_);
+          if (reseed_anchor) header->set_seed_state_id(origin.state_id);
+          if (delta && !residual_.empty()) residual_next_ = residual_;
           bool writing = stream.Write(SerializeMessage(request));
           for (uint32_t c = 0; writing && c < local_.num_chunks(); ++c) {
-            const absl::Span<const float> values = Slice(params, c);
-            const size_t bytes = WireBytes(wire, values.size());
+            const absl::Span<const float> values =
+                reseed_anchor ? AnchorSlice(c) : Slice(params, c);
+            const size_t bytes = WireBytes(send_dtype, values.size());
             std::shared_ptr<std::string> data = staging_.Get(bytes);
-            EncodeValuesTo(values, wire, data->data());
+            if (delta) {
+              EncodeDelta(c, values, wire, data->data());
+            } else {
+              EncodeValuesTo(values, send_dtype, data->data());
+            }
             const uint32_t crc = Crc32c(0, *data);
             outcome.bytes_sent += bytes;
             const absl::string_view payload(*data);
@@ -623,6 +698,7 @@ class Client::Replica {
               have_header = true;
               static_cast<RoundOutcome&>(outcome) =
                   RoundOutcomeFromProto(response.result());
+              error = ExpectResult(response.result(), chunks);
             } else {
               error = absl::InternalError(
                   "Sync sent a message with neither result nor chunk");
@@ -640,7 +716,90 @@ class Client::Replica {
     }
     state_round_ = outcome.round;
     if (round != 0) last_contributors_ = outcome.contributors;
+    if (pseudo_gradients_) {
+      HoldAsAnchor(params, outcome.state_id, delta && outcome.contributed);
+    }
     return outcome;
+  }
+
+  // The dtype a state travels in (FetchState, a seed, a late result).
+  DType StateDType() const {
+    return pseudo_gradients_ ? DType::kFloat32 : info_.settings.wire_dtype;
+  }
+
+  // Sets `chunks` up for what a Sync result says follows. INTERNAL for a
+  // payload that does not fit the job.
+  absl::Status ExpectResult(const v1::SyncResult& result,
+                            ChunkReceiver& chunks) {
+    if (!pseudo_gradients_) {
+      if (result.payload() != v1::RESULT_PAYLOAD_UNSPECIFIED) {
+        return absl::InternalError(
+            "Sync result of a parameter job says it carries a delta or a "
+            "float32 state");
+      }
+      return absl::OkStatus();
+    }
+    if (result.state_id() == 0) {
+      return absl::InternalError(
+          "Sync result of a pseudo-gradient job names no state id");
+    }
+    switch (result.payload()) {
+      case v1::RESULT_PAYLOAD_DELTA:
+        chunks.Expect(info_.settings.wire_dtype,
+                      [this](uint32_t j) { return AnchorSlice(j); });
+        return absl::OkStatus();
+      case v1::RESULT_PAYLOAD_STATE:
+        chunks.Expect(DType::kFloat32, nullptr);
+        return absl::OkStatus();
+      default:
+        return absl::InternalError(absl::StrCat(
+            "Sync result of a pseudo-gradient job has payload ",
+            result.payload(), "; is the coordinator a compatible version?"));
+    }
+  }
+
+  // Chunk `j` of the delta params - anchor, encoded in `wire` with this
+  // member's error feedback (residual_next_, committed by HoldAsAnchor if
+  // the contribution counts).
+  void EncodeDelta(uint32_t j, absl::Span<const float> params, DType wire,
+                   char* out) {
+    const absl::Span<const float> anchor = AnchorSlice(j);
+    delta_.resize(params.size());
+    for (size_t k = 0; k < params.size(); ++k) {
+      delta_[k] = params[k] - anchor[k];
+    }
+    decoded_.resize(params.size());
+    EncodeWithFeedback(delta_,
+                       residual_next_.empty()
+                           ? absl::Span<float>()
+                           : absl::MakeSpan(residual_next_)
+                                 .subspan(local_.Offset(j), params.size()),
+                       wire, out, absl::MakeSpan(decoded_));
+  }
+
+  // The replica's chunk `j` of the anchor.
+  absl::Span<const float> AnchorSlice(uint32_t j) const {
+    return absl::MakeConstSpan(anchor_).subspan(local_.Offset(j),
+                                                local_.Size(j));
+  }
+
+  // `params` now hold the state `id`: it is the anchor of the next delta.
+  // The error feedback carries on if this member's delta was counted, and
+  // starts over otherwise (the parameters it was about were replaced).
+  void HoldAsAnchor(absl::Span<const float> params, uint64_t id,
+                    bool contributed) {
+    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+      const uint32_t g = j * shard_.count + shard_.index;
+      const auto from = params.subspan(global_.Offset(g), global_.Size(g));
+      std::copy(from.begin(), from.end(), anchor_.begin() + local_.Offset(j));
+    }
+    anchor_id_ = id;
+    if (residual_.empty()) return;
+    if (contributed) {
+      residual_.swap(residual_next_);
+    } else {
+      std::fill(residual_.begin(), residual_.end(), 0.0f);
+    }
   }
 
   // Puts back into `params` the contribution that the last SyncRound's
@@ -729,6 +888,17 @@ class Client::Replica {
   // written over it in the current Sync (one model's worth, reused).
   std::vector<float> kept_;
   std::vector<bool> kept_chunk_;
+  // Pseudo-gradient jobs: the state the parameters were trained from (this
+  // replica's chunks, back to back) and its id; what the encoding of this
+  // member's deltas has lost so far, and the same after the Sync in
+  // progress (lossy wire dtypes only); scratch for one chunk.
+  bool pseudo_gradients_ = false;
+  std::vector<float> anchor_;
+  uint64_t anchor_id_ = 0;
+  std::vector<float> residual_;
+  std::vector<float> residual_next_;
+  std::vector<float> delta_;
+  std::vector<float> decoded_;
   const uint64_t incarnation_;
   JoinInfo info_;
   ShardSpec shard_;

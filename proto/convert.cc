@@ -39,6 +39,10 @@ absl::StatusOr<AveragingMode> AveragingModeFromProto(int value) {
       return AveragingMode::kUnspecified;
     case v1::AVERAGING_MODE_MEAN:
       return AveragingMode::kMean;
+    case v1::AVERAGING_MODE_OUTER_NESTEROV:
+      return AveragingMode::kOuterNesterov;
+    case v1::AVERAGING_MODE_OUTER_SGD:
+      return AveragingMode::kOuterSgd;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("settings.mode has unknown value ", value));
@@ -49,10 +53,40 @@ v1::AveragingMode AveragingModeToProto(AveragingMode mode) {
   switch (mode) {
     case AveragingMode::kMean:
       return v1::AVERAGING_MODE_MEAN;
+    case AveragingMode::kOuterNesterov:
+      return v1::AVERAGING_MODE_OUTER_NESTEROV;
+    case AveragingMode::kOuterSgd:
+      return v1::AVERAGING_MODE_OUTER_SGD;
     case AveragingMode::kUnspecified:
       break;
   }
   return v1::AVERAGING_MODE_UNSPECIFIED;
+}
+
+absl::StatusOr<Contribution> ContributionFromProto(int value) {
+  switch (value) {
+    case v1::CONTRIBUTION_UNSPECIFIED:
+      return Contribution::kUnspecified;
+    case v1::CONTRIBUTION_PARAMETERS:
+      return Contribution::kParameters;
+    case v1::CONTRIBUTION_PSEUDO_GRADIENTS:
+      return Contribution::kPseudoGradients;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("settings.contribution has unknown value ", value));
+  }
+}
+
+v1::Contribution ContributionToProto(Contribution contribution) {
+  switch (contribution) {
+    case Contribution::kParameters:
+      return v1::CONTRIBUTION_PARAMETERS;
+    case Contribution::kPseudoGradients:
+      return v1::CONTRIBUTION_PSEUDO_GRADIENTS;
+    case Contribution::kUnspecified:
+      break;
+  }
+  return v1::CONTRIBUTION_UNSPECIFIED;
 }
 
 }  // namespace
@@ -69,6 +103,10 @@ absl::StatusOr<DType> DTypeFromProto(int value, absl::string_view what) {
       return DType::kFloat16;
     case v1::DTYPE_FLOAT64:
       return DType::kFloat64;
+    case v1::DTYPE_INT8_BLOCK:
+      return DType::kInt8Block;
+    case v1::DTYPE_INT4_BLOCK:
+      return DType::kInt4Block;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(what, " has unknown dtype value ", value));
@@ -85,6 +123,10 @@ v1::DType DTypeToProto(DType dtype) {
       return v1::DTYPE_FLOAT16;
     case DType::kFloat64:
       return v1::DTYPE_FLOAT64;
+    case DType::kInt8Block:
+      return v1::DTYPE_INT8_BLOCK;
+    case DType::kInt4Block:
+      return v1::DTYPE_INT4_BLOCK;
     case DType::kUnspecified:
       break;
   }
@@ -142,6 +184,12 @@ absl::StatusOr<JobSettings> SettingsFromProto(const v1::JobSettings& proto) {
   absl::StatusOr<AveragingMode> mode = AveragingModeFromProto(proto.mode());
   if (!mode.ok()) return mode.status();
   settings.mode = *mode;
+  absl::StatusOr<Contribution> contribution =
+      ContributionFromProto(proto.contribution());
+  if (!contribution.ok()) return contribution.status();
+  settings.contribution = *contribution;
+  settings.outer_lr = proto.outer_lr();
+  settings.outer_momentum = proto.outer_momentum();
   return settings;
 }
 
@@ -153,6 +201,9 @@ void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto) {
   proto->set_mode(AveragingModeToProto(settings.mode));
   proto->set_nonfinite_policy(
       NonFinitePolicyToProto(settings.nonfinite_policy));
+  proto->set_contribution(ContributionToProto(settings.contribution));
+  proto->set_outer_lr(settings.outer_lr);
+  proto->set_outer_momentum(settings.outer_momentum);
 }
 
 absl::StatusOr<MemberId> ParseMemberId(const std::string& hex) {
@@ -177,6 +228,7 @@ void JoinInfoToProto(const JoinInfo& info, v1::JoinResponse* proto) {
   policy->set_max_message_bytes(info.max_message_bytes);
   proto->set_has_state(info.has_state);
   proto->set_state_round(info.state_round);
+  proto->set_state_id(info.state_id);
   proto->set_num_chunks(info.num_chunks);
   proto->set_num_elements(info.num_elements);
   proto->set_shard_index(info.shard.index);
@@ -197,6 +249,7 @@ absl::StatusOr<JoinInfo> JoinInfoFromProto(const v1::JoinResponse& proto) {
   info.max_message_bytes = proto.policy().max_message_bytes();
   info.has_state = proto.has_state();
   info.state_round = proto.state_round();
+  info.state_id = proto.state_id();
   info.num_chunks = proto.num_chunks();
   info.num_elements = proto.num_elements();
   info.shard = ShardSpec{proto.shard_index(),
@@ -210,6 +263,7 @@ void RoundOutcomeToProto(const RoundOutcome& outcome, v1::SyncResult* proto) {
   proto->set_late(outcome.late);
   proto->set_contributors(outcome.contributors);
   proto->set_contributor_weight(outcome.contributor_weight);
+  proto->set_state_id(outcome.state_id);
 }
 
 RoundOutcome RoundOutcomeFromProto(const v1::SyncResult& proto) {
@@ -219,6 +273,7 @@ RoundOutcome RoundOutcomeFromProto(const v1::SyncResult& proto) {
   outcome.late = proto.late();
   outcome.contributors = proto.contributors();
   outcome.contributor_weight = proto.contributor_weight();
+  outcome.state_id = proto.state_id();
   return outcome;
 }
 

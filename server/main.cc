@@ -54,7 +54,25 @@ ABSL_FLAG(uint32_t, chunk_elements, 256 * 1024,
           "Default elements per chunk for new jobs (a job's first member may "
           "ask for another size).");
 ABSL_FLAG(std::string, wire_dtype, "float32",
-          "Default wire dtype for new jobs: float32 or bfloat16.");
+          "Default wire dtype for new jobs: float32 or bfloat16, and for "
+          "jobs of pseudo-gradients int8 or int4 (blockwise codes with error "
+          "feedback).");
+ABSL_FLAG(std::string, contribution, "pseudo_gradients",
+          "Default for new jobs of what members send: pseudo_gradients (their "
+          "change since the state they trained from; the coordinator keeps "
+          "the float32 state and the outer optimizer) or parameters (the "
+          "protocol before pseudo-gradients: parameters are averaged as they "
+          "are). A Join from a client that predates pseudo-gradients is "
+          "refused by a job of pseudo-gradients.");
+ABSL_FLAG(std::string, averaging, "mean",
+          "Default averaging rule for new jobs: mean, outer_nesterov "
+          "(DiLoCo: torch.optim.SGD(nesterov=True) on the mean "
+          "pseudo-gradient) or outer_sgd.");
+ABSL_FLAG(double, outer_lr, 0.7,
+          "Default outer learning rate for new jobs (outer_nesterov, "
+          "outer_sgd), in (0, 100].");
+ABSL_FLAG(double, outer_momentum, 0.9,
+          "Default outer momentum for new jobs (outer_nesterov), in (0, 1).");
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Keep memory that gRPC's message buffers free in the heap for "
           "reuse instead of returning it to the kernel (glibc mallopt; "
@@ -239,9 +257,30 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   absl::StatusOr<localsgd::DType> wire = ParseChoice<localsgd::DType>(
       "--wire_dtype", absl::GetFlag(FLAGS_wire_dtype),
       {{"float32", localsgd::DType::kFloat32},
-       {"bfloat16", localsgd::DType::kBFloat16}});
+       {"bfloat16", localsgd::DType::kBFloat16},
+       {"int8", localsgd::DType::kInt8Block},
+       {"int4", localsgd::DType::kInt4Block}});
   if (!wire.ok()) return wire.status();
   c.default_settings.wire_dtype = *wire;
+  absl::StatusOr<localsgd::Contribution> contribution =
+      ParseChoice<localsgd::Contribution>(
+          "--contribution", absl::GetFlag(FLAGS_contribution),
+          {{"pseudo_gradients", localsgd::Contribution::kPseudoGradients},
+           {"parameters", localsgd::Contribution::kParameters}});
+  if (!contribution.ok()) return contribution.status();
+  c.default_settings.contribution = *contribution;
+  absl::StatusOr<localsgd::AveragingMode> averaging =
+      ParseChoice<localsgd::AveragingMode>(
+          "--averaging", absl::GetFlag(FLAGS_averaging),
+          {{"mean", localsgd::AveragingMode::kMean},
+           {"outer_nesterov", localsgd::AveragingMode::kOuterNesterov},
+           {"outer_sgd", localsgd::AveragingMode::kOuterSgd}});
+  if (!averaging.ok()) return averaging.status();
+  c.default_settings.mode = *averaging;
+  c.default_settings.outer_lr =
+      static_cast<float>(absl::GetFlag(FLAGS_outer_lr));
+  c.default_settings.outer_momentum =
+      static_cast<float>(absl::GetFlag(FLAGS_outer_momentum));
   absl::StatusOr<localsgd::NonFinitePolicy> nonfinite =
       ParseChoice<localsgd::NonFinitePolicy>(
           "--nonfinite_policy", absl::GetFlag(FLAGS_nonfinite_policy),

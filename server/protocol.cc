@@ -60,6 +60,25 @@ absl::Status HandleJoin(Coordinator& coordinator,
                         const v1::JoinRequest& request, std::string principal,
                         uint64_t max_message_bytes,
                         v1::JoinResponse* response) {
+  // A client that predates pseudo-gradients says nothing of what it sends
+  // (it sends parameters): never let it into a job that reads deltas.
+  if (request.settings().contribution() == v1::CONTRIBUTION_UNSPECIFIED) {
+    absl::StatusOr<std::shared_ptr<Job>> job =
+        coordinator.FindJob(request.job_id());
+    const Contribution contribution =
+        job.ok() ? (*job)->settings().contribution
+                 : coordinator.options().default_settings.contribution;
+    if (contribution == Contribution::kPseudoGradients) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", request.job_id(), "' ",
+          job.ok() ? "takes" : "would take (the coordinator's default)",
+          " pseudo-gradients (JobSettings.contribution), and this Join does "
+          "not say what its member sends: it comes from a localsgd client "
+          "that predates pseudo-gradients and sends parameters. Upgrade the "
+          "client library (it sets JobSettings.contribution), or use a job "
+          "of parameters (coordinator --contribution=parameters)"));
+    }
+  }
   // Before decoding the layout: its cost is its tensor count. (The core
   // checks the same for its direct callers.)
   if (absl::Status s = CheckTensorCount(request.layout().tensors_size(),
@@ -83,6 +102,7 @@ absl::Status HandleJoin(Coordinator& coordinator,
   info.max_message_bytes = max_message_bytes;
   info.has_state = result->has_state;
   info.state_round = result->state_round;
+  info.state_id = result->state_id;
   info.num_chunks = result->geometry.num_chunks();
   info.num_elements = result->geometry.num_elements();
   info.shard = options.shard;

@@ -10,12 +10,18 @@
 namespace localsgd {
 
 StateWire::StateWire(std::shared_ptr<const StateSnapshot> state,
-                     const ChunkGeometry& geometry, DType wire_dtype)
+                     const ChunkGeometry& geometry, DType dtype, Form form)
     : state_(std::move(state)),
       geometry_(geometry),
-      wire_dtype_(wire_dtype),
+      wire_dtype_(dtype),
+      form_(form),
       slots_(geometry.num_chunks()) {
   CHECK(state_ != nullptr && state_->values.size() == geometry_.num_elements());
+  CHECK(form_ == Form::kValues ||
+        state_->delta.size() ==
+            WireBytes(dtype, geometry_.chunk_elements()) *
+                    (geometry_.num_chunks() - 1) +
+                WireBytes(dtype, geometry_.Size(geometry_.num_chunks() - 1)));
 }
 
 StateWire::Chunk StateWire::Get(uint32_t index) const {
@@ -24,13 +30,24 @@ StateWire::Chunk StateWire::Get(uint32_t index) const {
       absl::MakeConstSpan(state_->values)
           .subspan(geometry_.Offset(index), geometry_.Size(index));
   const size_t bytes = WireBytes(wire_dtype_, values.size());
+  // The bytes that are already there: the state's own (float32 values) or
+  // the job's encoded delta.
+  absl::string_view own;
+  if (form_ == Form::kDelta) {
+    own =
+        absl::string_view(state_->delta)
+            .substr(WireBytes(wire_dtype_, geometry_.chunk_elements()) * index,
+                    bytes);
+  } else if (wire_dtype_ == DType::kFloat32) {
+    own =
+        absl::string_view(reinterpret_cast<const char*>(values.data()), bytes);
+  }
   {
     absl::MutexLock lock(&mu_);
     const Slot& slot = slots_[index];
     if (slot.ready) {
       return {slot.encoded == nullptr
-                  ? absl::string_view(
-                        reinterpret_cast<const char*>(values.data()), bytes)
+                  ? own
                   : absl::string_view(slot.encoded.get(), bytes),
               slot.crc32c};
     }
@@ -39,9 +56,8 @@ StateWire::Chunk StateWire::Get(uint32_t index) const {
   // bytes); the first to finish is kept.
   std::unique_ptr<char[]> encoded;
   absl::string_view data;
-  if (wire_dtype_ == DType::kFloat32) {  // the values' own bytes
-    data =
-        absl::string_view(reinterpret_cast<const char*>(values.data()), bytes);
+  if (form_ == Form::kDelta || wire_dtype_ == DType::kFloat32) {
+    data = own;
   } else {
     encoded = std::make_unique<char[]>(bytes);
     EncodeValuesTo(values, wire_dtype_, encoded.get());
@@ -62,15 +78,26 @@ StateWire::Chunk StateWire::Get(uint32_t index) const {
 }
 
 std::shared_ptr<const StateWire> WireCache::For(
-    const Job& job, std::shared_ptr<const StateSnapshot> state) {
+    const Job& job, std::shared_ptr<const StateSnapshot> state, bool delta) {
+  const bool pseudo_gradients =
+      job.settings().contribution == Contribution::kPseudoGradients;
+  const StateWire::Form form = pseudo_gradients && delta
+                                   ? StateWire::Form::kDelta
+                                   : StateWire::Form::kValues;
+  // A job of pseudo-gradients sends its values in float32 (a late member
+  // or FetchState: the state as the coordinator holds it).
+  const DType dtype = pseudo_gradients && form == StateWire::Form::kValues
+                          ? DType::kFloat32
+                          : job.settings().wire_dtype;
   absl::MutexLock lock(&mu_);
-  std::weak_ptr<const StateWire>& entry = by_job_[job.id()];
+  std::weak_ptr<const StateWire>& entry =
+      by_job_[form == StateWire::Form::kDelta ? job.id() + "/delta" : job.id()];
   if (std::shared_ptr<const StateWire> wire = entry.lock();
       wire != nullptr && wire->state() == state) {
     return wire;
   }
-  auto wire = std::make_shared<const StateWire>(
-      std::move(state), job.geometry(), job.settings().wire_dtype);
+  auto wire = std::make_shared<const StateWire>(std::move(state),
+                                                job.geometry(), dtype, form);
   entry = wire;
   // Forget the jobs nobody is sending to (bounded by the jobs that exist).
   if (by_job_.size() > 64) {

@@ -2,11 +2,14 @@
 // it. Protocol layer (gRPC-free).
 //
 // A round's result goes to every participant, and a late joiner fetches the
-// same state: each chunk's payload in the job's wire dtype and its CRC32C are
-// computed the first time a stream asks and reused by every other stream
-// that sends the same state. For fp32 on the wire the payload is the state's
-// own bytes (no copy); for bf16 the encoded chunk is kept (half the state's
-// size) while any stream still sends it.
+// same state: each chunk's payload and its CRC32C are computed the first
+// time a stream asks and reused by every other stream that sends the same
+// state in the same form. A state goes out in one of two forms: its values
+// (in the wire dtype in a job of parameters, in float32 in a job of
+// pseudo-gradients; for float32 the payload is the state's own bytes, no
+// copy; for bf16 the encoded chunk is kept while any stream still sends it),
+// or, in a job of pseudo-gradients, the round's global delta as the job
+// encoded it (StateSnapshot::delta, no copy).
 #ifndef LOCALSGD_SERVER_STATE_WIRE_H_
 #define LOCALSGD_SERVER_STATE_WIRE_H_
 
@@ -33,9 +36,15 @@ class StateWire {
     uint32_t crc32c = 0;
   };
 
-  // `state` must hold geometry.num_elements() values.
+  enum class Form {
+    kValues,  // state->values, encoded in `dtype`
+    kDelta,   // state->delta, which is in `dtype`
+  };
+
+  // `state` must hold geometry.num_elements() values (and a delta for
+  // kDelta).
   StateWire(std::shared_ptr<const StateSnapshot> state,
-            const ChunkGeometry& geometry, DType wire_dtype);
+            const ChunkGeometry& geometry, DType dtype, Form form);
 
   // Chunk `index` (< num_chunks()): encoded and checksummed on first use.
   Chunk Get(uint32_t index) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -44,6 +53,7 @@ class StateWire {
   RoundId round() const { return state_->round; }
   uint32_t num_chunks() const { return geometry_.num_chunks(); }
   DType wire_dtype() const { return wire_dtype_; }
+  Form form() const { return form_; }
 
  private:
   struct Slot {
@@ -55,6 +65,7 @@ class StateWire {
   const std::shared_ptr<const StateSnapshot> state_;
   const ChunkGeometry geometry_;
   const DType wire_dtype_;
+  const Form form_;
   mutable absl::Mutex mu_;
   mutable std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
 };
@@ -65,10 +76,12 @@ class StateWire {
 // costs nothing here. Thread-safe.
 class WireCache {
  public:
-  // The wire form of `state` of `job` (its geometry and wire dtype).
+  // The wire form of `state` of `job` (its geometry; the dtype its form
+  // travels in): the delta if `delta` (a job of pseudo-gradients'
+  // SyncResult::delta), else the values.
   std::shared_ptr<const StateWire> For(
-      const Job& job, std::shared_ptr<const StateSnapshot> state)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      const Job& job, std::shared_ptr<const StateSnapshot> state,
+      bool delta = false) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Mutex mu_;

@@ -151,7 +151,9 @@ void SyncServerStream::OnHeader(const v1::SyncHeader& header) {
         [this](absl::StatusOr<SyncResult> result) {
           OnResult(std::move(result));
         },
-        SeedOrigin{header.seed_round(), header.seed_contributors()});
+        SeedOrigin{header.seed_round(), header.seed_contributors(),
+                   header.seed_state_id()},
+        header.anchor_state_id());
     absl::MutexLock lock(&mu_);
     if (!session.ok()) {
       callback_pending_ = false;
@@ -324,10 +326,15 @@ std::optional<SyncServerStream::Finish> SyncServerStream::AdvanceLocked() {
   }
   if (!result_->ok()) return FinishLocked(result_->status());
   phase_ = Phase::kSending;
-  wire_ = wires_->For(*job_, (*result_)->state);
+  wire_ = wires_->For(*job_, (*result_)->state, (*result_)->delta);
   next_chunk_ = 0;
   v1::SyncResponse response;
   RoundOutcomeToProto(**result_, response.mutable_result());
+  if (job_->settings().contribution == Contribution::kPseudoGradients) {
+    response.mutable_result()->set_payload(
+        wire_->form() == StateWire::Form::kDelta ? v1::RESULT_PAYLOAD_DELTA
+                                                 : v1::RESULT_PAYLOAD_STATE);
+  }
   sink_(WriteMessage(response));
   return std::nullopt;
 }
@@ -401,6 +408,9 @@ void FetchStateServerStream::Start(const v1::FetchStateRequest& request) {
   v1::StateHeader* header = response.mutable_header();
   header->set_round(wire_->round());
   header->set_num_chunks(wire_->num_chunks());
+  if (job_->settings().contribution == Contribution::kPseudoGradients) {
+    header->set_state_id(wire_->state()->id);
+  }
   sink_(WriteMessage(response));
 }
 

@@ -124,15 +124,24 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
   const v1::JobSettings& s = job.settings();
   out << "job " << job.job_id() << "\n";
   Table summary({"STATE_ROUND", "OPEN_ROUND", "MEMBERS", "ELEMENTS", "CHUNKS",
-                 "CHUNK_ELEMENTS", "WIRE", "K", "RENDEZVOUS"});
-  summary.Add({job.has_state() ? absl::StrCat(job.state_round()) : "none",
-               job.round_open() ? absl::StrCat(job.state_round() + 1) : "-",
-               absl::StrCat(job.members_size()),
-               absl::StrCat(job.num_elements()), absl::StrCat(job.num_chunks()),
-               absl::StrCat(s.chunk_elements()),
-               EnumName(v1::DType_Name(s.wire_dtype()), "DTYPE_"),
-               absl::StrCat(s.local_sgd_steps()),
-               absl::StrCat(s.rendezvous_members())});
+                 "CHUNK_ELEMENTS", "WIRE", "K", "RENDEZVOUS", "CONTRIBUTION",
+                 "AVERAGING"});
+  summary.Add(
+      {job.has_state() ? absl::StrCat(job.state_round()) : "none",
+       job.round_open() ? absl::StrCat(job.state_round() + 1) : "-",
+       absl::StrCat(job.members_size()), absl::StrCat(job.num_elements()),
+       absl::StrCat(job.num_chunks()), absl::StrCat(s.chunk_elements()),
+       EnumName(v1::DType_Name(s.wire_dtype()), "DTYPE_"),
+       absl::StrCat(s.local_sgd_steps()), absl::StrCat(s.rendezvous_members()),
+       EnumName(v1::Contribution_Name(s.contribution()), "CONTRIBUTION_"),
+       s.mode() == v1::AVERAGING_MODE_MEAN
+           ? std::string("mean")
+           : absl::StrCat(
+                 EnumName(v1::AveragingMode_Name(s.mode()), "AVERAGING_MODE_"),
+                 " lr=", s.outer_lr(),
+                 s.mode() == v1::AVERAGING_MODE_OUTER_NESTEROV
+                     ? absl::StrCat(" mu=", s.outer_momentum())
+                     : std::string())});
   out << summary.Render();
   if (job.round_open()) {
     out << "\nopen round " << job.state_round() + 1 << ": contributed "

@@ -67,6 +67,7 @@ TEST(LogHygieneTest, NoMemberIdAndNoRawControlCharacterInAnyLogLine) {
 
   // A raw member that never heartbeats: it loses its lease (logged).
   testkit::RawClient raw(testkit::Channel(*server));
+  raw.set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
   std::string ghost;
   ASSERT_TRUE(raw.Join("job", "ghost", &ghost).ok());
   ids.push_back(ghost);

@@ -150,11 +150,14 @@ class MetricsTest : public ::testing::Test {
     request.set_job_id(job);
     request.set_member_name(name);
     request.set_incarnation(7);
+    request.mutable_settings()->set_contribution(
+        v1::CONTRIBUTION_PSEUDO_GRADIENTS);
     LayoutToProto(layout_, request.mutable_layout());
     v1::JoinResponse response;
     grpc::ClientContext context;
     grpc::Status status = stub_->Join(&context, request, &response);
     if (status_out != nullptr) *status_out = status;
+    state_ids_[response.member_id()] = response.state_id();
     return response.member_id();
   }
 
@@ -170,6 +173,8 @@ class MetricsTest : public ::testing::Test {
     request.mutable_header()->set_member_id(member);
     request.mutable_header()->set_round(round);
     request.mutable_header()->set_layout_fingerprint(layout_.fingerprint);
+    // The state it joined at: its anchor.
+    request.mutable_header()->set_anchor_state_id(state_ids_[member]);
     stream->Write(request);
     std::string data;
     EncodeValues(std::vector<float>(kChunk, 1.0f), DType::kFloat32, &data);
@@ -191,6 +196,8 @@ class MetricsTest : public ::testing::Test {
   FakeClock clock_;
   std::unique_ptr<CoordinatorServer> server_;
   Layout layout_;
+  // Per raw member: the id of the state it joined at.
+  std::map<std::string, uint64_t> state_ids_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::vector<std::unique_ptr<Client>> clients_;
   std::vector<std::vector<float>> params_;

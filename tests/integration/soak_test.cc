@@ -4,7 +4,11 @@
 // closed round the test recomputes, independently, the weighted mean of
 // exactly the contributions the round counted: the complete contributions of
 // the members whose Sync says `contributed`, plus each killed member's chunks
-// that it finished before dying (per-chunk, as DESIGN.md specifies).
+// that it finished before dying (per-chunk, as DESIGN.md specifies). The job
+// takes pseudo-gradients (the client's default): members send their change
+// since the previous round's state, which the killed members (raw streams)
+// do by hand; the state is the previous one plus the mean change, i.e. the
+// mean of the parameters up to float32 rounding.
 //
 // CI runs it short; a long run is the same test with the environment set:
 //   LOCALSGD_SOAK_ROUNDS (60), LOCALSGD_SOAK_SEED (20261129),
@@ -85,7 +89,9 @@ struct Killer {
   int uid;
   double weight;
   std::string member_id;
-  uint32_t chunks_sent;  // chunks [0, chunks_sent) reach the coordinator
+  uint32_t chunks_sent;    // chunks [0, chunks_sent) reach the coordinator
+  uint64_t anchor_id = 0;  // the state it joined at, which it holds
+  std::vector<float> anchor;
 };
 
 class SoakTest : public ::testing::Test {
@@ -122,8 +128,11 @@ class SoakTest : public ::testing::Test {
     return h;
   }
 
-  std::string RawJoin(int uid, double weight) {
+  // Joins; `*state_id` gets the state's id.
+  std::string RawJoin(int uid, double weight, uint64_t* state_id) {
     v1::JoinRequest request;
+    request.mutable_settings()->set_contribution(
+        v1::CONTRIBUTION_PSEUDO_GRADIENTS);
     request.set_job_id("soak");
     request.set_member_name(absl::StrCat("k", uid));
     request.set_weight(weight);
@@ -133,6 +142,7 @@ class SoakTest : public ::testing::Test {
     grpc::ClientContext context;
     grpc::Status status = stub_->Join(&context, request, &response);
     EXPECT_TRUE(status.ok()) << status.error_message();
+    *state_id = response.state_id();
     return response.member_id();
   }
 
@@ -147,12 +157,14 @@ class SoakTest : public ::testing::Test {
     request.mutable_header()->set_member_id(k.member_id);
     request.mutable_header()->set_round(round);
     request.mutable_header()->set_layout_fingerprint(layout_.fingerprint);
+    request.mutable_header()->set_anchor_state_id(k.anchor_id);
     stream->Write(request);
     std::vector<float> values;
     for (uint32_t c = 0; c < k.chunks_sent; ++c) {
       values.clear();
       for (uint32_t e = 0; e < geometry_.Size(c); ++e) {
-        values.push_back(Contribution(k.uid, round, geometry_.Offset(c) + e));
+        const uint64_t j = geometry_.Offset(c) + e;
+        values.push_back(Contribution(k.uid, round, j) - k.anchor[j]);
       }
       request.mutable_chunk()->set_index(c);
       EncodeValues(values, DType::kFloat32,
@@ -211,7 +223,8 @@ TEST_F(SoakTest, RandomJoinsLeavesKills_EveryRoundIsTheMeanOfWhatItCounted) {
       Killer k;
       k.uid = next_uid++;
       k.weight = pick_weight();
-      k.member_id = RawJoin(k.uid, k.weight);
+      k.member_id = RawJoin(k.uid, k.weight, &k.anchor_id);
+      k.anchor = honest[0]->params;  // the state every member holds
       k.chunks_sent = rng() % geometry_.num_chunks();  // never all
       killers.push_back(k);
       ++joins;

@@ -506,7 +506,7 @@ TEST(StateWireTest, Bfloat16_EncodedOnceAndChecksummed) {
   state->round = 3;
   state->values = {1.0f, 2.5f, -3.0f, 0.5f, 8.0f};
   const ChunkGeometry geometry(5, 2);
-  StateWire wire(state, geometry, DType::kBFloat16);
+  StateWire wire(state, geometry, DType::kBFloat16, StateWire::Form::kValues);
   EXPECT_EQ(wire.num_chunks(), 3u);
   EXPECT_EQ(wire.round(), 3u);
   const StateWire::Chunk first = wire.Get(1);
@@ -524,7 +524,8 @@ TEST(StateWireTest, Bfloat16_EncodedOnceAndChecksummed) {
 TEST(StateWireTest, Float32_IsTheStatesOwnBytes) {
   auto state = std::make_shared<StateSnapshot>();
   state->values = {1.0f, 2.0f, 3.0f};
-  StateWire wire(state, ChunkGeometry(3, 2), DType::kFloat32);
+  StateWire wire(state, ChunkGeometry(3, 2), DType::kFloat32,
+                 StateWire::Form::kValues);
   const StateWire::Chunk c = wire.Get(1);
   EXPECT_EQ(c.data.data(), reinterpret_cast<const char*>(&state->values[2]));
   EXPECT_EQ(c.crc32c, Crc32c(0, c.data));

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -25,6 +26,7 @@
 namespace localsgd {
 namespace {
 
+using ::testing::HasSubstr;
 using testkit::LayoutOfSizes;
 
 uint64_t Total(const std::vector<int64_t>& sizes) {
@@ -47,11 +49,13 @@ std::unique_ptr<CoordinatorServer> StartServer(uint32_t chunk_elements,
   return testkit::StartServer(std::move(options));
 }
 
-std::unique_ptr<Client> MakeClient(int port, const std::string& job,
-                                   const std::string& name, double weight = 1,
-                                   uint32_t rendezvous_members = 0) {
+std::unique_ptr<Client> MakeClient(
+    int port, const std::string& job, const std::string& name,
+    double weight = 1, uint32_t rendezvous_members = 0,
+    Contribution contribution = Contribution::kUnspecified) {
   ClientOptions options;
   options.settings.rendezvous_members = rendezvous_members;
+  options.settings.contribution = contribution;
   options.target = absl::StrCat("127.0.0.1:", port);
   options.job_id = job;
   options.member_name = name;
@@ -152,16 +156,25 @@ INSTANTIATE_TEST_SUITE_P(
                           c.weights.empty() ? "" : "_weighted");
     });
 
-TEST(BFloat16WireTest, Sync_ResultWithinBFloat16ToleranceAndIdenticalOnAll) {
+// bfloat16 on the wire, both contributions: parameters (each rounded, and the
+// state itself rounded to bf16) and pseudo-gradients (the deltas rounded,
+// the state float32).
+class BFloat16WireTest : public ::testing::TestWithParam<Contribution> {};
+
+TEST_P(BFloat16WireTest, Sync_ResultWithinBFloat16ToleranceAndIdenticalOnAll) {
+  const bool parameters = GetParam() == Contribution::kParameters;
   auto server = StartServer(1000, DType::kBFloat16);
   const std::vector<int64_t> sizes = {2500, 13};
   const Layout layout = LayoutOfSizes(sizes);
   const uint64_t n = Total(sizes);
   constexpr int kMembers = 3;
+  constexpr float kSeed = 0.5f;
   std::vector<std::unique_ptr<Client>> clients;
-  std::vector<std::vector<float>> params(kMembers, std::vector<float>(n, 0.5f));
+  std::vector<std::vector<float>> params(kMembers,
+                                         std::vector<float>(n, kSeed));
   for (int i = 0; i < kMembers; ++i) {
-    clients.push_back(MakeClient(server->port(), "bf16", absl::StrCat("m", i)));
+    clients.push_back(MakeClient(server->port(), "bf16", absl::StrCat("m", i),
+                                 1, 0, GetParam()));
     ASSERT_TRUE(clients[i]->Join(layout).ok());
     ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
   }
@@ -180,22 +193,33 @@ TEST(BFloat16WireTest, Sync_ResultWithinBFloat16ToleranceAndIdenticalOnAll) {
     EXPECT_EQ(outcomes[i]->bytes_sent, n * 2);
   }
   for (uint64_t j = 0; j < n; ++j) {
+    // What is rounded: the parameters, or the deltas against the seed.
+    const double base = parameters ? 0 : kSeed;
     double expected = 0, mean_abs = 0;
     for (int i = 0; i < kMembers; ++i) {
-      expected += Value(i, j, 0);
-      mean_abs += std::abs(Value(i, j, 0));
+      expected += Value(i, j, 0) - base;
+      mean_abs += std::abs(Value(i, j, 0) - base);
     }
     expected /= kMembers;
     mean_abs /= kMembers;
     // Each input is rounded to bf16 (unit roundoff 2^-8), and so is the
     // result: |error| <= 2^-8 * (mean |x_i| + |mean|), plus slack.
-    ASSERT_NEAR(params[0][j], expected,
+    ASSERT_NEAR(params[0][j] - base, expected,
                 std::ldexp(1.0, -8) * (mean_abs + std::abs(expected)) + 1e-7)
         << "element " << j;
-    EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(params[0][j])), params[0][j]);
+    if (parameters) {
+      EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(params[0][j])), params[0][j]);
+    }
     for (int i = 1; i < kMembers; ++i) ASSERT_EQ(params[i][j], params[0][j]);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Contributions, BFloat16WireTest,
+                         ::testing::Values(Contribution::kParameters,
+                                           Contribution::kPseudoGradients),
+                         [](const auto& info) {
+                           return std::string(ContributionName(info.param));
+                         });
 
 TEST(LateJoinerTest, FetchState_EqualsWhatTheOthersHold) {
   auto server = StartServer(64);
@@ -321,15 +345,75 @@ TEST_F(ProtocolTest, GetJobStatus_ReportsMembersAndRounds) {
   EXPECT_EQ(job.recent_rounds(1).close_reason(), v1::CLOSE_REASON_SEED);
 }
 
+// A client that predates pseudo-gradients says nothing of what it sends (it
+// sends parameters): it is refused by a job of pseudo-gradients, and by a
+// coordinator whose new jobs take them, with what to upgrade; the job is
+// not touched.
+v1::JoinRequest OldClientJoin(const std::string& job, const Layout& layout) {
+  v1::JoinRequest request;
+  request.set_job_id(job);
+  request.set_member_name("old");
+  request.set_incarnation(9);
+  LayoutToProto(layout, request.mutable_layout());
+  return request;
+}
+
+TEST_F(ProtocolTest, Join_OfAnOldClient_IsRefusedWithWhatToUpgrade) {
+  {
+    v1::JoinRequest request;
+    request = OldClientJoin("job", layout_);
+    v1::JoinResponse response;
+    grpc::ClientContext context;
+    const grpc::Status s = stub_->Join(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("job 'job' takes pseudo-gradients"));
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("predates pseudo-gradients and sends parameters. "
+                          "Upgrade the client library"));
+  }
+  EXPECT_EQ((*server_->coordinator()->FindJob("job"))->num_members(), 2u);
+  ExpectHonestRoundExact();
+  // A coordinator whose new jobs take pseudo-gradients (the binary's
+  // default) creates none for it.
+  ServerOptions options = testkit::BaseServerOptions(kChunk);
+  options.coordinator.default_settings.contribution =
+      Contribution::kPseudoGradients;
+  auto other = testkit::StartServer(std::move(options));
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", other->port()),
+                          grpc::InsecureChannelCredentials()));
+  v1::JoinResponse response;
+  grpc::ClientContext context;
+  const grpc::Status s =
+      stub->Join(&context, OldClientJoin("new-job", layout_), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("would take (the coordinator's default) "
+                        "pseudo-gradients"));
+  EXPECT_FALSE(other->coordinator()->FindJob("new-job").ok());
+  // And one whose new jobs take parameters lets it in (nothing misread).
+  grpc::ClientContext context2;
+  EXPECT_TRUE(
+      stub_->Join(&context2, OldClientJoin("params-job", layout_), &response)
+          .ok());
+  EXPECT_EQ(response.settings().contribution(), v1::CONTRIBUTION_PARAMETERS);
+}
+
 TEST_F(ProtocolTest, Join_ReportsTheCoordinatorsPolicy) {
   v1::JoinRequest request;
   request.set_job_id("job");
   request.set_member_name("policy");
   request.set_incarnation(9);
+  request.mutable_settings()->set_contribution(
+      v1::CONTRIBUTION_PSEUDO_GRADIENTS);
   LayoutToProto(layout_, request.mutable_layout());
   v1::JoinResponse response;
   grpc::ClientContext context;
   ASSERT_TRUE(stub_->Join(&context, request, &response).ok());
+  EXPECT_NE(response.state_id(), 0u);
+  EXPECT_EQ(response.settings().contribution(),
+            v1::CONTRIBUTION_PSEUDO_GRADIENTS);
   EXPECT_EQ(response.policy().max_message_bytes(), 17u << 20);
   EXPECT_EQ(response.policy().lease_ttl_ms(), 30000u);
   EXPECT_EQ(response.policy().min_quorum(), 1u);

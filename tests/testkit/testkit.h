@@ -163,6 +163,11 @@ class RawClient {
   void set_authorization(std::string value) {
     authorization_ = std::move(value);
   }
+  // What its Joins say they send (JobSettings.contribution); unspecified
+  // by default, as a client that predates pseudo-gradients.
+  void set_contribution(v1::Contribution contribution) {
+    contribution_ = contribution;
+  }
 
   grpc::Status Join(const std::string& job, const std::string& name,
                     std::string* member_id, uint64_t incarnation = 7,
@@ -171,6 +176,7 @@ class RawClient {
     request.set_job_id(job);
     request.set_member_name(name);
     request.set_incarnation(incarnation);
+    request.mutable_settings()->set_contribution(contribution_);
     LayoutToProto(layout, request.mutable_layout());
     v1::JoinResponse response;
     grpc::ClientContext context;
@@ -292,6 +298,7 @@ class RawClient {
   }
 
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  v1::Contribution contribution_ = v1::CONTRIBUTION_UNSPECIFIED;
   std::string authorization_;
 };
 
