@@ -11,6 +11,13 @@
 //    over the whole state for the wire dtype; these benchmarks run that same
 //    pair per chunk.
 //  - Encode/Decode bf16 (the client's side, for reference): the fp32 values.
+//  - Accumulate{Int8,Int4}*: the same for the blockwise codes of
+//    pseudo-gradient jobs (decode + weighted accumulate, what the coordinator
+//    runs per chunk as it arrives); their payload bytes are the codes plus a
+//    float32 scale per 64 elements. items/s (elements) is the figure to
+//    read: the target is 2 G elements/s per core.
+//  - EncodeFeedback{Bf16,Int8,Int4}: EncodeWithFeedback (both ends: values
+//    + residual, encoded, decoded back, residual updated), per fp32 value.
 //  - Crc32c (every chunk, both sides, src/crc32c.h) and its table-driven
 //    fallback Crc32cPortable: the fp32 chunk's bytes.
 //  - Memcpy/<bytes>: the same bytes copied between two reused buffers; the
@@ -72,6 +79,54 @@ void BM_Accumulate(benchmark::State& state, float weight) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
                           static_cast<int64_t>(WireBytes(kWire, n)));
 }
+// The element count as items, for the kernels whose payload bytes are not
+// 4 per element.
+template <DType kWire>
+void BM_AccumulateItems(benchmark::State& state, float weight) {
+  BM_Accumulate<kWire>(state, weight);
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) *
+                          state.range(0));
+}
+void BM_AccumulateInt8(benchmark::State& state) {
+  BM_AccumulateItems<DType::kInt8Block>(state, 1.0f);
+}
+void BM_AccumulateInt8Weighted(benchmark::State& state) {
+  BM_AccumulateItems<DType::kInt8Block>(state, 0.5f);
+}
+void BM_AccumulateInt4(benchmark::State& state) {
+  BM_AccumulateItems<DType::kInt4Block>(state, 1.0f);
+}
+void BM_AccumulateInt4Weighted(benchmark::State& state) {
+  BM_AccumulateItems<DType::kInt4Block>(state, 0.5f);
+}
+
+template <DType kWire>
+void BM_EncodeFeedback(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  const std::vector<float> values = Values(n);
+  std::vector<float> residual(n, 0.0f), decoded(n);
+  std::string out(WireBytes(kWire, n), '\0');
+  for (auto _ : state) {
+    EncodeWithFeedback(values, absl::MakeSpan(residual), kWire, out.data(),
+                       absl::MakeSpan(decoded));
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(4 * n));
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) *
+                          state.range(0));
+}
+void BM_EncodeFeedbackBf16(benchmark::State& state) {
+  BM_EncodeFeedback<DType::kBFloat16>(state);
+}
+void BM_EncodeFeedbackInt8(benchmark::State& state) {
+  BM_EncodeFeedback<DType::kInt8Block>(state);
+}
+void BM_EncodeFeedbackInt4(benchmark::State& state) {
+  BM_EncodeFeedback<DType::kInt4Block>(state);
+}
+
 void BM_AccumulateFp32(benchmark::State& state) {
   BM_Accumulate<DType::kFloat32>(state, 1.0f);
 }
@@ -163,6 +218,13 @@ BENCHMARK(BM_AccumulateFp32)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_AccumulateFp32Weighted)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_AccumulateBf16)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_AccumulateBf16Weighted)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_AccumulateInt8)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_AccumulateInt8Weighted)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_AccumulateInt4)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_AccumulateInt4Weighted)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_EncodeFeedbackBf16)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_EncodeFeedbackInt8)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_EncodeFeedbackInt4)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_FinalizeFp32)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_FinalizeBf16)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_EncodeBf16)->Arg(k256K)->Arg(k1M);

@@ -95,7 +95,19 @@ ABSL_FLAG(int32_t, threads, 1,
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Directory of the gzipped Fashion-MNIST IDX files");
 ABSL_FLAG(std::string, wire_dtype, "float32",
-          "Dtype of parameters on the wire: float32 or bfloat16");
+          "Dtype of contributions and results on the wire: float32, "
+          "bfloat16, int8 or int4 (the block codes: pseudo-gradients only)");
+ABSL_FLAG(std::string, contribution, "pseudo_gradients",
+          "What this worker sends: pseudo_gradients (its change since the "
+          "last global state) or parameters");
+ABSL_FLAG(std::string, averaging, "mean",
+          "The job's averaging rule: mean, nesterov (DiLoCo's outer "
+          "Nesterov optimizer on the coordinator) or outer_sgd");
+ABSL_FLAG(double, outer_lr, 0,
+          "Outer learning rate (nesterov, outer_sgd); 0: the coordinator's "
+          "default (0.7)");
+ABSL_FLAG(double, outer_momentum, 0,
+          "Outer momentum (nesterov); 0: the coordinator's default (0.9)");
 ABSL_FLAG(bool, no_sync, false,
           "Train alone, without a coordinator (the no-averaging baseline)");
 ABSL_FLAG(std::string, dump_params, "",
@@ -193,6 +205,10 @@ struct Config {
   int threads = 1;
   std::string data_dir;
   DType wire_dtype = DType::kFloat32;
+  Contribution contribution = Contribution::kPseudoGradients;
+  AveragingMode averaging = AveragingMode::kMean;
+  double outer_lr = 0;
+  double outer_momentum = 0;
   bool no_sync = false;
   std::string dump_params;
   int log_every = 50;
@@ -267,10 +283,37 @@ absl::StatusOr<Config> ConfigFromFlags() {
     c.wire_dtype = DType::kFloat32;
   } else if (wire == "bfloat16") {
     c.wire_dtype = DType::kBFloat16;
+  } else if (wire == "int8") {
+    c.wire_dtype = DType::kInt8Block;
+  } else if (wire == "int4") {
+    c.wire_dtype = DType::kInt4Block;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--wire_dtype=", wire, ": expected float32, bfloat16, int8 or int4"));
+  }
+  const std::string contribution = absl::GetFlag(FLAGS_contribution);
+  if (contribution == "pseudo_gradients") {
+    c.contribution = Contribution::kPseudoGradients;
+  } else if (contribution == "parameters") {
+    c.contribution = Contribution::kParameters;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("--wire_dtype=", wire, ": expected float32 or bfloat16"));
+        absl::StrCat("--contribution=", contribution,
+                     ": expected pseudo_gradients or parameters"));
   }
+  const std::string averaging = absl::GetFlag(FLAGS_averaging);
+  if (averaging == "mean") {
+    c.averaging = AveragingMode::kMean;
+  } else if (averaging == "nesterov" || averaging == "outer_nesterov") {
+    c.averaging = AveragingMode::kOuterNesterov;
+  } else if (averaging == "outer_sgd") {
+    c.averaging = AveragingMode::kOuterSgd;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--averaging=", averaging, ": expected mean, nesterov or outer_sgd"));
+  }
+  c.outer_lr = absl::GetFlag(FLAGS_outer_lr);
+  c.outer_momentum = absl::GetFlag(FLAGS_outer_momentum);
   auto bad = [](absl::string_view what) {
     return absl::InvalidArgumentError(what);
   };
@@ -527,6 +570,10 @@ absl::Status Run(const Config& c) {
     options.weight = node_group.size();
     options.settings.local_sgd_steps = static_cast<uint32_t>(c.k);
     options.settings.wire_dtype = c.wire_dtype;
+    options.settings.contribution = c.contribution;
+    options.settings.mode = c.averaging;
+    options.settings.outer_lr = static_cast<float>(c.outer_lr);
+    options.settings.outer_momentum = static_cast<float>(c.outer_momentum);
     options.settings.rendezvous_members = static_cast<uint32_t>(c.rendezvous);
     options.settings.chunk_elements = static_cast<uint32_t>(c.chunk_elements);
     absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromFlags();
@@ -578,13 +625,15 @@ absl::Status Run(const Config& c) {
            client->state_round() >= static_cast<uint64_t>(c.max_rounds);
   };
 
-  Emit(c, absl::StrFormat(
-              "start world=%d k=%d batch_size=%d lr=%g momentum=%g "
-              "shard=%d steps=%d params=%d device=%s threads=%d sync=%d "
-              "wire_dtype=%s",
-              c.world, c.k, c.batch_size, c.lr, c.momentum, shard.size(),
-              total_steps, local_sgd->num_elements(), device.str(), c.threads,
-              c.no_sync ? 0 : 1, DTypeName(c.wire_dtype)));
+  Emit(c,
+       absl::StrFormat(
+           "start world=%d k=%d batch_size=%d lr=%g momentum=%g "
+           "shard=%d steps=%d params=%d device=%s threads=%d sync=%d "
+           "wire_dtype=%s contribution=%s averaging=%s",
+           c.world, c.k, c.batch_size, c.lr, c.momentum, shard.size(),
+           total_steps, local_sgd->num_elements(), device.str(), c.threads,
+           c.no_sync ? 0 : 1, DTypeName(c.wire_dtype),
+           ContributionName(c.contribution), AveragingModeName(c.averaging)));
 
   torch::optim::SGD optimizer(
       model->parameters(), torch::optim::SGDOptions(c.lr).momentum(c.momentum));

@@ -1,0 +1,158 @@
+#!/usr/bin/python3
+"""Quality per byte on Fashion-MNIST: test accuracy against bytes exchanged.
+
+Runs the example worker (localsgd-fashion-mnist) with WORKERS workers against
+one coordinator for every arm below and every seed, each arm with the same
+step budget (EPOCHS passes over each worker's shard, the same samples), and
+prints a markdown table: rank 0's final test accuracy (mean and spread over
+the seeds; all workers hold the same parameters after the final sync) and
+the chunk bytes each worker sent and received (mean over workers and seeds,
+the initial seed/fetch of the state included).
+
+Arms: synchronous (average every step, fp32), MEAN K=16 fp32, OUTER_NESTEROV
+K=16 fp32, OUTER_NESTEROV K=64 in fp32, int8 and int4, and no averaging.
+
+Usage: bench/quality.py [--seeds 1,2,3] [--epochs 1] [--arms name,...]
+Environment: BUILD_DIR (build). Needs dataset-fashion-mnist.
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ARMS = [
+    # name, label, worker flags
+    ("sync", "synchronous (K=1, fp32)", ["--k=1"]),
+    ("mean16", "MEAN K=16 fp32", ["--k=16"]),
+    ("nest16", "OUTER_NESTEROV K=16 fp32", ["--k=16", "--averaging=nesterov"]),
+    ("nest64", "OUTER_NESTEROV K=64 fp32", ["--k=64", "--averaging=nesterov"]),
+    ("nest64i8", "OUTER_NESTEROV K=64 int8",
+     ["--k=64", "--averaging=nesterov", "--wire_dtype=int8"]),
+    ("nest64i4", "OUTER_NESTEROV K=64 int4",
+     ["--k=64", "--averaging=nesterov", "--wire_dtype=int4"]),
+    ("none", "no averaging", ["--k=16", "--no_sync"]),
+]
+
+
+def field(name, line):
+    m = re.search(r"\b%s=(\S+)" % re.escape(name), line)
+    return m.group(1) if m else None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--arms", default=",".join(a[0] for a in ARMS))
+    p.add_argument("--outer_lr", type=float, default=0,
+                   help="for the nesterov arms; 0: the coordinator's 0.7")
+    p.add_argument("--outer_momentum", type=float, default=0,
+                   help="for the nesterov arms; 0: the coordinator's 0.9")
+    p.add_argument("--worker_flags", default="",
+                   help="extra flags for every worker, space separated")
+    args = p.parse_args()
+    build = os.environ.get("BUILD_DIR", "build")
+    coordinator = os.path.join(build, "server", "localsgd-coordinator")
+    worker = os.path.join(build, "examples", "localsgd-fashion-mnist")
+    for b in (coordinator, worker):
+        if not os.access(b, os.X_OK):
+            sys.exit(f"[quality] {b} not found; build first (BUILD_DIR=<dir>)")
+    if not os.path.isdir("/usr/share/datasets/fashion-mnist"):
+        print("[quality] skipped: dataset-fashion-mnist is not installed")
+        sys.exit(77)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    arms = [a for a in ARMS if a[0] in args.arms.split(",")]
+
+    tmp = tempfile.mkdtemp(prefix="localsgd-quality.")
+    port_file = os.path.join(tmp, "port")
+    coord = subprocess.Popen(
+        [coordinator, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+         "--metrics_listen="],
+        stdout=open(os.path.join(tmp, "coordinator.log"), "w"),
+        stderr=subprocess.STDOUT)
+    try:
+        for _ in range(300):
+            if os.path.exists(port_file) and open(port_file).read().strip():
+                break
+            if coord.poll() is not None:
+                sys.exit("[quality] the coordinator exited")
+            time.sleep(0.1)
+        port = open(port_file).read().strip()
+        results = {}
+        for name, label, flags in arms:
+            for seed in seeds:
+                extra = list(flags)
+                if "--averaging=nesterov" in flags:
+                    if args.outer_lr:
+                        extra.append(f"--outer_lr={args.outer_lr}")
+                    if args.outer_momentum:
+                        extra.append(f"--outer_momentum={args.outer_momentum}")
+                job = f"quality-{name}-{seed}-{os.getpid()}"
+                procs = []
+                start = time.time()
+                for r in range(args.workers):
+                    log = open(os.path.join(tmp, f"{name}.{seed}.{r}.log"), "w")
+                    procs.append(subprocess.Popen(
+                        [worker, f"--coordinator=127.0.0.1:{port}",
+                         f"--job={job}", f"--world={args.workers}",
+                         f"--rank={r}", f"--epochs={args.epochs}",
+                         f"--seed={seed}", "--eval_every_sync=0",
+                         "--log_every=1000"] + extra +
+                        args.worker_flags.split(),
+                        stdout=log, stderr=subprocess.STDOUT))
+                rcs = [pr.wait() for pr in procs]
+                seconds = time.time() - start
+                if any(rcs):
+                    for r in range(args.workers):
+                        path = os.path.join(tmp, f"{name}.{seed}.{r}.log")
+                        sys.stderr.write("".join(open(path).readlines()[-5:]))
+                    sys.exit(f"[quality] {name} seed {seed}: a worker failed "
+                             f"(logs in {tmp})")
+                acc, bytes_ = None, []
+                for r in range(args.workers):
+                    path = os.path.join(tmp, f"{name}.{seed}.{r}.log")
+                    final = [l for l in open(path) if f"rank={r} final " in l]
+                    line = final[-1]
+                    bytes_.append(int(field("bytes_sent", line)) +
+                                  int(field("bytes_received", line)))
+                    if r == 0:
+                        acc = float(field("test_accuracy", line))
+                results.setdefault(name, []).append(
+                    (acc, statistics.mean(bytes_), seconds))
+                print(f"[quality] {name} seed {seed}: accuracy {acc:.4f}, "
+                      f"{statistics.mean(bytes_):.0f} bytes/worker, "
+                      f"{seconds:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        coord.terminate()
+        coord.wait()
+
+    sync_acc = statistics.mean(a for a, _, _ in results["sync"]) \
+        if "sync" in results else None
+    sync_bytes = statistics.mean(b for _, b, _ in results["sync"]) \
+        if "sync" in results else None
+    print("| arm | test accuracy (mean ± spread) | vs synchronous (points) "
+          "| bytes sent + received per worker | fewer bytes than synchronous |")
+    print("|---|---|---|---|---|")
+    for name, label, _ in arms:
+        accs = [a for a, _, _ in results[name]]
+        mean_acc = statistics.mean(accs)
+        spread = (max(accs) - min(accs)) / 2
+        b = statistics.mean(x for _, x, _ in results[name])
+        vs = "" if sync_acc is None else f"{100 * (mean_acc - sync_acc):+.2f}"
+        ratio = ("" if sync_bytes is None or b == 0
+                 else f"{sync_bytes / b:.0f}x")
+        print(f"| {label} | {mean_acc:.4f} ± {spread:.4f} | {vs} | "
+              f"{b:,.0f} | {ratio} |")
+    print()
+    print(f"{args.workers} workers, {args.epochs} epoch(s) over each "
+          f"worker's shard, seeds {args.seeds}, {os.cpu_count()} cores.")
+
+
+if __name__ == "__main__":
+    main()
