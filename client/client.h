@@ -65,6 +65,12 @@ struct ClientOptions {
   // node's number of workers.
   double weight = 1.0;
   // Settings this member asks for; zero fields take the job's / coordinator's.
+  // The averaging rule (mode, outer_lr, outer_momentum) and the wire dtype
+  // (float32, bfloat16, int8, int4) are per job. `contribution` unset means
+  // pseudo-gradients: the client then sends its change since the state it
+  // holds and keeps that state (its anchor, one model of fp32) and, for a
+  // lossy wire dtype, its error feedback (two more); kParameters joins a job
+  // of parameters (the protocol before pseudo-gradients).
   JobSettings settings;
   // Deadline of each unary RPC attempt.
   absl::Duration rpc_timeout = absl::Seconds(30);
@@ -128,7 +134,9 @@ class Client {
   absl::StatusOr<RoundId> FetchState(absl::Span<float> params);
 
   // Contributes `params` to the next round and overwrites them in place with
-  // the round's average. Blocks until the round closes. Retries UNAVAILABLE
+  // the round's result (in a job of pseudo-gradients: the state they were
+  // trained from plus the round's global delta, bit for bit what every
+  // member and the coordinator hold). Blocks until the round closes. Retries UNAVAILABLE
   // and ABORTED (a repeated chunk counts once) for up to max_retry_time.
   //
   // Faults that re-joining mends are handled here, invisibly to the caller

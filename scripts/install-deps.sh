@@ -22,8 +22,10 @@ PKGS=(
   # tests/security: certificates made at test time (openssl CLI); libcrypto
   # headers for token digests (server/auth.cc).
   openssl libssl-dev
+  # tests/reference: the outer rules against torch.optim.SGD itself (the
+  # same libtorch as libtorch-dev), and the accelerate peer of bench/.
+  python3-torch
 )
-if [[ "${LOCALSGD_WITH_PEER:-0}" == 1 ]]; then PKGS+=(python3-torch); fi
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -99,6 +99,7 @@ class ShardTest : public ::testing::Test {
     options.member_name = absl::StrCat("m", m);
     options.weight = weight;
     options.max_retry_time = absl::Seconds(20);
+    options.settings = settings_;
     return Client::Create(options);
   }
 
@@ -192,6 +193,8 @@ class ShardTest : public ::testing::Test {
   std::vector<double> weights_;
   std::vector<std::string> dirs_;
   uint64_t n_ = 0;
+  // What the members ask for.
+  JobSettings settings_;
 };
 
 class ShardCountTest : public ShardTest,
@@ -226,6 +229,47 @@ INSTANTIATE_TEST_SUITE_P(Replicas, ShardCountTest, ::testing::Values(1, 2, 3),
                          [](const auto& info) {
                            return absl::StrCat("S", info.param);
                          });
+
+// The outer optimizer's momentum and the coordinator's error feedback are
+// per element, so a sharded job (each replica holding its chunks' momentum
+// and residual) computes exactly what one coordinator does: OUTER_NESTEROV
+// over an int4 wire, two members of weight 1 (sums independent of arrival
+// order), 3 rounds, one replica against three, bit for bit.
+TEST_F(ShardTest, OuterNesterovInt4_ShardedEqualsOneCoordinatorBitForBit) {
+  settings_.mode = AveragingMode::kOuterNesterov;
+  settings_.wire_dtype = DType::kInt4Block;
+  std::vector<std::vector<std::vector<float>>> held;  // [shards][round]
+  for (uint32_t s : {1u, 3u}) {
+    StartReplicas(s);
+    JoinMembers({1.0, 1.0});
+    held.emplace_back();
+    for (int round = 1; round <= 3; ++round) {
+      for (const SyncOutcome& o : SyncRound(round)) {
+        EXPECT_TRUE(o.contributed);
+        EXPECT_EQ(o.contributors, 2u);
+      }
+      ASSERT_EQ(params_[0], params_[1]) << "S=" << s << " round " << round;
+      held.back().push_back(params_[0]);
+    }
+    // A replica holds the momentum of its own chunks only (shard 0's, whose
+    // member id the client reports).
+    {
+      auto job = servers_[0]->coordinator()->FindJob("sharded");
+      ASSERT_TRUE(job.ok());
+      auto state = (*job)->GetState(clients_[0]->info().member_id);
+      ASSERT_TRUE(state.ok()) << state.status();
+      EXPECT_EQ((*state)->momentum.size(),
+                ShardElements(n_, kChunk, ShardSpec{0, s}));
+    }
+    clients_.clear();
+    servers_.clear();
+  }
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(held[1][round], held[0][round]) << "round " << round + 1;
+  }
+  // And the rule moved the state (not a no-op).
+  EXPECT_NE(held[0][2], held[0][0]);
+}
 
 // A replica killed and restarted on its state dir resumes its rounds: the
 // members go on to exact means, round numbering continues.
