@@ -592,14 +592,16 @@ class Client::Replica {
   absl::StatusOr<SyncOutcome> ReseedThenContribute(const Layout& layout,
                                                    SeedOrigin origin,
                                                    absl::Span<float> params) {
-    const uint64_t anchor_id = anchor_id_;
-    if (pseudo_gradients_) origin.state_id = anchor_id;
+    // (A first seed, origin.round 0, seeds the parameters: there is no
+    // state they were trained from that another member could hold.)
+    if (pseudo_gradients_ && origin.round > 0) origin.state_id = anchor_id_;
     absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, 0, params, origin);
     if (!outcome.ok()) return outcome;
     if (outcome->round > origin.round ||
-        (pseudo_gradients_ && outcome->state_id != anchor_id)) {
+        (origin.state_id != 0 && outcome->state_id != origin.state_id)) {
       // Another member re-seeded from a newer state than these parameters
-      // grew from: they are stale; keep the adopted state (as kAdopt does).
+      // grew from (or from another state of that round): they are stale;
+      // keep the adopted state (as kAdopt does).
       outcome->contributed = false;
       outcome->late = true;
       return outcome;
