@@ -679,6 +679,14 @@ void Harness::Apply(const Step& step) {
           if (m.fix_fingerprint()) {
             h->set_layout_fingerprint(model->job->layout().fingerprint);
           }
+          if (m.fix_anchor()) {
+            absl::StatusOr<MemberId> id = ParseMemberId(h->member_id());
+            if (id.ok()) {
+              absl::StatusOr<std::shared_ptr<const StateSnapshot>> state =
+                  model->job->GetState(*id);
+              if (state.ok()) h->set_anchor_state_id((*state)->id);
+            }
+          }
         }
       } else if (request.has_chunk() && stream->machine->job() != nullptr) {
         v1::Chunk* chunk = request.mutable_chunk();

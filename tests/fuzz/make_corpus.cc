@@ -359,6 +359,42 @@ void SyncCorpus() {
     Write("sync", "join_steps_only", s);
   }
   {
+    // A job of pseudo-gradients made of Join steps: OUTER_NESTEROV over
+    // int4, a float32 seed, then rounds of deltas against the current state
+    // (fix_anchor) and one against no state at all.
+    SyncScript s;
+    for (int k = 0; k < 2; ++k) {
+      Step join;
+      JoinStep* j = join.mutable_join();
+      j->mutable_request()->set_job_id("pg");
+      j->mutable_request()->set_member_name(k == 0 ? "a" : "b");
+      j->mutable_request()->set_incarnation(5 + k);
+      FillLayout({70}, j->mutable_request()->mutable_layout());
+      v1::JobSettings* settings = j->mutable_request()->mutable_settings();
+      settings->set_chunk_elements(40);
+      settings->set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
+      settings->set_mode(v1::AVERAGING_MODE_OUTER_NESTEROV);
+      settings->set_wire_dtype(v1::DTYPE_INT4_BLOCK);
+      *s.add_steps() = join;
+    }
+    *s.add_steps() = Header(0, 1, 0);
+    *s.add_steps() = ChunkStep(0, 0, Floats(std::vector<float>(40, 0.5f)));
+    *s.add_steps() = ChunkStep(0, 1, Floats(std::vector<float>(30, -0.5f)));
+    for (uint32_t m = 1; m <= 2; ++m) {
+      Step h = Header(m, m, 1);
+      h.mutable_sync()->set_fix_anchor(true);
+      *s.add_steps() = h;
+      std::string block(4 + 20, '\x11');
+      const float scale = 0.01f * m;
+      std::memcpy(block.data(), &scale, 4);
+      *s.add_steps() = ChunkStep(m, 0, block);
+      *s.add_steps() = ChunkStep(m, 1, block);
+    }
+    *s.add_steps() = Header(3, 1, 1);  // no anchor: INVALID_ARGUMENT
+    *s.add_steps() = Fetch(2);
+    Write("sync", "pseudo_gradient_int4_nesterov", s);
+  }
+  {
     // A member whose weight is subnormal in fp32, among normal ones.
     SyncScript s;
     *s.mutable_prologue() = MakePrologue(2, true);
