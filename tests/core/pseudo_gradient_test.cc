@@ -142,7 +142,8 @@ TEST_F(PseudoGradientTest, Mean_Float32_IsAnchorPlusWeightedMeanDelta) {
     SyncCapture cb = Send(b, r, db, DType::kFloat32, anchor);
     ASSERT_TRUE(ca.result().ok()) << ca.result().status();
     ASSERT_TRUE(cb.result().ok());
-    const SyncResult& res = *ca.result();
+    const absl::StatusOr<SyncResult> got = ca.result();  // a copy: held
+    const SyncResult& res = *got;
     EXPECT_TRUE(res.contributed);
     EXPECT_EQ(res.round, r);
     EXPECT_NE(res.state_id, anchor);
@@ -185,7 +186,8 @@ TEST_F(PseudoGradientTest, OuterNesterov_MatchesTorchSgdWithJoinsAndLeaves) {
       captures.push_back(Send(m, r, d, DType::kFloat32, anchor));
     }
     ASSERT_TRUE(captures[0].result().ok()) << captures[0].result().status();
-    const SyncResult& res = *captures[0].result();
+    const absl::StatusOr<SyncResult> got = captures[0].result();  // held
+    const SyncResult& res = *got;
     ASSERT_EQ(res.contributors, sends.size()) << "round " << r;
     for (size_t i = 0; i < kElements; ++i) {
       double mean = 0;
