@@ -101,24 +101,7 @@ class ChunkReceiver {
       return absl::DataLossError(absl::StrCat(
           what_, " chunk ", i, " does not match its CRC32C; fetching again"));
     }
-    if (base_ != nullptr) {
-      absl::string_view data;
-      if (chunk.pieces.size() == 1) {
-        data = chunk.pieces[0];
-      } else {
-        gather_.resize(chunk.size);
-        chunk.CopyTo(gather_.data());
-        data = gather_;
-      }
-      decoded_.resize(dest.size());
-      absl::Status s = DecodeValues(data, wire_, absl::MakeSpan(decoded_));
-      if (!s.ok()) {
-        return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
-      }
-      // anchor + delta, as the coordinator computed its state.
-      const absl::Span<const float> base = base_(i);
-      for (size_t k = 0; k < dest.size(); ++k) dest[k] = base[k] + decoded_[k];
-    } else if (wire_ == DType::kFloat32) {
+    if (base_ == nullptr && wire_ == DType::kFloat32) {
       // The wire bytes are the values' bytes (EncodeValuesTo): straight from
       // gRPC's slices into place.
       chunk.CopyTo(reinterpret_cast<char*>(dest.data()));
@@ -131,9 +114,23 @@ class ChunkReceiver {
         chunk.CopyTo(gather_.data());
         data = gather_;
       }
-      absl::Status s = DecodeValues(data, wire_, dest);
-      if (!s.ok())
+      // A delta is decoded apart and added to its base: anchor + delta, as
+      // the coordinator computed its state.
+      absl::Span<float> out = dest;
+      if (base_ != nullptr) {
+        decoded_.resize(dest.size());
+        out = absl::MakeSpan(decoded_);
+      }
+      absl::Status s = DecodeValues(data, wire_, out);
+      if (!s.ok()) {
         return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
+      }
+      if (base_ != nullptr) {
+        const absl::Span<const float> base = base_(i);
+        for (size_t k = 0; k < dest.size(); ++k) {
+          dest[k] = base[k] + decoded_[k];
+        }
+      }
     }
     got_[i] = true;
     ++received_;
