@@ -78,7 +78,12 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(int32_t, world, 4, "Worker processes.");
 ABSL_FLAG(double, millions, 25, "Model size in millions of fp32 parameters.");
 ABSL_FLAG(int32_t, rounds, 5, "Timed rounds (after one warm-up round).");
-ABSL_FLAG(std::string, wire_dtype, "float32", "float32 or bfloat16.");
+ABSL_FLAG(bool, parameters, false,
+          "Send parameters (a job of parameters, the protocol before "
+          "pseudo-gradients) instead of pseudo-gradients.");
+ABSL_FLAG(std::string, wire_dtype, "float32",
+          "float32, bfloat16, int8 or int4 (the job takes pseudo-gradients, "
+          "the client's default).");
 ABSL_FLAG(uint32_t, chunk_elements, 0,
           "Elements per chunk the job asks for; 0: the coordinator's default.");
 ABSL_FLAG(bool, fetch, false,
@@ -207,6 +212,9 @@ absl::StatusOr<ClientOptions> MakeOptions(const Config& config,
   options.member_name = std::move(member_name);
   options.settings.wire_dtype = config.wire;
   options.settings.chunk_elements = config.chunk_elements;
+  if (absl::GetFlag(FLAGS_parameters)) {
+    options.settings.contribution = localsgd::Contribution::kParameters;
+  }
   options.settings.rendezvous_members = static_cast<uint32_t>(config.world);
   options.sync_timeout = absl::Minutes(10);
   options.rpc_timeout = absl::Seconds(60);
@@ -469,8 +477,9 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
   std::vector<double> fetch(shared->fetch_seconds,
                             shared->fetch_seconds + shared->fetch_done);
   const double fetch_median = Median(fetch);
-  const double model_wire_bytes =
-      static_cast<double>(config.params) * DTypeSize(config.wire);
+  // The job takes pseudo-gradients (the client's default): its state is
+  // fetched in float32 whatever the wire dtype.
+  const double model_wire_bytes = static_cast<double>(config.params) * 4;
   const double fetch_gbps =
       fetch.empty() ? 0 : model_wire_bytes / fetch_median / 1e9;
 
@@ -530,6 +539,8 @@ int main(int argc, char** argv) {
   const std::string wire = absl::GetFlag(FLAGS_wire_dtype);
   config.wire = wire == "float32"    ? localsgd::DType::kFloat32
                 : wire == "bfloat16" ? localsgd::DType::kBFloat16
+                : wire == "int8"     ? localsgd::DType::kInt8Block
+                : wire == "int4"     ? localsgd::DType::kInt4Block
                                      : localsgd::DType::kUnspecified;
   config.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
   config.fetch = absl::GetFlag(FLAGS_fetch);
@@ -544,7 +555,7 @@ int main(int argc, char** argv) {
   if (config.params < 1) error = "--millions must give at least 1 parameter";
   if (config.rounds < 1) error = "--rounds must be >= 1";
   if (config.wire == localsgd::DType::kUnspecified) {
-    error = "--wire_dtype must be float32 or bfloat16";
+    error = "--wire_dtype must be float32, bfloat16, int8 or int4";
   }
   if (config.fetch && !config.worker_netns.empty()) {
     error = "--fetch does not combine with --worker_netns";

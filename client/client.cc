@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -114,21 +115,31 @@ class ChunkReceiver {
         chunk.CopyTo(gather_.data());
         data = gather_;
       }
-      // A delta is decoded apart and added to its base: anchor + delta, as
-      // the coordinator computed its state.
-      absl::Span<float> out = dest;
-      if (base_ != nullptr) {
-        decoded_.resize(dest.size());
-        out = absl::MakeSpan(decoded_);
-      }
-      absl::Status s = DecodeValues(data, wire_, out);
-      if (!s.ok()) {
-        return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
-      }
-      if (base_ != nullptr) {
+      if (base_ != nullptr && wire_ == DType::kFloat32) {
+        // A float32 delta: added to its base as it is read (one pass), as
+        // the coordinator computed its state.
         const absl::Span<const float> base = base_(i);
         for (size_t k = 0; k < dest.size(); ++k) {
-          dest[k] = base[k] + decoded_[k];
+          float d;
+          std::memcpy(&d, data.data() + 4 * k, 4);
+          dest[k] = base[k] + d;
+        }
+      } else {
+        // A delta in another dtype is decoded apart and added to its base.
+        absl::Span<float> out = dest;
+        if (base_ != nullptr) {
+          decoded_.resize(dest.size());
+          out = absl::MakeSpan(decoded_);
+        }
+        absl::Status s = DecodeValues(data, wire_, out);
+        if (!s.ok()) {
+          return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
+        }
+        if (base_ != nullptr) {
+          const absl::Span<const float> base = base_(i);
+          for (size_t k = 0; k < dest.size(); ++k) {
+            dest[k] = base[k] + decoded_[k];
+          }
         }
       }
     }
@@ -763,6 +774,15 @@ class Client::Replica {
   void EncodeDelta(uint32_t j, absl::Span<const float> params, DType wire,
                    char* out) {
     const absl::Span<const float> anchor = AnchorSlice(j);
+    if (wire == DType::kFloat32) {
+      // Nothing to round and no residual: the difference straight into the
+      // payload (one pass; a float32 payload is the values' bytes).
+      for (size_t k = 0; k < params.size(); ++k) {
+        const float d = params[k] - anchor[k];
+        std::memcpy(out + 4 * k, &d, 4);
+      }
+      return;
+    }
     delta_.resize(params.size());
     for (size_t k = 0; k < params.size(); ++k) {
       delta_[k] = params[k] - anchor[k];

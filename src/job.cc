@@ -842,7 +842,12 @@ std::shared_ptr<StateSnapshot> Job::NextDeltaStateLocked(
       // the encoding decodes to (in place), as every member decodes it.
       DivideInPlace(chunk, sums.scaled_weight(c));
       rule_->Step(chunk, momentum, momentum);
-      EncodeWithFeedback(chunk, residual, wire, out, chunk);
+      if (lossy) {
+        EncodeWithFeedback(chunk, residual, wire, out, chunk);
+      } else {
+        // float32 decodes to itself: the step is what members add.
+        EncodeValuesTo(chunk, wire, out);
+      }
     } else {
       // No one contributed: the chunk keeps its state, momentum and
       // residual; its delta is zeros.
