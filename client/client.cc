@@ -805,11 +805,9 @@ class Client::Replica {
   // `params` now hold the state `id`: it is the anchor of the next delta.
   // The error feedback carries on if this member's delta was counted, and
   // starts over otherwise (the parameters it was about were replaced).
-  void HoldAsAnchor(absl::Span<const float> params, uint64_t id,
-                    bool contributed) {
+  void HoldAsAnchor(absl::Span<float> params, uint64_t id, bool contributed) {
     for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
-      const uint32_t g = j * shard_.count + shard_.index;
-      const auto from = params.subspan(global_.Offset(g), global_.Size(g));
+      const absl::Span<const float> from = Slice(params, j);
       std::copy(from.begin(), from.end(), anchor_.begin() + local_.Offset(j));
     }
     anchor_id_ = id;

@@ -136,8 +136,9 @@ class Client {
   // Contributes `params` to the next round and overwrites them in place with
   // the round's result (in a job of pseudo-gradients: the state they were
   // trained from plus the round's global delta, bit for bit what every
-  // member and the coordinator hold). Blocks until the round closes. Retries UNAVAILABLE
-  // and ABORTED (a repeated chunk counts once) for up to max_retry_time.
+  // member and the coordinator hold). Blocks until the round closes. Retries
+  // UNAVAILABLE and ABORTED (a repeated chunk counts once) for up to
+  // max_retry_time.
   //
   // Faults that re-joining mends are handled here, invisibly to the caller
   // except for `rejoined` in the outcome: if the coordinator no longer knows
