@@ -7,7 +7,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgoogle-glog-dev libgflags-dev prometheus-cpp-dev
+  libabsl-dev libgoogle-glog-dev libgflags-dev prometheus-cpp-dev libcivetweb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev libgloo-dev
   zlib1g-dev dataset-fashion-mnist
@@ -25,6 +25,9 @@ PKGS=(
   # tests/reference: the outer rules against torch.optim.SGD itself (the
   # same libtorch as libtorch-dev), and the accelerate peer of bench/.
   python3-torch
+  # tests/deploy: the status page in a real browser (headless Chromium);
+  # scripts/run-demo.sh: the loss/accuracy plot of a run.
+  chromium python3-matplotlib
 )
 
 missing=()

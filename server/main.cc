@@ -41,6 +41,15 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "free port (see --metrics_port_file). Empty: no metrics endpoint.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, write the bound metrics port to this file once serving.");
+ABSL_FLAG(std::string, http_listen, "",
+          "Address to serve the status page on, host:port, e.g. "
+          "127.0.0.1:8080: GET / (a live view of jobs, members and rounds), "
+          "/api/v1/status (the same as JSON) and /metrics. Plaintext HTTP; "
+          "with --token_file a job shows only to its token. Port 0 picks a "
+          "free port (see --http_port_file). Empty: no status page.");
+ABSL_FLAG(std::string, http_port_file, "",
+          "If set, write the bound status page port to this file once "
+          "serving.");
 ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(30),
           "A member that makes no call (heartbeats included) for this long is "
           "dropped; an open round stops waiting for it.");
@@ -241,6 +250,7 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   localsgd::ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.metrics_listen_address = absl::GetFlag(FLAGS_metrics_listen);
+  options.http_listen_address = absl::GetFlag(FLAGS_http_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
@@ -379,6 +389,11 @@ int main(int argc, char** argv) {
   const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   if (!metrics_port_file.empty() &&
       !WritePortFile(metrics_port_file, (*server)->metrics_port())) {
+    return 1;
+  }
+  const std::string http_port_file = absl::GetFlag(FLAGS_http_port_file);
+  if (!http_port_file.empty() &&
+      !WritePortFile(http_port_file, (*server)->http_port())) {
     return 1;
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);

@@ -9,6 +9,7 @@
 #include "prometheus/client_metric.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
+#include "prometheus/text_serializer.h"
 
 namespace localsgd {
 namespace {
@@ -144,6 +145,14 @@ absl::Status Metrics::Serve(const std::string& listen_address,
   LOG(INFO) << "metrics on http://" << listen_address << "/metrics (port "
             << port_ << ")";
   return absl::OkStatus();
+}
+
+std::string Metrics::ScrapeText(Coordinator* coordinator) const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& f : JobGauges(coordinator).Collect()) {
+    families.push_back(std::move(f));
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 void Metrics::StopServing() {

@@ -74,6 +74,9 @@ class Metrics final : public CoordinatorObserver {
   void StopServing();
   // The bound port; 0 when not serving.
   int port() const { return port_; }
+  // What GET /metrics returns, with the gauges read from `coordinator` now
+  // (the status page's /metrics, server/http_status.h).
+  std::string ScrapeText(Coordinator* coordinator) const;
 
   JobCounters ForJob(const std::string& job_id);
   // A call of `method` (e.g. "Sync") ended with `code` (not OK).

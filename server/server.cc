@@ -132,6 +132,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       return s;
     }
   }
+  if (!options.http_listen_address.empty()) {
+    absl::StatusOr<std::unique_ptr<StatusHttpServer>> http =
+        StatusHttpServer::Start(
+            options.http_listen_address, server->coordinator_.get(),
+            server->metrics_.get(), server->authenticator_.get());
+    if (!http.ok()) return http.status();
+    server->http_ = *std::move(http);
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -172,9 +180,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
             << (server->authenticator_->tokens_enabled()
                     ? ", per-job tokens required"
                     : ", no per-job tokens")
-            << (options.metrics_listen_address.empty()
+            << (options.metrics_listen_address.empty() &&
+                        options.http_listen_address.empty()
                     ? ""
-                    : "; the metrics endpoint is plaintext HTTP");
+                    : "; the metrics endpoint and the status page are "
+                      "plaintext HTTP");
   return server;
 }
 
@@ -258,6 +268,7 @@ void CoordinatorServer::FinishShutdown(absl::Time calls_deadline) {
     stopping_ = true;
   }
   if (ticker_.joinable()) ticker_.join();
+  if (http_ != nullptr) http_->Stop();
   if (metrics_ != nullptr) metrics_->StopServing();
   if (server_ != nullptr) LOG(INFO) << "coordinator stopped";
 }

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "server/auth.h"
+#include "server/http_status.h"
 #include "server/metrics.h"
 #include "server/service.h"
 #include "src/coordinator.h"
@@ -47,6 +48,10 @@ struct ServerOptions {
   // free port (see CoordinatorServer::metrics_port()). Empty: no endpoint
   // (the counters are kept all the same).
   std::string metrics_listen_address;
+  // host:port to serve the status page, /api/v1/status and /metrics on
+  // (server/http_status.h); port 0 picks a free port (see http_port()).
+  // Empty: none.
+  std::string http_listen_address;
 
   // Transport security (docs/security.md). PEM files, read once at Start.
   // Both empty: plaintext, with a WARNING in the log. The metrics endpoint
@@ -83,6 +88,8 @@ class CoordinatorServer {
   int port() const { return port_; }
   // The bound metrics port; 0 without a metrics endpoint.
   int metrics_port() const { return metrics_->port(); }
+  // The bound status page port; 0 without one.
+  int http_port() const { return http_ == nullptr ? 0 : http_->port(); }
   Coordinator* coordinator() { return coordinator_.get(); }
   const Authenticator* authenticator() const { return authenticator_.get(); }
 
@@ -133,6 +140,8 @@ class CoordinatorServer {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Authenticator> authenticator_;  // outlives service_
   std::unique_ptr<CoordinatorService> service_;
+  // Reads coordinator_, metrics_ and authenticator_; stopped in Shutdown.
+  std::unique_ptr<StatusHttpServer> http_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::thread ticker_;

@@ -1,6 +1,7 @@
 // A coordinator member driven line by line from stdin, for process-level
 // tests (tests/deploy/health_drain_test.py, bench/process_soak.py): it uses
-// the real client library (client/client.h) on a one-tensor model and
+// the real client library (client/client.h) on a one-tensor model (with
+// the client's security flags: --token_file, --tls_ca, ...) and
 // answers every command with one line on stdout, so that a test can
 // interleave several members and signals exactly, without sleeping.
 //
@@ -31,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/security_flags.h"
 #include "src/layout.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Coordinator address");
@@ -90,6 +92,13 @@ int main(int argc, char** argv) {
   options.max_retry_time = absl::GetFlag(FLAGS_max_retry_time);
   options.weight = absl::GetFlag(FLAGS_weight);
   options.initial_backoff = absl::Milliseconds(50);
+  absl::StatusOr<localsgd::ChannelSecurity> security =
+      localsgd::ChannelSecurityFromFlags();
+  if (!security.ok()) {
+    ReplyError("create", security.status());
+    return 1;
+  }
+  options.security = *std::move(security);
   absl::StatusOr<std::unique_ptr<localsgd::Client>> client =
       localsgd::Client::Create(options);
   if (!client.ok()) {
