@@ -41,7 +41,7 @@ class Metrics::JobGauges final : public prometheus::Collectable {
     members.type = prometheus::MetricType::Gauge;
     for (const auto& job : jobs) {
       prometheus::ClientMetric m;
-      m.label.push_back({"job", job->id()});
+      m.label.push_back({"job_id", job->id()});
       m.gauge.value = static_cast<double>(job->num_members());
       members.metric.push_back(std::move(m));
     }
@@ -168,13 +168,13 @@ void Metrics::TouchJob(absl::string_view job_id) {
     absl::MutexLock lock(&mu_);
     if (!jobs_seen_.insert(std::string(job_id)).second) return;
   }
-  const prometheus::Labels job = {{"job", std::string(job_id)}};
+  const prometheus::Labels job = {{"job_id", std::string(job_id)}};
   for (absl::string_view reason : {CloseReasonName(CloseReason::kComplete),
                                    CloseReasonName(CloseReason::kDeadline),
                                    CloseReasonName(CloseReason::kMembersGone),
                                    CloseReasonName(CloseReason::kSeed)}) {
     rounds_closed_.Add(
-        {{"job", std::string(job_id)}, {"reason", std::string(reason)}});
+        {{"job_id", std::string(job_id)}, {"reason", std::string(reason)}});
   }
   round_duration_.Add(job, RoundDurationBuckets());
   for (auto* family : {&contributions_, &dropped_, &timed_out_, &late_,
@@ -185,8 +185,8 @@ void Metrics::TouchJob(absl::string_view job_id) {
 
 Metrics::JobCounters Metrics::ForJob(const std::string& job_id) {
   TouchJob(job_id);
-  return JobCounters{&bytes_received_.Add({{"job", job_id}}),
-                     &bytes_sent_.Add({{"job", job_id}})};
+  return JobCounters{&bytes_received_.Add({{"job_id", job_id}}),
+                     &bytes_sent_.Add({{"job_id", job_id}})};
 }
 
 void Metrics::RequestRejected(absl::string_view method, absl::StatusCode code) {
@@ -199,21 +199,21 @@ void Metrics::RequestRejected(absl::string_view method, absl::StatusCode code) {
 void Metrics::RoundClosed(const RoundClosedEvent& event) {
   TouchJob(event.job_id);
   rounds_closed_
-      .Add({{"job", event.job_id},
+      .Add({{"job_id", event.job_id},
             {"reason", std::string(CloseReasonName(event.reason))}})
       .Increment();
   if (event.reason == CloseReason::kSeed) return;
-  round_duration_.Add({{"job", event.job_id}}, RoundDurationBuckets())
+  round_duration_.Add({{"job_id", event.job_id}}, RoundDurationBuckets())
       .Observe(absl::ToDoubleSeconds(event.duration));
-  contributions_.Add({{"job", event.job_id}}).Increment(event.contributors);
-  dropped_.Add({{"job", event.job_id}}).Increment(event.dropped);
-  timed_out_.Add({{"job", event.job_id}}).Increment(event.timed_out);
+  contributions_.Add({{"job_id", event.job_id}}).Increment(event.contributors);
+  dropped_.Add({{"job_id", event.job_id}}).Increment(event.dropped);
+  timed_out_.Add({{"job_id", event.job_id}}).Increment(event.timed_out);
 }
 
 void Metrics::LeaseExpired(absl::string_view job_id,
                            absl::string_view member_name) {
   TouchJob(job_id);
-  lease_expiries_.Add({{"job", std::string(job_id)}}).Increment();
+  lease_expiries_.Add({{"job_id", std::string(job_id)}}).Increment();
 }
 
 void Metrics::JobRemoved(absl::string_view job_id, absl::string_view reason) {
@@ -222,7 +222,7 @@ void Metrics::JobRemoved(absl::string_view job_id, absl::string_view reason) {
 
 void Metrics::LateContribution(absl::string_view job_id, RoundId round) {
   TouchJob(job_id);
-  late_.Add({{"job", std::string(job_id)}}).Increment();
+  late_.Add({{"job_id", std::string(job_id)}}).Increment();
 }
 
 }  // namespace localsgd

@@ -3,24 +3,28 @@
 // calls), and serves them as text on GET /metrics (prometheus-cpp's Exposer,
 // a civetweb server with its own threads, owned and joined here).
 //
-// Metrics (all prefixed localsgd_; docs/deployment.md has the table):
-//   members{job}                         gauge, read from the core at scrape
-//   jobs                                 gauge, read from the core at scrape
-//   rounds_closed_total{job,reason}      counter; reason: complete, deadline,
-//                                        members_gone, seed
-//   round_duration_seconds{job}          histogram of averaging rounds (not
-//                                        seeds), first contribution to close
-//   contributions_total{job}             complete contributions counted
-//   dropped_contributions_total{job}     participants a round closed without
-//                                        (left, lease lost, non-finite drop)
-//   timed_out_contributions_total{job}   participants, still members, a round
-//                                        closed without (deadline)
-//   jobs_removed_total{reason}           jobs removed: idle (--job_idle_ttl)
-//   late_contributions_total{job}        Syncs for rounds already closed
-//   lease_expiries_total{job}            members dropped for their lease
-//   bytes_received_total{job}            chunk payload bytes received
-//   bytes_sent_total{job}                chunk payload bytes sent
-//   requests_rejected_total{method,code} calls that ended with a non-OK code
+// Metrics (all prefixed localsgd_; docs/deployment.md has the table). A
+// job's label is job_id, not job: Prometheus attaches its own `job` label
+// (the scrape job) to every series, and with the default honor_labels:
+// false a `job` label of ours would be renamed exported_job.
+//   members{job_id}                       gauge, read from the core at scrape
+//   jobs                                  gauge, read from the core at scrape
+//   rounds_closed_total{job_id,reason}    counter; reason: complete, deadline,
+//                                         members_gone, seed
+//   round_duration_seconds{job_id}        histogram of averaging rounds (not
+//                                         seeds), first contribution to close
+//   contributions_total{job_id}           complete contributions counted
+//   dropped_contributions_total{job_id}   participants a round closed without
+//                                         (left, lease lost, non-finite drop)
+//   timed_out_contributions_total{job_id} participants, still members, a
+//                                         round closed without (deadline)
+//   jobs_removed_total{reason}            jobs removed: idle (--job_idle_ttl)
+//   late_contributions_total{job_id}      Syncs for rounds already closed
+//   lease_expiries_total{job_id}          members dropped for their lease
+//   bytes_received_total{job_id}          chunk payload bytes received
+//   bytes_sent_total{job_id}              chunk payload bytes sent
+//   requests_rejected_total{method,code}  calls that ended with a non-OK code
+//                                         (method: the RPC, or "HTTP <path>")
 //
 // Thread-safety: Serve and StopServing are for the owner (not concurrently
 // with each other); everything else is thread-safe.

@@ -311,7 +311,7 @@ def main():
               rejected.get("UNIMPLEMENTED") == 1,
               f"rejected HTTP requests counted as {rejected}")
     ENV.check(samples.get(("localsgd_rounds_closed_total", frozenset(
-        {"job": "train", "reason": "complete"}.items()))) == 3,
+        {"job_id": "train", "reason": "complete"}.items()))) == 3,
         "/metrics on the status port lacks train's 3 complete rounds")
     ENV.log("bad requests: the documented errors, counted, nothing changed")
 

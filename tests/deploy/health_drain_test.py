@@ -245,14 +245,14 @@ def main():
 
     m = coord.metrics()
     for key, want in [
-        (f'localsgd_rounds_closed_total{{job="{JOB}",reason="complete"}}', 2),
-        (f'localsgd_rounds_closed_total{{job="{JOB}",reason="seed"}}', 1),
-        (f'localsgd_members{{job="{JOB}"}}', 2),
-        (f'localsgd_round_duration_seconds_count{{job="{JOB}"}}', 2),
+        (f'localsgd_rounds_closed_total{{job_id="{JOB}",reason="complete"}}', 2),
+        (f'localsgd_rounds_closed_total{{job_id="{JOB}",reason="seed"}}', 1),
+        (f'localsgd_members{{job_id="{JOB}"}}', 2),
+        (f'localsgd_round_duration_seconds_count{{job_id="{JOB}"}}', 2),
         # a seeds (1 model), then 2 members x 2 rounds.
-        (f'localsgd_bytes_received_total{{job="{JOB}"}}', 5 * ELEMENTS * 4),
+        (f'localsgd_bytes_received_total{{job_id="{JOB}"}}', 5 * ELEMENTS * 4),
         # seed result to a, FetchState to b, 2 x 2 results.
-        (f'localsgd_bytes_sent_total{{job="{JOB}"}}', 6 * ELEMENTS * 4),
+        (f'localsgd_bytes_sent_total{{job_id="{JOB}"}}', 6 * ELEMENTS * 4),
     ]:
         if m.get(key) != want:
             fail(f"/metrics: {key} = {m.get(key)}, expected {want}")

@@ -93,10 +93,10 @@ Scrape ScrapeMetrics(int port) {
 }
 
 std::string JobKey(const std::string& name) {
-  return absl::StrCat(name, "{job=\"", kJob, "\"}");
+  return absl::StrCat(name, "{job_id=\"", kJob, "\"}");
 }
 std::string RoundsKey(const std::string& reason) {
-  return absl::StrCat("localsgd_rounds_closed_total{job=\"", kJob,
+  return absl::StrCat("localsgd_rounds_closed_total{job_id=\"", kJob,
                       "\",reason=\"", reason, "\"}");
 }
 std::string RejectedKey(const std::string& method, const std::string& code) {
@@ -296,7 +296,7 @@ TEST_F(MetricsTest, Scrape_CountersMoveByExactlyWhatHappened) {
   EXPECT_EQ(s3.Get(JobKey("localsgd_round_duration_seconds_count")), 4);
   // The fake clock stood still during the rounds.
   EXPECT_EQ(s3.Get(JobKey("localsgd_round_duration_seconds_sum")), 0);
-  EXPECT_EQ(s3.Get(absl::StrCat("localsgd_round_duration_seconds_bucket{job=\"",
+  EXPECT_EQ(s3.Get(absl::StrCat("localsgd_round_duration_seconds_bucket{job_id=\"",
                                 kJob, "\",le=\"0.005\"}")),
             4);
   EXPECT_EQ(s3.Get(JobKey("localsgd_contributions_total")), 12);
