@@ -25,9 +25,10 @@ PKGS=(
   # tests/reference: the outer rules against torch.optim.SGD itself (the
   # same libtorch as libtorch-dev), and the accelerate peer of bench/.
   python3-torch
-  # tests/deploy: the status page in a real browser (headless Chromium);
+  # tests/deploy: the status page in a real browser (headless Chromium), the
+  # Grafana dashboard's queries evaluated by a real Prometheus;
   # scripts/run-demo.sh: the loss/accuracy plot of a run.
-  chromium python3-matplotlib
+  chromium prometheus python3-matplotlib
 )
 
 missing=()

@@ -259,7 +259,8 @@ def main():
     # --- 1-4: no tokens.
     c = deploy_lib.Coordinator(ENV, ARGS.coordinator, "plain",
                                ["--http_listen=127.0.0.1:0",
-                                "--lease_ttl=120s"], ports=("http",))
+                                "--lease_ttl=120s", "--shutdown_grace=1s"],
+                               ports=("http",))
     members = two_jobs(c)
     ENV.wait_for("round 4 open", lambda: round_open(c))
     rpc = ctl_status(c)
@@ -335,7 +336,8 @@ def main():
     c = deploy_lib.Coordinator(ENV, ARGS.coordinator, "tokens",
                                ["--http_listen=127.0.0.1:0",
                                 f"--token_file={token_file}",
-                                "--lease_ttl=120s"], ports=("http",))
+                                "--lease_ttl=120s", "--shutdown_grace=1s"],
+                               ports=("http",))
     members = two_jobs(c, [f"--token_file={member_token['train']}"],
                        [f"--token_file={member_token['other']}"])
     bearer = {"Authorization": f"Bearer {tokens['train']}"}
