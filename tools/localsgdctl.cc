@@ -3,6 +3,7 @@
 //   localsgdctl [--target=HOST:PORT] status [--job=ID] [--rounds=N] [--json]
 //   localsgdctl [--target=HOST:PORT] health [--service=NAME] [--json]
 //   localsgdctl [--target=HOST:PORT] delete-job --job=ID
+//   localsgdctl [--target=HOST:PORT] watch [--job=ID] [--interval=1s] [--once]
 //
 // `status` prints the coordinator's jobs (GetJobStatus): settings, members
 // and the most recent rounds, as tables, or with --json as the
@@ -10,13 +11,19 @@
 // scripts. `health` asks grpc.health.v1.Health/Check and exits 0 if the
 // answer is SERVING, 1 otherwise. `delete-job` removes a job that has no
 // members, and its checkpoint (DeleteJob; with tokens, --token_file must
-// hold that job's token). Exit status: 0 success, 1 the call failed or the
-// coordinator is not serving, 2 bad usage.
+// hold that job's token). `watch` is a live view of the jobs, like top: one
+// screen, redrawn every --interval on a terminal (frames one after another
+// otherwise; Ctrl-C ends it, exit 0), that keeps going while the coordinator
+// is unreachable; --once prints one frame and exits (1 if the call failed).
+// Exit status: 0 success, 1 the call failed or the coordinator is not
+// serving, 2 bad usage.
 //
 // Only a client of the wire contract: it links the generated protocol code,
 // gRPC and the client's channel security (client/credentials.h: --tls_ca,
 // --tls_cert, --tls_key, --tls_server_name, --token_file), nothing of the
 // coordinator.
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +33,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -37,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -64,6 +73,9 @@ ABSL_FLAG(uint32_t, rounds, 10,
 ABSL_FLAG(std::string, service, "",
           "health: the service to ask about. \"\" (the default) is the "
           "coordinator's readiness, \"liveness\" its liveness");
+ABSL_FLAG(absl::Duration, interval, absl::Seconds(1),
+          "watch: time between two refreshes");
+ABSL_FLAG(bool, once, false, "watch: print one frame and exit");
 // Transport security and tokens: client/security_flags.h (--tls_ca,
 // --tls_cert, --tls_key, --tls_server_name, --token_file).
 
@@ -298,6 +310,218 @@ int Health() {
              : 1;
 }
 
+// --- watch ---------------------------------------------------------------
+
+volatile sig_atomic_t g_stop_watch = 0;
+
+// Rows and columns of the terminal on stdout; 0, 0 if it is not one.
+std::pair<int, int> TerminalSize() {
+  winsize w{};
+  if (!isatty(STDOUT_FILENO) || ioctl(STDOUT_FILENO, TIOCGWINSZ, &w) != 0) {
+    return {0, 0};
+  }
+  return {w.ws_row, w.ws_col};
+}
+
+// One job in a few lines: the state, the open round and whom it waits for,
+// rounds per minute and round times over the rounds shown, the members,
+// then as many recent rounds as `round_rows` allows.
+void WatchJob(const v1::JobStatus& job, absl::Time now, int round_rows,
+              std::string* out) {
+  const v1::JobSettings& s = job.settings();
+  absl::StrAppend(
+      out, "job ", job.job_id(), "  state round ",
+      job.has_state() ? absl::StrCat(job.state_round()) : "none", "  ",
+      EnumName(v1::Contribution_Name(s.contribution()), "CONTRIBUTION_"), " ",
+      EnumName(v1::AveragingMode_Name(s.mode()), "AVERAGING_MODE_"), " ",
+      EnumName(v1::DType_Name(s.wire_dtype()), "DTYPE_"),
+      s.local_sgd_steps() > 0 ? absl::StrCat(" K=", s.local_sgd_steps())
+                              : std::string(),
+      "  ", job.num_elements(), " parameters\n");
+  if (job.round_open()) {
+    absl::StrAppend(out, "  round ", job.state_round() + 1,
+                    " open: ", job.open_round_contributed_size(), "/",
+                    job.open_round_participants_size(), " contributed");
+    if (!job.open_round_waiting_for().empty()) {
+      absl::StrAppend(out, ", waiting for ",
+                      Names(job.open_round_waiting_for()));
+    }
+    if (job.open_round_deadline_unix_ms() > 0) {
+      absl::StrAppend(
+          out, ", deadline in ",
+          absl::FormatDuration(absl::Trunc(
+              std::max(absl::ZeroDuration(),
+                       absl::FromUnixMillis(job.open_round_deadline_unix_ms()) -
+                           now),
+              absl::Milliseconds(100))));
+    }
+    absl::StrAppend(out, "\n");
+  } else {
+    absl::StrAppend(out, "  no round open\n");
+  }
+  // Averaging rounds shown (not seeds): their rate, mean and worst time,
+  // and who fell out of them.
+  int n = 0, late = 0, dropped = 0, timed_out = 0;
+  uint64_t total_ms = 0, max_ms = 0;
+  int64_t first_ms = 0, last_ms = 0;
+  for (const v1::RoundStatus& r : job.recent_rounds()) {
+    if (r.close_reason() == v1::CLOSE_REASON_SEED) continue;
+    ++n;
+    total_ms += r.duration_ms();
+    max_ms = std::max(max_ms, r.duration_ms());
+    late += r.late_size();
+    dropped += r.dropped_size();
+    timed_out += r.timed_out_size();
+    if (n == 1) last_ms = r.closed_unix_ms();
+    first_ms = r.closed_unix_ms();
+  }
+  if (n > 0) {
+    if (n == 1) {
+      absl::StrAppend(out, "  last round: ", Millis(max_ms));
+    } else {
+      absl::StrAppend(out, "  last ", n, " rounds: mean ", Millis(total_ms / n),
+                      ", max ", Millis(max_ms));
+    }
+    if (n > 1 && last_ms > first_ms) {
+      absl::StrAppend(
+          out, ", ",
+          absl::StrFormat("%.1f", (n - 1) * 60000.0 / (last_ms - first_ms)),
+          " rounds/min");
+    }
+    absl::StrAppend(out, "; late ", late, ", dropped ", dropped, ", timed out ",
+                    timed_out, "\n");
+  }
+  Table members({"  MEMBER", "REF", "WEIGHT", "IDLE", "FIRST_ROUND"});
+  for (const v1::MemberStatus& m : job.members()) {
+    members.Add({absl::StrCat("  ", m.member_name()), m.member_ref(),
+                 absl::StrCat(m.weight()), Millis(m.idle_ms() / 100 * 100),
+                 absl::StrCat(m.first_round())});
+  }
+  if (job.members().empty()) {
+    absl::StrAppend(out, "  (no members)\n");
+  } else {
+    absl::StrAppend(out, members.Render());
+  }
+  if (round_rows <= 0 || job.recent_rounds().empty()) return;
+  Table rounds({"  ROUND", "REASON", "DURATION", "CONTRIBUTORS", "LATE",
+                "DROPPED", "TIMED_OUT"});
+  int shown = 0;
+  for (const v1::RoundStatus& r : job.recent_rounds()) {
+    if (shown++ == round_rows) break;
+    rounds.Add(
+        {absl::StrCat("  ", r.round()),
+         EnumName(v1::CloseReason_Name(r.close_reason()), "CLOSE_REASON_"),
+         Millis(r.duration_ms()),
+         absl::StrCat(r.contributors_size(), "/", r.participants_size()),
+         Names(r.late()), Names(r.dropped()), Names(r.timed_out())});
+  }
+  absl::StrAppend(out, rounds.Render());
+}
+
+// A frame of `watch`: at most `rows` lines (0: no limit), each cut to
+// `cols` columns (0: no limit).
+std::string WatchFrame(const grpc::Status& status,
+                       const v1::GetJobStatusResponse& response, absl::Time now,
+                       int rows, int cols) {
+  std::string out = absl::StrCat(
+      "localsgd ", absl::GetFlag(FLAGS_target), "  ",
+      absl::FormatTime("%H:%M:%S UTC", now, absl::UTCTimeZone()), "  every ",
+      absl::FormatDuration(absl::GetFlag(FLAGS_interval)));
+  if (!status.ok()) {
+    absl::StrAppend(&out,
+                    "\n\nGetJobStatus failed: ", CodeName(status.error_code()),
+                    ": ", status.error_message(), "\n(retrying)\n");
+  } else {
+    absl::StrAppend(&out, "  ", response.jobs_size(),
+                    response.jobs_size() == 1 ? " job" : " jobs", "\n");
+    if (response.jobs().empty()) absl::StrAppend(&out, "\n(no jobs)\n");
+    // Rounds share what is left of the screen after the fixed lines.
+    int fixed = 1;
+    for (const v1::JobStatus& job : response.jobs()) {
+      fixed += 5 + job.members_size();
+    }
+    const int jobs = std::max(1, response.jobs_size());
+    const int round_rows =
+        rows > 0 ? std::max(0, (rows - fixed) / jobs - 1) : 10;
+    for (const v1::JobStatus& job : response.jobs()) {
+      absl::StrAppend(&out, "\n");
+      WatchJob(job, now, std::min(round_rows, 10), &out);
+    }
+  }
+  std::vector<std::string> lines = absl::StrSplit(out, '\n');
+  while (!lines.empty() && lines.back().empty()) lines.pop_back();
+  if (rows > 0 && static_cast<int>(lines.size()) > rows) {
+    const size_t cut = lines.size() - static_cast<size_t>(rows) + 1;
+    lines.resize(static_cast<size_t>(rows) - 1);
+    lines.push_back(absl::StrCat("... ", cut,
+                                 " more lines (enlarge the "
+                                 "terminal, or --job=ID)"));
+  }
+  if (cols > 0) {
+    for (std::string& line : lines) {
+      if (static_cast<int>(line.size()) > cols) line.resize(cols);
+    }
+  }
+  return absl::StrCat(absl::StrJoin(lines, "\n"), "\n");
+}
+
+int Watch() {
+  const absl::Duration interval = absl::GetFlag(FLAGS_interval);
+  if (interval < absl::Milliseconds(100)) {
+    std::fprintf(stderr, "%s: --interval must be at least 100ms\n", kProgram);
+    return 2;
+  }
+  const bool once = absl::GetFlag(FLAGS_once);
+  struct sigaction action {};
+  action.sa_handler = [](int) { g_stop_watch = 1; };
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  auto stub = v1::Coordinator::NewStub(Channel());
+  const bool tty = !once && isatty(STDOUT_FILENO);
+  if (tty) std::fputs("\x1b[?25l", stdout);  // hide the cursor
+  int rc = 0;
+  while (g_stop_watch == 0) {
+    v1::GetJobStatusRequest request;
+    request.set_job_id(absl::GetFlag(FLAGS_job));
+    request.set_max_rounds(10);
+    v1::GetJobStatusResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(
+        absl::Now() + std::min(absl::GetFlag(FLAGS_timeout), interval * 5)));
+    const grpc::Status status =
+        stub->GetJobStatus(&context, request, &response);
+    const auto [rows, cols] = TerminalSize();
+    const std::string frame = WatchFrame(status, response, absl::Now(),
+                                         tty ? rows : 0, tty ? cols : 0);
+    if (tty) {
+      // Home, the frame with each line's rest cleared, then the screen's.
+      std::string painted = "\x1b[H";
+      for (absl::string_view line : absl::StrSplit(frame, '\n')) {
+        absl::StrAppend(&painted, line, "\x1b[K\n");
+      }
+      painted.resize(painted.size() - 1);
+      absl::StrAppend(&painted, "\x1b[J");
+      std::fputs(painted.c_str(), stdout);
+    } else {
+      std::fputs(frame.c_str(), stdout);
+    }
+    std::fflush(stdout);
+    if (once) {
+      if (!status.ok()) rc = 1;
+      break;
+    }
+    if (!tty) std::fputs("\n", stdout);
+    // Sleeps in short steps so that Ctrl-C ends it at once.
+    const absl::Time next = absl::Now() + interval;
+    while (g_stop_watch == 0 && absl::Now() < next) {
+      absl::SleepFor(std::min(absl::Milliseconds(50), next - absl::Now()));
+    }
+  }
+  if (tty) std::fputs("\x1b[?25h\n", stdout);  // the cursor back
+  std::fflush(stdout);
+  return rc;
+}
+
 int DeleteJob() {
   const std::string job = absl::GetFlag(FLAGS_job);
   if (job.empty()) {
@@ -335,7 +559,11 @@ int main(int argc, char** argv) {
       "  localsgdctl [--target=HOST:PORT] health [--service=NAME] [--json]\n"
       "      grpc.health.v1 status; exit 0 if SERVING, 1 otherwise\n"
       "  localsgdctl [--target=HOST:PORT] delete-job --job=ID\n"
-      "      removes a job without members, and its checkpoint");
+      "      removes a job without members, and its checkpoint\n"
+      "  localsgdctl [--target=HOST:PORT] watch [--job=ID] [--interval=1s] "
+      "[--once]\n"
+      "      a live view of jobs, members and rounds (like top); Ctrl-C "
+      "ends it");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::EndsWith(file, "tools/localsgdctl.cc") ||
@@ -346,8 +574,8 @@ int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr,
-                 "%s: expected one command, status, health or delete-job "
-                 "(see --help)\n",
+                 "%s: expected one command, status, health, delete-job or "
+                 "watch (see --help)\n",
                  localsgd::ctl::kProgram);
     return 2;
   }
@@ -355,9 +583,10 @@ int main(int argc, char** argv) {
   if (command == "status") return localsgd::ctl::Status();
   if (command == "health") return localsgd::ctl::Health();
   if (command == "delete-job") return localsgd::ctl::DeleteJob();
+  if (command == "watch") return localsgd::ctl::Watch();
   std::fprintf(stderr,
-               "%s: unknown command '%s'; expected status, health or "
-               "delete-job\n",
+               "%s: unknown command '%s'; expected status, health, "
+               "delete-job or watch\n",
                localsgd::ctl::kProgram, command.c_str());
   return 2;
 }

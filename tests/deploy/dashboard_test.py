@@ -13,7 +13,11 @@
     members, rounds (numbers and contributor counts), the open round and
     whom it waits for match GetJobStatus; the markup in a member's name is
     shown as text; a screenshot goes to --out.
- 5. Per-job tokens: /api/v1/status without a token is 401 with
+ 5. `localsgdctl watch --once` shows the same (jobs, open round and whom it
+    waits for, members, rounds); `watch` on a terminal (a pty of 24 x 100)
+    redraws in place, every frame within the screen, and ends with exit 0
+    on SIGINT, the cursor restored.
+ 6. Per-job tokens: /api/v1/status without a token is 401 with
     WWW-Authenticate; with a job's token only that job shows; another job's
     ?job= is 403; with --browser the page asks for a token, and with
     #token= shows only that job.
@@ -23,11 +27,19 @@ usage: dashboard_test.py COORDINATOR SCRIPTED_MEMBER LOCALSGDCTL
 Exit status 77 (skipped) with --browser when Chromium cannot start.
 """
 import argparse
+import fcntl
 import html.parser
 import json
 import os
+import pty
+import re
+import select
+import signal
+import struct
 import subprocess
 import sys
+import termios
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deploy_lib  # noqa: E402
@@ -209,6 +221,72 @@ def check_page(coordinator, rpc):
             f"{sum(len(j['recent_rounds']) for j in rpc['jobs'])} rounds")
 
 
+def check_watch(coordinator, rpc):
+    r = subprocess.run([ARGS.ctl, f"--target={coordinator.target}", "watch",
+                        "--once"], capture_output=True, text=True, timeout=30)
+    ENV.check(r.returncode == 0, f"watch --once: {r.returncode} {r.stderr}")
+    frame = r.stdout
+    for job in rpc["jobs"]:
+        ENV.check(f"job {job['job_id']}  state round {job['state_round']}"
+                  in frame, f"watch --once lacks job {job['job_id']}:\n{frame}")
+        for m in job["members"]:
+            ENV.check(re.search(rf"^  {re.escape(m['member_name'])} +"
+                                rf"{m['member_ref']} ", frame, re.M),
+                      f"watch --once lacks member {m['member_name']}")
+    train = next(j for j in rpc["jobs"] if j["job_id"] == "train")
+    ENV.check(f"round {int(train['state_round']) + 1} open: 1/2 contributed, "
+              "waiting for bob" in frame, f"watch: no open round:\n{frame}")
+    for rs in train["recent_rounds"]:
+        ENV.check(re.search(rf"^  {rs['round']} +"
+                            f"{reason_word(rs)} .* "
+                            f"{len(rs['contributors'])}/"
+                            f"{len(rs['participants'])} ", frame, re.M),
+                  f"watch: no line for round {rs['round']}:\n{frame}")
+    # On a terminal: redrawn in place, within 24 rows, SIGINT ends it.
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(ARGS.ctl, [ARGS.ctl, f"--target={coordinator.target}",
+                            "watch", "--interval=200ms"])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    out = b""
+    deadline = time.monotonic() + 30
+    while out.count(b"\x1b[H") < 3 and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if ready:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:
+                break
+    ENV.check(out.count(b"\x1b[H") >= 3, f"watch redrew {out.count(b'[H')} "
+              f"times in 30 s: {out[-500:]!r}")
+    os.kill(pid, signal.SIGINT)
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    _, wstatus = os.waitpid(pid, 0)
+    os.close(fd)
+    ENV.check(os.WIFEXITED(wstatus) and os.WEXITSTATUS(wstatus) == 0,
+              f"watch after SIGINT: wait status {wstatus}")
+    ENV.check(out.endswith(b"\x1b[?25h\r\n") or b"\x1b[?25h" in out[-20:],
+              f"watch did not restore the cursor: {out[-40:]!r}")
+    frames = out.split(b"\x1b[H")[1:]
+    for f in frames[:-1]:
+        lines = f.count(b"\n")
+        ENV.check(lines <= 24 and b"job train" in f,
+                  f"a frame of {lines} lines (screen 24): {f!r}")
+    ENV.log(f"watch: --once matches GetJobStatus; {len(frames)} frames on "
+            "a 24-row pty, exit 0 on SIGINT")
+
+
+def reason_word(round_status):
+    return round_status["close_reason"].replace("CLOSE_REASON_", "").lower()
+
+
 def two_jobs(coordinator, extra_a=(), extra_o=()):
     """train: rounds 1..3 closed, round 4 open waiting for bob; other: one
     member. Returns the members (kept alive by the caller)."""
@@ -316,6 +394,7 @@ def main():
         "/metrics on the status port lacks train's 3 complete rounds")
     ENV.log("bad requests: the documented errors, counted, nothing changed")
 
+    check_watch(c, ctl_status(c))
     if ARGS.browser:
         check_page(c, ctl_status(c))
     for m in members:
