@@ -470,9 +470,10 @@ std::string SyncLine(const LocalSGD& local_sgd) {
   const SyncOutcome& o = local_sgd.last_outcome();
   return absl::StrFormat(
       "sync round=%d step=%d seconds=%.3f contributed=%d late=%d "
-      "contributors=%d rejoined=%d",
+      "contributors=%d bytes_sent=%d bytes_received=%d rejoined=%d",
       o.round, local_sgd.steps(), local_sgd.last_sync_seconds(),
       o.contributed ? 1 : 0, o.late ? 1 : 0, o.contributors,
+      local_sgd.bytes_sent_total(), local_sgd.bytes_received_total(),
       o.rejoined ? 1 : 0);
 }
 

@@ -1,8 +1,13 @@
 # shellcheck shell=bash
 # Shared by scripts/run-demo.sh and scripts/run-nodes.sh: start a coordinator
-# and worker processes on this machine, prefix and keep their output, stop
-# them all on exit. Source it after setting LAUNCH_TAG (the output prefix),
-# COORDINATOR and WORKER.
+# and worker processes on this machine, keep their output in log files, show
+# the run (scripts/demo_view.py), stop them all on exit. Source it after
+# setting LAUNCH_TAG (the output prefix), COORDINATOR and WORKER.
+#
+# Environment: LOG_DIR (where the logs and the plot go; default a new
+#   /tmp/localsgd-$LAUNCH_TAG.XXXXXX, kept after the run); VIEW: "auto"
+#   (default: the compact view, redrawn in place on a terminal, plain lines
+#   otherwise) or "logs" (every process's lines, prefixed, as they come).
 
 log() { echo "[$LAUNCH_TAG] $*"; }
 die() { echo "[$LAUNCH_TAG] error: $*" >&2; exit 1; }
@@ -11,12 +16,22 @@ for bin in "$COORDINATOR" "$WORKER"; do
   [[ -x $bin ]] || die "$bin not found; build first (scripts/build.sh, or BUILD_DIR=<dir>)"
 done
 
-tmp=$(mktemp -d -t "localsgd-$LAUNCH_TAG.XXXXXX")
+VIEW=${VIEW:-auto}
+[[ $VIEW == auto || $VIEW == logs ]] || die "VIEW=$VIEW: expected auto or logs"
+if [[ -n ${LOG_DIR:-} ]]; then
+  mkdir -p "$LOG_DIR"
+  tmp=$(cd "$LOG_DIR" && pwd)
+else
+  tmp=$(mktemp -d -t "localsgd-$LAUNCH_TAG.XXXXXX")
+fi
+# The view needs Debian's python3 (scripts/install-deps.sh).
+VIEW_PYTHON=/usr/bin/python3
+if [[ $VIEW == auto && ! -x $VIEW_PYTHON ]]; then VIEW=logs; fi
 coordinator_pid=""
 worker_pids=()
 
 # Stops whatever is still running (each child leads its own process group,
-# with the sed/tee that prefixes its output), then removes the temp dir.
+# with the sed/tee that prefixes its output). The logs stay.
 cleanup() {
   local pid
   for pid in "${worker_pids[@]}" $coordinator_pid; do
@@ -26,21 +41,27 @@ cleanup() {
     for _ in $(seq 50); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL -- "-$pid" 2>/dev/null || true
   done
-  rm -rf "$tmp"
+  rm -f "$tmp/port" "$tmp/http_port"
 }
 trap cleanup EXIT
 trap 'echo "[$LAUNCH_TAG] interrupted" >&2; exit 130' INT TERM
 
 # start TAG LOGFILE CMD...: runs CMD in a new session (its pid is the process
-# group id), its stdout+stderr copied to LOGFILE and printed as "[TAG] line".
-# Sets STARTED_PID.
+# group id), its stdout+stderr written to LOGFILE (and with VIEW=logs also
+# printed as "[TAG] line"). Sets STARTED_PID.
 start() {
   local tag=$1 logfile=$2
   shift 2
-  # shellcheck disable=SC2016  # expanded by the inner bash
-  setsid bash -c 'tag=$1 logfile=$2; shift 2
-    exec "$@" > >(tee "$logfile" | sed -u "s/^/[$tag] /") 2>&1' \
-    _ "$tag" "$logfile" "$@" &
+  if [[ $VIEW == logs ]]; then
+    # shellcheck disable=SC2016  # expanded by the inner bash
+    setsid bash -c 'tag=$1 logfile=$2; shift 2
+      exec "$@" > >(tee "$logfile" | sed -u "s/^/[$tag] /") 2>&1' \
+      _ "$tag" "$logfile" "$@" &
+  else
+    # shellcheck disable=SC2016
+    setsid bash -c 'logfile=$1; shift; exec "$@" > "$logfile" 2>&1' \
+      _ "$logfile" "$@" < /dev/null &
+  fi
   STARTED_PID=$!
 }
 
@@ -50,23 +71,44 @@ drain() {
   for _ in $(seq 20); do kill -0 -- "-$1" 2>/dev/null || return 0; sleep 0.1; done
 }
 
-# Starts the coordinator on a free loopback port (metrics endpoint off, its
-# default) and waits until it listens. Sets coordinator_pid and port.
-start_coordinator() {
-  start coordinator "$tmp/coordinator.log" \
-    "$COORDINATOR" --listen=127.0.0.1:0 --port_file="$tmp/port"
-  coordinator_pid=$STARTED_PID
-  port=""
+# Reads a port file the coordinator writes once it serves: waits up to 30 s.
+read_port() {
+  local file=$1 value=""
   for _ in $(seq 300); do
-    if [[ -s $tmp/port ]]; then
-      port=$(tr -d '[:space:]' < "$tmp/port")
-      [[ $port =~ ^[0-9]+$ ]] && break
-      port=""
+    if [[ -s $file ]]; then
+      value=$(tr -d '[:space:]' < "$file")
+      [[ $value =~ ^[0-9]+$ ]] && { echo "$value"; return 0; }
     fi
-    kill -0 "$coordinator_pid" 2>/dev/null || die "the coordinator exited before listening"
+    kill -0 "$coordinator_pid" 2>/dev/null || return 1
     sleep 0.1
   done
-  [[ -n $port ]] || die "the coordinator did not write its port within 30 s"
+  return 1
+}
+
+# Starts the coordinator on a free loopback port, with its status page on
+# another (--http_listen), and waits until it listens. Sets coordinator_pid,
+# port and http_port.
+start_coordinator() {
+  start coordinator "$tmp/coordinator.log" \
+    "$COORDINATOR" --listen=127.0.0.1:0 --port_file="$tmp/port" \
+    --http_listen=127.0.0.1:0 --http_port_file="$tmp/http_port"
+  coordinator_pid=$STARTED_PID
+  port=$(read_port "$tmp/port") || die "the coordinator did not start (see $tmp/coordinator.log)"
+  http_port=$(read_port "$tmp/http_port") || die "the coordinator did not start its status page"
+  log "logs: $tmp/ (coordinator.log, worker<R>.log); status page: http://127.0.0.1:$http_port/"
+}
+
+# show_run JOB TITLE [LABELS]: the compact view of the run until every worker
+# is gone (VIEW=auto), then its summary and plot ($tmp/training.png).
+show_run() {
+  [[ $VIEW == auto ]] || return 0
+  local pids
+  pids=$(IFS=,; echo "${worker_pids[*]}")
+  "$VIEW_PYTHON" scripts/demo_view.py --log_dir="$tmp" \
+    --workers="${#worker_pids[@]}" --pids="$pids" \
+    --status="http://127.0.0.1:$http_port/api/v1/status?job=$1&rounds=100" \
+    --title="$2" --labels="${3:-}" --plot="$tmp/training.png" ||
+    log "warning: the view failed (the run goes on; logs in $tmp/)"
 }
 
 # Waits for every worker in worker_pids; sets failed=1 (read by the
@@ -100,9 +142,10 @@ stop_coordinator() {
   fi
 }
 
-# Prints every worker's final line.
+# Prints every worker's final line (VIEW=logs; the view has a summary).
 print_finals() {
   local r
+  [[ $VIEW == logs ]] || return 0
   echo
   log "summary:"
   for ((r = 0; r < ${#worker_pids[@]}; r++)); do

@@ -6,7 +6,10 @@
 #   e.g. scripts/run-demo.sh --wire_dtype=bfloat16 --lr=0.1
 # Environment: BUILD_DIR (default build), WORKERS (4), K (16), EPOCHS (2),
 #   EVAL_EVERY_SYNC (4), DEMO_TIMEOUT (seconds per worker, 900).
-# Output: every process's lines, prefixed with [coordinator] / [worker R].
+# Output: a compact view (a progress bar per worker, a line per round), then a
+#   summary table and a plot (training.png) next to the logs, whose folder
+#   is printed (LOG_DIR sets it). VIEW=logs prints every process's lines
+#   instead, prefixed with [coordinator] / [worker R] (scripts/launch-lib.sh).
 # Exit status: 0 if every worker succeeded, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,9 +36,10 @@ for ((r = 0; r < WORKERS; r++)); do
     timeout --signal=TERM --kill-after=10 "$DEMO_TIMEOUT" \
     "$WORKER" --coordinator="127.0.0.1:$port" --job="$job" \
     --world="$WORKERS" --rank="$r" --k="$K" --epochs="$EPOCHS" \
-    --eval_every_sync="$EVAL_EVERY_SYNC" --log_every=50 "$@"
+    --eval_every_sync="$EVAL_EVERY_SYNC" --log_every=10 "$@"
   worker_pids+=("$STARTED_PID")
 done
+show_run "$job" "localsgd demo: $WORKERS workers, Fashion-MNIST, K=$K, $EPOCHS epochs"
 
 # No start barrier is needed: the job's rendezvous (--rendezvous, default
 # --world) makes the first rounds wait until every worker has joined.

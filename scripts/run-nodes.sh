@@ -10,7 +10,8 @@
 # Usage: scripts/run-nodes.sh [extra worker flags...]
 # Environment: BUILD_DIR (default build), NODES (2), PROCS (2), K (16),
 #   EPOCHS (1), EVAL_EVERY_SYNC (0), RUN_TIMEOUT (seconds per worker, 900).
-# Output: every process's lines, prefixed with [coordinator] / [node N.L].
+# Output: as scripts/run-demo.sh's (a compact view, a summary, a plot; VIEW=logs
+#   for every process's lines, prefixed with [coordinator] / [node N.L]).
 # Exit status: 0 if every worker succeeded, 1 otherwise.
 #
 # If a node's leader dies, the node's other processes fail at their next
@@ -43,6 +44,7 @@ free_port() {
 start_coordinator
 
 world=$((NODES * PROCS))
+labels=""
 job="nodes-$$"
 log "coordinator on 127.0.0.1:$port; $NODES nodes x $PROCS processes (world=$world, k=$K, epochs=$EPOCHS)"
 for ((n = 0; n < NODES; n++)); do
@@ -54,15 +56,19 @@ for ((n = 0; n < NODES; n++)); do
       timeout --signal=TERM --kill-after=10 "$RUN_TIMEOUT" \
       "$WORKER" --coordinator="127.0.0.1:$port" --job="$job" \
       --world="$world" --rank="$r" --k="$K" --epochs="$EPOCHS" \
-      --eval_every_sync="$EVAL_EVERY_SYNC" --log_every=50 "$@"
+      --eval_every_sync="$EVAL_EVERY_SYNC" --log_every=10 "$@"
     worker_pids+=("$STARTED_PID")
+    labels+="node $n.$l,"
   done
 done
+show_run "$job" "localsgd nodes: $NODES nodes x $PROCS processes, K=$K, $EPOCHS epochs" "$labels"
 
 wait_workers
 stop_coordinator
 print_finals
-grep -h "round .* closed" "$tmp/coordinator.log" | tail -n 1 | sed "s/^/[nodes]   /" || true
+if [[ $VIEW == logs ]]; then
+  grep -h "round .* closed" "$tmp/coordinator.log" | tail -n 1 | sed "s/^/[nodes]   /" || true
+fi
 if ((failed)); then
   log "FAILED: at least one worker failed"
   exit 1

@@ -145,7 +145,7 @@ for ((r = 0; r < WORKERS; r++)); do
   syncs=$(grep -c "^rank=$r sync " "$log" || true)
   ((syncs == EXPECTED_SYNCS)) ||
     fail "worker $r: $syncs sync lines, want $EXPECTED_SYNCS"
-  partial=$(grep "^rank=$r sync " "$log" | grep -v "contributed=1 late=0 contributors=$WORKERS rejoined=0\$" || true)
+  partial=$(grep "^rank=$r sync " "$log" | grep -v "contributed=1 late=0 contributors=$WORKERS bytes_sent=[0-9]* bytes_received=[0-9]* rejoined=0\$" || true)
   [[ -z $partial ]] ||
     fail "worker $r: rounds without all $WORKERS workers: $(head -n 3 <<< "$partial" | tr '\n' ';')"
   if [[ ! -s $tmp/params$r.bin ]]; then
