@@ -29,6 +29,9 @@ PKGS=(
   # Grafana dashboard's queries evaluated by a real Prometheus;
   # scripts/run-demo.sh: the loss/accuracy plot of a run.
   chromium prometheus python3-matplotlib
+  # python/: the Python package (pybind11 over the C++ client) and its
+  # tests (pytest, with python3-torch and numpy).
+  pybind11-dev python3-dev python3-numpy python3-pytest
 )
 
 missing=()

@@ -43,6 +43,8 @@ ABSL_FLAG(uint32_t, chunk_elements, 0, "Chunk size to ask for (0: default)");
 ABSL_FLAG(absl::Duration, max_retry_time, absl::Seconds(10),
           "How long the client retries UNAVAILABLE/ABORTED per call; 0: once");
 ABSL_FLAG(double, weight, 1.0, "The member's weight");
+ABSL_FLAG(uint32_t, local_sgd_steps, 0,
+          "The job's local_sgd_steps to ask for (0: any)");
 
 namespace {
 
@@ -89,6 +91,7 @@ int main(int argc, char** argv) {
   options.job_id = absl::GetFlag(FLAGS_job);
   options.member_name = absl::GetFlag(FLAGS_name);
   options.settings.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
+  options.settings.local_sgd_steps = absl::GetFlag(FLAGS_local_sgd_steps);
   options.max_retry_time = absl::GetFlag(FLAGS_max_retry_time);
   options.weight = absl::GetFlag(FLAGS_weight);
   options.initial_backoff = absl::Milliseconds(50);

@@ -1,0 +1,358 @@
+"""LocalSGD for PyTorch modules, shaped like Hugging Face accelerate's.
+
+Every `local_sgd_steps`-th call of step() replaces every parameter of the
+model with the job's new global state: the plain mean of all members'
+parameters (averaging="mean", as accelerate's LocalSGD does), or DiLoCo's
+outer optimizer step (averaging="nesterov" / "outer_sgd") computed by the
+coordinator. Only parameters are averaged (model.named_parameters()):
+buffers such as BatchNorm statistics and optimizer state stay local, as in
+accelerate. On the wire travel pseudo-gradients (the change since the last
+global state) in float32, bfloat16, or 8- or 4-bit blocks with error
+feedback (wire_dtype).
+
+    with LocalSGD(model, coordinator="host:50051", job="run1",
+                  local_sgd_steps=16) as local_sgd:
+        for batch in loader:
+            loss = ...; loss.backward(); optimizer.step()
+            optimizer.zero_grad(); local_sgd.step()
+
+Construction joins the job and makes the model's parameters its global
+state (the first member seeds the job, later ones, late joiners included,
+fetch it). Leaving the `with` block normally does the final sync (as
+accelerate's __exit__) and leaves the job; leaving it with an exception
+leaves at once, without the final sync, so that the other members do not
+wait for this one. enabled=False is a pass-through: nothing is joined, step()
+only counts.
+
+Node-local averaging (process_group): the processes of a node (torchrun
+--nproc-per-node) pass a torch.distributed group (gloo for CPU tensors,
+NCCL for CUDA); at every sync they all-reduce the parameters to the node
+mean, rank 0 of the group alone syncs it with the coordinator (as a member
+of weight = the group's size) and broadcasts the result. Every rank of the
+group must construct, step(), sync_now() and close() in lockstep, exactly as
+the C++ node groups (client/node_group.h). If the leader skips a sync
+(coordinator unreachable and keep_training_when_unavailable), every rank
+keeps its own parameters; if it fails, every rank raises with its code.
+
+Parameters on CUDA are copied through one reused pinned host buffer; CPU
+float32 parameters are copied once into the flat buffer and back.
+"""
+import time
+
+import torch
+import torch.distributed as dist
+
+from localsgd._localsgd import Client, Error
+
+# gRPC status code names by number (for the node group's status broadcast).
+_CODES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+          "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+          "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+          "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+          "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"]
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16",
+           torch.float16: "float16", torch.float64: "float64"}
+_OK, _SKIPPED, _FAILED = 0, 1, 2
+
+
+def _error(code, message):
+    """A localsgd.Error as the C++ client raises it."""
+    e = Error(f"{code}: {message}")
+    e.code = code
+    e.message = message
+    return e
+
+
+class LocalSGD:
+    """See the module's documentation. Arguments:
+
+    model: the torch.nn.Module whose parameters are averaged.
+    coordinator: "host:port" of the coordinator (or replicas=[...] for
+        sharded coordinators).
+    job: the job id; the job is created by its first member.
+    local_sgd_steps: K, optimizer steps between two syncs.
+    enabled: False makes LocalSGD a pass-through (accelerate's enabled).
+    weight: this member's weight in the mean (a node group's leader joins
+        with the group's size instead).
+    member_name: shown in the coordinator's status and logs.
+    wire_dtype: "float32", "bfloat16", "int8" or "int4" (the job's).
+    averaging: "mean", "nesterov" or "outer_sgd" (the job's), with
+        outer_lr and outer_momentum (0: the coordinator's defaults).
+    tls_ca, tls_cert, tls_key, tls_server_name, token, token_file: transport
+        security and the job's token (docs/security.md).
+    process_group: a torch.distributed group of this node's processes.
+    keep_training_when_unavailable: when a sync cannot reach the
+        coordinator (after the client's retries), keep the local parameters
+        and train on; the next sync tries again.
+    client: a localsgd.Client to use instead of creating one (it must not
+        have joined; LocalSGD then does not leave or close it).
+    """
+
+    def __init__(self, model, coordinator=None, job=None, local_sgd_steps=8,
+                 enabled=True, *, weight=1.0, member_name="",
+                 wire_dtype="float32", averaging="mean", outer_lr=0.0,
+                 outer_momentum=0.0, contribution="pseudo_gradients",
+                 chunk_elements=0, rendezvous=0, replicas=None, tls_ca="",
+                 tls_cert="", tls_key="", tls_server_name="", token="",
+                 token_file="", process_group=None,
+                 keep_training_when_unavailable=True, rpc_timeout=30.0,
+                 sync_timeout=1800.0, max_retry_time=60.0, client=None):
+        if not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
+            raise ValueError(f"local_sgd_steps={local_sgd_steps!r}: must be "
+                             "an int >= 1")
+        self.model = model
+        self.local_sgd_steps = local_sgd_steps
+        self.enabled = bool(enabled)
+        self.keep_training_when_unavailable = keep_training_when_unavailable
+        self.num_steps = 0
+        self.num_syncs = 0
+        self.num_skipped_syncs = 0
+        self.sync_seconds_total = 0.0
+        self.bytes_sent_total = 0
+        self.bytes_received_total = 0
+        self.last_outcome = None
+        self._closed = False
+        self._client = None
+        self._owns_client = client is None
+        if not self.enabled:
+            return
+        self._group = process_group
+        self._rank = dist.get_rank(process_group) if process_group else 0
+        self._size = dist.get_world_size(process_group) if process_group \
+            else 1
+        self._params = []
+        layout = []
+        for name, p in model.named_parameters():
+            if p.dtype not in _DTYPES:
+                raise ValueError(f"parameter {name}: dtype {p.dtype} is not "
+                                 "one LocalSGD can average (float32, "
+                                 "bfloat16, float16, float64)")
+            layout.append((name, list(p.shape), _DTYPES[p.dtype]))
+            self._params.append(p)
+        if not self._params:
+            raise ValueError("the model has no parameters")
+        self._numel = sum(p.numel() for p in self._params)
+        device = self._params[0].device
+        cuda = any(p.is_cuda for p in self._params)
+        # The host buffer the client reads and writes (pinned for CUDA).
+        self._host = torch.empty(self._numel, dtype=torch.float32,
+                                 pin_memory=cuda)
+        self._host_np = self._host.numpy()
+        # The node group's collectives run on the parameters' device.
+        self._node = None
+        if self._group is not None:
+            self._node = self._host if device.type == "cpu" else \
+                torch.empty(self._numel, dtype=torch.float32, device=device)
+            self._status = torch.zeros(4, dtype=torch.int64, device=device)
+            self._check_group_sizes(device)
+        leader = self._rank == 0
+        if leader:
+            if client is None:
+                if not coordinator and not replicas:
+                    raise ValueError("coordinator= (host:port) or replicas= "
+                                     "is required when enabled")
+                if not job:
+                    raise ValueError("job= is required when enabled")
+                client = Client(
+                    target=coordinator or "", job=job,
+                    member_name=member_name,
+                    weight=float(self._size) if self._group else weight,
+                    replicas=list(replicas or []),
+                    local_sgd_steps=local_sgd_steps, wire_dtype=wire_dtype,
+                    averaging=averaging, outer_lr=outer_lr,
+                    outer_momentum=outer_momentum, contribution=contribution,
+                    chunk_elements=chunk_elements, rendezvous=rendezvous,
+                    tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                    tls_server_name=tls_server_name, token=token,
+                    token_file=token_file, rpc_timeout=rpc_timeout,
+                    sync_timeout=sync_timeout, max_retry_time=max_retry_time)
+            self._client = client
+        elif client is not None:
+            raise ValueError("only rank 0 of the process group has a client")
+        # Join and adopt the job's state (the first member seeds it).
+        error = None
+        if leader:
+            try:
+                self._client.join(layout)
+                self._flatten_into(self._host)
+                self._client.initialize(self._host_np)
+                if self._node is not None and self._node is not self._host:
+                    self._node.copy_(self._host)
+            except Error as e:
+                error = e
+                self._leave()
+        if self._group is not None:
+            self._share(_FAILED if error else _OK, error, 0, 0)
+        elif error is not None:
+            raise error
+        self._write_back(self._node if self._group is not None
+                         else self._host)
+
+    # --- accelerate's interface -----------------------------------------
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()
+        return False
+
+    def step(self):
+        """Call once after every optimizer step; every local_sgd_steps-th
+        call syncs (sync_now) when enabled."""
+        if self._closed:
+            raise _error("FAILED_PRECONDITION", "step() after close()")
+        self.num_steps += 1
+        if self.enabled and self.num_steps % self.local_sgd_steps == 0:
+            self.sync_now()
+
+    def sync_now(self):
+        """Averages the parameters with the job now (blocks until the round
+        closes); on an error the parameters are left as they were."""
+        if not self.enabled or self._closed:
+            raise _error("FAILED_PRECONDITION",
+                         "sync_now() when disabled or closed")
+        start = time.monotonic()
+        try:
+            if self._group is None:
+                self._flatten_into(self._host)
+                outcome = self._client_sync()
+                if outcome is not None:
+                    self._write_back(self._host)
+                return
+            # The node mean, then the leader's sync, then its result.
+            self._flatten_into(self._node)
+            try:
+                dist.all_reduce(self._node, group=self._group)
+            except RuntimeError as e:
+                raise _error("ABORTED", f"the node's all-reduce failed (a "
+                             f"process of the node died?): {e}") from e
+            self._node.div_(self._size)
+            kind, error, outcome = _OK, None, None
+            if self._rank == 0:
+                if self._node is not self._host:
+                    self._host.copy_(self._node)
+                try:
+                    outcome = self._client_sync()
+                    kind = _OK if outcome is not None else _SKIPPED
+                except Error as e:
+                    kind, error = _FAILED, e
+                if kind == _OK and self._node is not self._host:
+                    self._node.copy_(self._host, non_blocking=False)
+            self._share(kind, error,
+                        outcome["round"] if outcome else 0,
+                        outcome["contributors"] if outcome else 0)
+        finally:
+            self.sync_seconds_total += time.monotonic() - start
+
+    def close(self):
+        """The final sync (accelerate's __exit__), then leaves the job (if
+        this LocalSGD created the client). Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self.enabled:
+                self.sync_now()
+        finally:
+            self._closed = True
+            self._leave()
+
+    def abandon(self):
+        """Leaves at once, without the final sync (for error paths, where
+        the other members may be gone). Later close() calls do nothing."""
+        self._closed = True
+        self._leave()
+
+    # --- internals -------------------------------------------------------
+    def _client_sync(self):
+        """The leader's sync into self._host; the outcome, or None when
+        skipped (coordinator unreachable)."""
+        try:
+            outcome = self._client.sync(self._host_np)
+        except Error as e:
+            if self.keep_training_when_unavailable and \
+                    e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                self.num_skipped_syncs += 1
+                return None
+            raise
+        self.num_syncs += 1
+        self.last_outcome = outcome
+        self.bytes_sent_total += outcome["bytes_sent"]
+        self.bytes_received_total += outcome["bytes_received"]
+        return outcome
+
+    def _share(self, kind, error, round_, contributors):
+        """Rank 0's status to the group; then, if ok, its values; raises
+        the leader's error on every rank."""
+        if self._rank == 0:
+            code = _CODES.index(error.code) if error is not None and \
+                error.code in _CODES else 2
+            self._status.copy_(torch.tensor([kind, code, round_,
+                                             contributors]))
+        try:
+            dist.broadcast(self._status, src=self._leader_global_rank(),
+                           group=self._group)
+            kind, code, round_, contributors = self._status.tolist()
+            if kind == _OK:
+                dist.broadcast(self._node, src=self._leader_global_rank(),
+                               group=self._group)
+        except RuntimeError as e:
+            raise _error("ABORTED", f"the node's broadcast failed (a process "
+                         f"of the node died?): {e}") from e
+        if kind == _FAILED:
+            if error is not None:
+                raise error
+            raise _error(_CODES[code] if code < len(_CODES) else "UNKNOWN",
+                         "the node's leader (rank 0 of the process group) "
+                         "failed to sync with the coordinator")
+        if kind == _OK:
+            if self._rank != 0:
+                self.num_syncs += 1
+                self.last_outcome = {"round": round_,
+                                     "contributors": contributors}
+            self._write_back(self._node)
+        elif self._rank != 0:
+            self.num_skipped_syncs += 1
+
+    def _leader_global_rank(self):
+        # torch >= 2.0 has dist.get_global_rank; 1.13 the private one.
+        get = getattr(dist, "get_global_rank", None) or \
+            dist.distributed_c10d._get_global_rank
+        return get(self._group, 0)
+
+    def _check_group_sizes(self, device):
+        sizes = torch.tensor([self._numel, -self._numel], dtype=torch.int64,
+                             device=device)
+        dist.all_reduce(sizes, op=dist.ReduceOp.MAX, group=self._group)
+        if sizes[0].item() != self._numel or -sizes[1].item() != self._numel:
+            raise ValueError("the ranks of the process group have models of "
+                             "different sizes")
+
+    def _flatten_into(self, flat):
+        offset = 0
+        with torch.no_grad():
+            for p in self._params:
+                n = p.numel()
+                flat[offset:offset + n].copy_(p.detach().reshape(-1))
+                offset += n
+
+    def _write_back(self, flat):
+        offset = 0
+        with torch.no_grad():
+            for p in self._params:
+                n = p.numel()
+                p.copy_(flat[offset:offset + n].view(p.shape))
+                offset += n
+
+    def _leave(self):
+        if self._client is None or not self._owns_client:
+            return
+        client, self._client = self._client, None
+        try:
+            client.leave()
+        except Error:
+            pass  # the coordinator drops the member when its lease expires
+        finally:
+            client.close()

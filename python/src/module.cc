@@ -1,0 +1,397 @@
+// localsgd._localsgd: the C++ client (client/client.h) for Python, over
+// pybind11. No LibTorch is linked: parameters cross as one flat, writable,
+// C-contiguous float32 buffer (the buffer protocol: a numpy array, or
+// `tensor.numpy()` of a CPU torch tensor, which shares its memory), so the
+// module does not depend on torch's C++ ABI and survives torch upgrades.
+//
+// Every call that talks to the coordinator or waits releases the GIL. An
+// error of the client raises localsgd.Error (a RuntimeError) whose `code`
+// is the gRPC status code's name ("UNAVAILABLE") and whose `message` is the
+// coordinator's or client's message; bad arguments raise ValueError or
+// TypeError before anything is sent.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+#include "glog/logging.h"
+#include "src/layout.h"
+#include "src/types.h"
+
+namespace py = pybind11;
+
+namespace localsgd {
+namespace python {
+namespace {
+
+// Raised as localsgd.Error by the translator registered in the module.
+struct StatusError {
+  absl::Status status;
+};
+
+[[noreturn]] void Raise(absl::Status status) {
+  throw StatusError{std::move(status)};
+}
+
+template <typename T>
+T ValueOrRaise(absl::StatusOr<T> value) {
+  if (!value.ok()) Raise(value.status());
+  return *std::move(value);
+}
+
+void OkOrRaise(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+// `name` of the choices, or ValueError naming the argument and the choices.
+template <typename T>
+T Choose(const std::string& arg, const std::string& value,
+         std::initializer_list<std::pair<const char*, T>> choices) {
+  std::string names;
+  for (const auto& [name, v] : choices) {
+    if (value == name) return v;
+    absl::StrAppend(&names, names.empty() ? "" : ", ", name);
+  }
+  throw py::value_error(
+      absl::StrCat(arg, "=", value, ": expected one of ", names));
+}
+
+DType TensorDType(const std::string& value) {
+  return Choose<DType>("dtype", value,
+                       {{"float32", DType::kFloat32},
+                        {"bfloat16", DType::kBFloat16},
+                        {"float16", DType::kFloat16},
+                        {"float64", DType::kFloat64}});
+}
+
+absl::Duration Seconds(const char* arg, double seconds) {
+  if (!(seconds >= 0)) {
+    throw py::value_error(absl::StrCat(arg, "=", seconds, ": must be >= 0"));
+  }
+  return absl::Seconds(seconds);
+}
+
+// A writable, C-contiguous float32 buffer of `expected` elements (0: any).
+py::buffer_info Params(const py::buffer& buffer, uint64_t expected,
+                       const char* what) {
+  py::buffer_info info;
+  try {
+    info = buffer.request(/*writable=*/true);
+  } catch (const py::error_already_set&) {
+    throw py::type_error(absl::StrCat(
+        what,
+        ": needs a writable buffer (a numpy array, or tensor.numpy() "
+        "of a CPU float32 tensor)"));
+  }
+  if (info.format != py::format_descriptor<float>::format() ||
+      info.itemsize != 4) {
+    throw py::type_error(absl::StrCat(what,
+                                      ": needs float32 values, got "
+                                      "buffer format '",
+                                      info.format, "'"));
+  }
+  py::ssize_t stride = 4;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != stride) {
+      throw py::value_error(
+          absl::StrCat(what, ": the buffer must be C-contiguous"));
+    }
+    stride *= info.shape[d];
+  }
+  if (expected != 0 && static_cast<uint64_t>(info.size) != expected) {
+    throw py::value_error(absl::StrCat(what, ": the buffer holds ", info.size,
+                                       " values; the job's layout has ",
+                                       expected));
+  }
+  return info;
+}
+
+absl::Span<float> SpanOf(py::buffer_info& info) {
+  return absl::Span<float>(static_cast<float*>(info.ptr),
+                           static_cast<size_t>(info.size));
+}
+
+py::dict OutcomeDict(const SyncOutcome& o) {
+  py::dict d;
+  d["round"] = o.round;
+  d["contributed"] = o.contributed;
+  d["late"] = o.late;
+  d["contributors"] = o.contributors;
+  d["contributor_weight"] = o.contributor_weight;
+  d["bytes_sent"] = o.bytes_sent;
+  d["bytes_received"] = o.bytes_received;
+  d["rejoined"] = o.rejoined;
+  return d;
+}
+
+// The Python object: a Client and the layout it joined with.
+class PyClient {
+ public:
+  PyClient(ClientOptions options) {
+    client_ = ValueOrRaise(Client::Create(std::move(options)));
+  }
+
+  void Join(const std::vector<std::tuple<std::string, std::vector<int64_t>,
+                                         std::string>>& tensors) {
+    if (client_ == nullptr) throw py::value_error("the client is closed");
+    if (joined_) throw py::value_error("join: already joined");
+    std::vector<TensorSpec> specs;
+    for (const auto& [name, shape, dtype] : tensors) {
+      TensorSpec spec;
+      spec.name = name;
+      spec.shape = shape;
+      spec.dtype = TensorDType(dtype);
+      specs.push_back(std::move(spec));
+    }
+    Layout layout = MakeLayout(std::move(specs));
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_->Join(layout);
+    }
+    OkOrRaise(status);
+    joined_ = true;
+  }
+
+  void Initialize(const py::buffer& buffer) {
+    py::buffer_info info = Params(buffer, NumElements(), "initialize");
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_->Initialize(SpanOf(info));
+    }
+    OkOrRaise(status);
+  }
+
+  py::dict Sync(const py::buffer& buffer) {
+    py::buffer_info info = Params(buffer, NumElements(), "sync");
+    absl::StatusOr<SyncOutcome> outcome;
+    {
+      py::gil_scoped_release release;
+      outcome = client_->Sync(SpanOf(info));
+    }
+    return OutcomeDict(ValueOrRaise(std::move(outcome)));
+  }
+
+  uint64_t FetchState(const py::buffer& buffer) {
+    py::buffer_info info = Params(buffer, NumElements(), "fetch_state");
+    absl::StatusOr<RoundId> round;
+    {
+      py::gil_scoped_release release;
+      round = client_->FetchState(SpanOf(info));
+    }
+    return ValueOrRaise(std::move(round));
+  }
+
+  void Leave() {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_->Leave();
+    }
+    OkOrRaise(status);
+  }
+
+  void Close() {
+    py::gil_scoped_release release;
+    client_.reset();  // leaves (best effort), joins the heartbeat thread
+  }
+
+  uint64_t state_round() const { return Checked().state_round(); }
+  py::dict Info() const {
+    const JoinInfo& i = Checked().info();
+    py::dict d;
+    d["num_elements"] = i.num_elements;
+    d["num_chunks"] = i.num_chunks;
+    d["has_state"] = i.has_state;
+    d["state_round"] = i.state_round;
+    d["local_sgd_steps"] = i.settings.local_sgd_steps;
+    d["chunk_elements"] = i.settings.chunk_elements;
+    d["wire_dtype"] = std::string(DTypeName(i.settings.wire_dtype));
+    d["averaging"] = std::string(AveragingModeName(i.settings.mode));
+    d["contribution"] = std::string(ContributionName(i.settings.contribution));
+    d["outer_lr"] = i.settings.outer_lr;
+    d["outer_momentum"] = i.settings.outer_momentum;
+    d["lease_ttl_seconds"] = absl::ToDoubleSeconds(i.lease_ttl);
+    d["replicas"] = Checked().num_replicas();
+    return d;
+  }
+
+ private:
+  const Client& Checked() const {
+    if (client_ == nullptr) throw py::value_error("the client is closed");
+    return *client_;
+  }
+  uint64_t NumElements() const {
+    if (client_ == nullptr) throw py::value_error("the client is closed");
+    if (!joined_) throw py::value_error("join first");
+    return client_->info().num_elements;
+  }
+
+  std::unique_ptr<Client> client_;
+  bool joined_ = false;
+};
+
+ClientOptions MakeOptions(
+    const std::string& target, const std::string& job,
+    const std::string& member_name, double weight,
+    const std::vector<std::string>& replicas, uint32_t local_sgd_steps,
+    const std::string& wire_dtype, const std::string& averaging,
+    double outer_lr, double outer_momentum, const std::string& contribution,
+    uint32_t chunk_elements, uint32_t rendezvous, const std::string& tls_ca,
+    const std::string& tls_cert, const std::string& tls_key,
+    const std::string& tls_server_name, const std::string& token,
+    const std::string& token_file, double rpc_timeout, double sync_timeout,
+    double max_retry_time) {
+  ClientOptions o;
+  o.target = target;
+  o.job_id = job;
+  o.member_name = member_name;
+  o.weight = weight;
+  o.replicas = replicas;
+  o.settings.local_sgd_steps = local_sgd_steps;
+  o.settings.wire_dtype = wire_dtype.empty()
+                              ? DType::kUnspecified
+                              : Choose<DType>("wire_dtype", wire_dtype,
+                                              {{"float32", DType::kFloat32},
+                                               {"bfloat16", DType::kBFloat16},
+                                               {"int8", DType::kInt8Block},
+                                               {"int4", DType::kInt4Block}});
+  o.settings.mode =
+      averaging.empty()
+          ? AveragingMode::kUnspecified
+          : Choose<AveragingMode>(
+                "averaging", averaging,
+                {{"mean", AveragingMode::kMean},
+                 {"nesterov", AveragingMode::kOuterNesterov},
+                 {"outer_nesterov", AveragingMode::kOuterNesterov},
+                 {"outer_sgd", AveragingMode::kOuterSgd}});
+  o.settings.outer_lr = static_cast<float>(outer_lr);
+  o.settings.outer_momentum = static_cast<float>(outer_momentum);
+  o.settings.contribution = Choose<Contribution>(
+      "contribution", contribution,
+      {{"pseudo_gradients", Contribution::kPseudoGradients},
+       {"parameters", Contribution::kParameters}});
+  o.settings.chunk_elements = chunk_elements;
+  o.settings.rendezvous_members = rendezvous;
+  o.security.tls_ca_file = tls_ca;
+  o.security.tls_cert_file = tls_cert;
+  o.security.tls_key_file = tls_key;
+  o.security.tls_server_name = tls_server_name;
+  o.security.token = token;
+  o.security.token_file = token_file;
+  o.rpc_timeout = Seconds("rpc_timeout", rpc_timeout);
+  o.sync_timeout = Seconds("sync_timeout", sync_timeout);
+  o.max_retry_time = Seconds("max_retry_time", max_retry_time);
+  return o;
+}
+
+}  // namespace
+}  // namespace python
+}  // namespace localsgd
+
+PYBIND11_MODULE(_localsgd, m) {
+  using localsgd::python::PyClient;
+  using localsgd::python::StatusError;
+  m.doc() =
+      "The localsgd client (C++, over gRPC) for Python. Use localsgd.Client "
+      "or localsgd.LocalSGD; see help(localsgd).";
+
+  // The client logs through glog: warnings and errors to stderr by default
+  // (LOCALSGD_LOG=info shows joins, seeds and leaves too). Another library
+  // of the process may have set glog up already.
+  if (!google::IsGoogleLoggingInitialized()) {
+    FLAGS_logtostderr = true;
+    const char* level = std::getenv("LOCALSGD_LOG");
+    FLAGS_minloglevel =
+        level != nullptr && std::string(level) == "info" ? 0 : 1;
+    google::InitGoogleLogging("localsgd");
+  }
+
+  static py::exception<StatusError> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      const std::string code(absl::StatusCodeToString(e.status.code()));
+      const std::string message(e.status.message());
+      py::object type = py::reinterpret_borrow<py::object>(error.ptr());
+      py::object instance = type(absl::StrCat(code, ": ", message));
+      instance.attr("code") = code;
+      instance.attr("message") = message;
+      PyErr_SetObject(error.ptr(), instance.ptr());
+    }
+  });
+
+  py::class_<PyClient>(m, "Client", R"doc(
+A member of a localsgd job: joins, seeds or fetches the global state, syncs.
+
+Parameters cross as one flat writable C-contiguous float32 buffer (a numpy
+array, or tensor.numpy() of a CPU float32 tensor) of the layout's size.
+Every call that talks to the coordinator releases the GIL and may raise
+localsgd.Error (.code: the gRPC status code name, .message).
+)doc")
+      .def(py::init([](const std::string& target, const std::string& job,
+                       const std::string& member_name, double weight,
+                       const std::vector<std::string>& replicas,
+                       uint32_t local_sgd_steps, const std::string& wire_dtype,
+                       const std::string& averaging, double outer_lr,
+                       double outer_momentum, const std::string& contribution,
+                       uint32_t chunk_elements, uint32_t rendezvous,
+                       const std::string& tls_ca, const std::string& tls_cert,
+                       const std::string& tls_key,
+                       const std::string& tls_server_name,
+                       const std::string& token, const std::string& token_file,
+                       double rpc_timeout, double sync_timeout,
+                       double max_retry_time) {
+             return std::make_unique<PyClient>(localsgd::python::MakeOptions(
+                 target, job, member_name, weight, replicas, local_sgd_steps,
+                 wire_dtype, averaging, outer_lr, outer_momentum, contribution,
+                 chunk_elements, rendezvous, tls_ca, tls_cert, tls_key,
+                 tls_server_name, token, token_file, rpc_timeout, sync_timeout,
+                 max_retry_time));
+           }),
+           py::kw_only(), py::arg("target"), py::arg("job"),
+           py::arg("member_name") = "", py::arg("weight") = 1.0,
+           py::arg("replicas") = std::vector<std::string>(),
+           py::arg("local_sgd_steps") = 0, py::arg("wire_dtype") = "",
+           py::arg("averaging") = "", py::arg("outer_lr") = 0.0,
+           py::arg("outer_momentum") = 0.0,
+           py::arg("contribution") = "pseudo_gradients",
+           py::arg("chunk_elements") = 0, py::arg("rendezvous") = 0,
+           py::arg("tls_ca") = "", py::arg("tls_cert") = "",
+           py::arg("tls_key") = "", py::arg("tls_server_name") = "",
+           py::arg("token") = "", py::arg("token_file") = "",
+           py::arg("rpc_timeout") = 30.0, py::arg("sync_timeout") = 1800.0,
+           py::arg("max_retry_time") = 60.0)
+      .def("join", &PyClient::Join, py::arg("tensors"),
+           "Joins the job with the layout [(name, shape, dtype), ...] "
+           "(dtype: float32, bfloat16, float16, float64) and starts "
+           "heartbeats.")
+      .def("initialize", &PyClient::Initialize, py::arg("params"),
+           "Seeds the job with params, or overwrites params with the job's "
+           "state if it has one.")
+      .def("sync", &PyClient::Sync, py::arg("params"),
+           "Contributes params to the next round and overwrites them with "
+           "its result; returns the outcome as a dict (round, contributed, "
+           "late, contributors, contributor_weight, bytes_sent, "
+           "bytes_received, rejoined).")
+      .def("fetch_state", &PyClient::FetchState, py::arg("params"),
+           "Overwrites params with the job's state; returns its round.")
+      .def("leave", &PyClient::Leave, "Ends membership. Idempotent.")
+      .def("close", &PyClient::Close,
+           "Leaves (best effort) and releases the client. Idempotent.")
+      .def_property_readonly("state_round", &PyClient::state_round)
+      .def_property_readonly("info", &PyClient::Info);
+}

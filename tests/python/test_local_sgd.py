@@ -1,0 +1,323 @@
+"""localsgd.LocalSGD, accelerate's shape: K-th-step syncs, the final sync
+on exit, enabled=False, an exception inside the `with` block, a late
+joiner, a killed worker, and a 2-process torch.distributed gloo node group
+in a job with a C++ member."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import localsgd
+from localsgd import LocalSGD
+
+from conftest import wait_for
+
+N = 1000
+
+
+class W(torch.nn.Module):
+    """scripted_member's layout: one float32 tensor "w" of N elements."""
+
+    def __init__(self, value=0.0):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((N,), float(value)))
+
+
+class Small(torch.nn.Module):
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc1 = torch.nn.Linear(5, 4)
+        self.fc2 = torch.nn.Linear(4, 2, dtype=torch.float64)
+        self.register_buffer("seen", torch.zeros(1))
+
+
+def params(model):
+    return torch.cat([p.detach().double().reshape(-1)
+                      for p in model.parameters()])
+
+
+def threads(*fns, timeout=120):
+    errors, out = [], [None] * len(fns)
+
+    def run(i, fn):
+        try:
+            out[i] = fn()
+        except BaseException as e:  # noqa: B902 - re-raised below
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(fns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+        assert not t.is_alive(), f"did not finish within {timeout}s"
+    if errors:
+        raise errors[0]
+    return out
+
+
+def train_steps(model, local_sgd, steps, lr=0.1, seed=0):
+    """`steps` optimizer steps of a toy loss, local_sgd.step() after each."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        x = torch.randn(8, 5, generator=gen)
+        out = model.fc2(torch.relu(model.fc1(x)).double())
+        loss = (out ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        local_sgd.step()
+
+
+def test_syncs_every_k_steps_and_on_exit(coordinator):
+    c = coordinator()
+    models = [Small(1), Small(2)]
+    lsgds = threads(*[lambda m=m, i=i: LocalSGD(
+        m, coordinator=c.target, job="k", local_sgd_steps=4,
+        member_name=f"m{i}") for i, m in enumerate(models)])
+    # Construction made the parameters the job's state: equal everywhere.
+    assert torch.equal(params(models[0]), params(models[1]))
+    seen = models[0].seen.clone()
+
+    def run(i):
+        with lsgds[i] as ls:
+            for step in range(1, 11):
+                train_steps(models[i], ls, 1, seed=10 * i + step)
+                assert ls.num_syncs == step // 4
+        return ls
+    threads(lambda: run(0), lambda: run(1))
+    # 10 steps: syncs at 4 and 8, and the final one on exit.
+    for ls in lsgds:
+        assert ls.num_steps == 10 and ls.num_syncs == 3
+        assert ls.last_outcome["round"] == 3
+        assert ls.bytes_sent_total > 0 and ls.bytes_received_total > 0
+    assert torch.equal(params(models[0]), params(models[1]))
+    # Mixed dtypes kept, buffers untouched.
+    assert models[0].fc2.weight.dtype == torch.float64
+    assert torch.equal(models[0].seen, seen)
+    with pytest.raises(localsgd.Error) as e:
+        lsgds[0].step()
+    assert e.value.code == "FAILED_PRECONDITION"
+
+
+def test_enabled_false_is_a_pass_through():
+    model = Small(3)
+    before = params(model)
+    with LocalSGD(model, local_sgd_steps=2, enabled=False) as ls:
+        for _ in range(5):
+            ls.step()
+    assert ls.num_steps == 5 and ls.num_syncs == 0
+    assert torch.equal(params(model), before)
+
+
+def test_an_exception_in_the_with_block_leaves_at_once(coordinator):
+    c = coordinator("--lease_ttl=60s")
+    a_model, b_model = W(1), W(1)
+    a, b = threads(
+        lambda: LocalSGD(a_model, coordinator=c.target, job="exc",
+                         local_sgd_steps=1, member_name="a"),
+        lambda: LocalSGD(b_model, coordinator=c.target, job="exc",
+                         local_sgd_steps=1, member_name="b"))
+
+    def failing():
+        with pytest.raises(KeyError):
+            with a:
+                raise KeyError("the training loop failed")
+    start = time.monotonic()
+    failing()
+    # b's next sync does not wait for a (gone at once, not after its 60 s
+    # lease): it closes with b alone.
+    with torch.no_grad():
+        b_model.w.fill_(5.0)
+    with b:
+        b.step()
+    assert time.monotonic() - start < 30
+    assert b.last_outcome["contributors"] == 1
+    assert torch.all(b_model.w == 5.0)
+
+
+def test_a_late_joiner_starts_from_the_current_state(coordinator):
+    c = coordinator()
+    models = [W(0), W(0)]
+    first = [LocalSGD(models[0], coordinator=c.target, job="late",
+                      local_sgd_steps=1, member_name="a")]
+    first.append(LocalSGD(models[1], coordinator=c.target, job="late",
+                          local_sgd_steps=1, member_name="b"))
+    for round_ in range(1, 4):
+        for i, m in enumerate(models):
+            with torch.no_grad():
+                m.w.fill_(float(round_ * 10 + i))
+        threads(first[0].step, first[1].step)
+    state = models[0].w.detach().clone()
+    late_model = W(123.0)
+    late = LocalSGD(late_model, coordinator=c.target, job="late",
+                    local_sgd_steps=1, member_name="late")
+    assert torch.equal(late_model.w.detach(), state)
+    for ls in first + [late]:
+        ls.abandon()
+
+
+def test_a_killed_worker_does_not_stall_the_others_past_its_lease(
+        coordinator, tmp_path):
+    c = coordinator("--lease_ttl=2s")
+    script = tmp_path / "victim.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        from localsgd import LocalSGD
+        class W(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.zeros({N}))
+        ls = LocalSGD(W(), coordinator="{c.target}", job="kill",
+                      local_sgd_steps=1, member_name="victim")
+        print("joined", flush=True)
+        sys.stdin.readline()   # killed while waiting here
+        """))
+    victim = subprocess.Popen([sys.executable, str(script)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=os.environ)
+    try:
+        assert victim.stdout.readline().strip() == "joined"
+        survivor_model = W(0)
+        survivor = LocalSGD(survivor_model, coordinator=c.target, job="kill",
+                            local_sgd_steps=1, member_name="survivor")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        start = time.monotonic()
+        with torch.no_grad():
+            survivor_model.w.fill_(3.0)
+        survivor.step()
+        waited = time.monotonic() - start
+        assert survivor.last_outcome["contributors"] == 1
+        assert waited < 15, f"waited {waited:.1f}s for a dead member"
+        assert torch.all(survivor_model.w == 3.0)
+        survivor.close()
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+
+
+NODE_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from localsgd import LocalSGD
+rank, store, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://{store}", rank=rank,
+                        world_size=2)
+class W(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(%d))
+model = W()
+ls = LocalSGD(model, coordinator=target if rank == 0 else None, job="node",
+              local_sgd_steps=1, member_name="node0",
+              process_group=dist.group.WORLD)
+print("init", model.w[0].item(), flush=True)
+for value in ([3.0, 5.0], [10.0, 2.0]):
+    with torch.no_grad():
+        model.w.fill_(value[rank])
+    sys.stdin.readline()
+    ls.step()
+    w = model.w.detach()
+    print("sync", ls.last_outcome["round"], ls.last_outcome["contributors"],
+          w[0].item(), bool(torch.all(w == w[0])), flush=True)
+ls.close()
+print("done", flush=True)
+""" % N
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_gloo_node_group_counts_as_one_member_of_its_size(
+        coordinator, cpp_member, tmp_path):
+    # A node of 2 Python processes (gloo) and one C++ member: the node's
+    # leader syncs the node mean with weight 2, as the C++ node groups do.
+    c = coordinator()
+    cpp = cpp_member(c, "node", "cpp", weight=1.0,
+                     extra=["--local_sgd_steps=1"])
+    cpp.do("join")
+    cpp.do("init 1")  # the state: all ones
+    script = tmp_path / "node.py"
+    script.write_text(NODE_SCRIPT)
+    store = f"127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), store,
+                               c.target], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env=os.environ) for r in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().split() == ["init", "1.0"]
+        # Round 1: node mean 4 (delta 3, weight 2), C++ 7 (delta 6): the
+        # state is 1 + (2*3 + 6) / 3 = 5. Round 2: node mean 6 (delta 1),
+        # C++ 8 (delta 3): 5 + (2*1 + 3) / 3.
+        expected = [np.float32(5.0),
+                    np.float32(5.0) + np.float32(np.float32(5.0) /
+                                                 np.float32(3.0))]
+        for round_, cpp_value in ((1, 7.0), (2, 8.0)):
+            cpp.send(f"sync {cpp_value}")
+            for p in procs:
+                p.stdin.write("\n")
+                p.stdin.flush()
+            lines = [p.stdout.readline().split() for p in procs]
+            reply = cpp.reply()
+            assert f"round={round_} " in reply and "contributors=2" in reply
+            cpp_printed = reply.split("value=")[1].split()[0]  # %g
+            for line in lines:
+                assert line[:3] == ["sync", str(round_), "2"], line
+                assert line[4] == "True", "a rank's parameters differ"
+                assert lines[0][3] == line[3], "the ranks differ"
+                assert f"{float(line[3]):g}" == cpp_printed, (line, reply)
+            assert abs(float(lines[0][3]) - expected[round_ - 1]) < 1e-6
+        cpp.send("sync 8")  # the node's close() is its final sync
+        for p in procs:
+            assert p.stdout.readline().strip() == "done"
+            assert p.wait(timeout=60) == 0
+        assert "contributors=2" in cpp.reply()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="local_sgd_steps"):
+        LocalSGD(Small(1), coordinator="127.0.0.1:1", job="j",
+                 local_sgd_steps=0)
+    with pytest.raises(ValueError, match="coordinator"):
+        LocalSGD(Small(1), job="j")
+    with pytest.raises(ValueError, match="no parameters"):
+        LocalSGD(torch.nn.ReLU(), coordinator="127.0.0.1:1", job="j")
+
+    class Ints(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = torch.nn.Parameter(torch.zeros(3, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="dtype"):
+        LocalSGD(Ints(), coordinator="127.0.0.1:1", job="j")
+    with pytest.raises(localsgd.Error) as e:
+        LocalSGD(Small(1), coordinator="127.0.0.1:1", job="j",
+                 max_retry_time=0.2)
+    assert e.value.code == "UNAVAILABLE"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_parameters_go_through_the_pinned_buffer(coordinator):
+    c = coordinator()
+    model = Small(1).cuda()
+    ls = LocalSGD(model, coordinator=c.target, job="cuda", local_sgd_steps=1)
+    assert ls._host.is_pinned()
+    ls.step()
+    assert model.fc1.weight.is_cuda
+    ls.close()
