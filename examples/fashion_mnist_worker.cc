@@ -42,7 +42,6 @@
 #include <iostream>
 #include <memory>
 #include <numeric>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -384,6 +383,30 @@ void Emit(const Config& c, const std::string& line) {
   std::fflush(stdout);
 }
 
+// The shuffles both example workers (this one and examples/fashion_mnist.py)
+// draw alike, so that a job mixing C++ and Python workers splits and
+// shuffles the data exactly as a job of either: Fisher-Yates on SplitMix64
+// (std::shuffle's draws are the standard library's own).
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void PortableShuffle(std::vector<int64_t>& v, uint64_t seed) {
+  uint64_t state = seed;
+  for (size_t i = v.size(); i > 1; --i) {
+    std::swap(v[i - 1], v[SplitMix64(state) % i]);
+  }
+}
+
+uint64_t EpochSeed(uint64_t seed, int rank, int epoch) {
+  constexpr uint64_t kPrime = 0x100000001B3ull;  // FNV-1a's
+  return (((seed * kPrime) ^ static_cast<uint64_t>(rank + 1)) * kPrime) ^
+         static_cast<uint64_t>(epoch + 1);
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
@@ -512,8 +535,7 @@ absl::Status Run(const Config& c) {
   const int64_t num_train = train_images.size(0);
   std::vector<int64_t> permutation(num_train);
   std::iota(permutation.begin(), permutation.end(), 0);
-  std::mt19937_64 split_rng(c.seed);
-  std::shuffle(permutation.begin(), permutation.end(), split_rng);
+  PortableShuffle(permutation, c.seed);
   std::vector<int64_t> shard;
   for (int64_t i = c.rank; i < num_train; i += c.world) {
     shard.push_back(permutation[i]);
@@ -651,10 +673,7 @@ absl::Status Run(const Config& c) {
   }
   for (int epoch = 0; epoch < c.epochs && step < total_steps && !stop;
        ++epoch) {
-    std::seed_seq epoch_seed{c.seed, static_cast<uint64_t>(c.rank),
-                             static_cast<uint64_t>(epoch)};
-    std::mt19937_64 epoch_rng(epoch_seed);
-    std::shuffle(shard.begin(), shard.end(), epoch_rng);
+    PortableShuffle(shard, EpochSeed(c.seed, c.rank, epoch));
     for (int64_t b = 0; b < steps_per_epoch && step < total_steps && !stop;
          ++b) {
       torch::Tensor index = torch::from_blob(shard.data() + b * c.batch_size,

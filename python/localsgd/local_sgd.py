@@ -188,6 +188,14 @@ class LocalSGD:
         self._write_back(self._node if self._group is not None
                          else self._host)
 
+    @property
+    def state_round(self):
+        """The round of the job's state the parameters hold (0 when
+        disabled; on a node group's other ranks, the last sync's round)."""
+        if self._client is not None:
+            return self._client.state_round
+        return self.last_outcome["round"] if self.last_outcome else 0
+
     # --- accelerate's interface -----------------------------------------
     def __enter__(self):
         return self
