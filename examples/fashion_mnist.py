@@ -196,7 +196,16 @@ def main():
     group, local_size = None, int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if local_size > 1 and not a.no_sync:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        group, _ = dist.new_subgroups(group_size=local_size)
+        # torchrun numbers a node's processes contiguously; every process
+        # creates every node's group, in the same order (new_group's rule).
+        world = dist.get_world_size()
+        if world % local_size:
+            sys.exit(f"fashion_mnist.py: WORLD_SIZE={world} is not a "
+                     f"multiple of LOCAL_WORLD_SIZE={local_size}")
+        for first in range(0, world, local_size):
+            g = dist.new_group(list(range(first, first + local_size)))
+            if first <= dist.get_rank() < first + local_size:
+                group = g
         emit(f"node_group local_rank={dist.get_rank(group)} "
              f"local_world_size={local_size} backend={dist.get_backend(group)}")
     leader = group is None or dist.get_rank(group) == 0

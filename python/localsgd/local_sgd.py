@@ -112,6 +112,7 @@ class LocalSGD:
         self.bytes_received_total = 0
         self.last_outcome = None
         self._closed = False
+        self._round = 0
         self._client = None
         self._owns_client = client is None
         if not self.enabled:
@@ -182,7 +183,9 @@ class LocalSGD:
                 error = e
                 self._leave()
         if self._group is not None:
-            self._share(_FAILED if error else _OK, error, 0, 0)
+            self._share(_FAILED if error else _OK, error,
+                        0 if error or not leader else
+                        self._client.state_round, 0, initial=True)
         elif error is not None:
             raise error
         self._write_back(self._node if self._group is not None
@@ -194,7 +197,7 @@ class LocalSGD:
         disabled; on a node group's other ranks, the last sync's round)."""
         if self._client is not None:
             return self._client.state_round
-        return self.last_outcome["round"] if self.last_outcome else 0
+        return self._round
 
     # --- accelerate's interface -----------------------------------------
     def __enter__(self):
@@ -291,9 +294,10 @@ class LocalSGD:
         self.bytes_received_total += outcome["bytes_received"]
         return outcome
 
-    def _share(self, kind, error, round_, contributors):
+    def _share(self, kind, error, round_, contributors, initial=False):
         """Rank 0's status to the group; then, if ok, its values; raises
-        the leader's error on every rank."""
+        the leader's error on every rank. `initial`: the state adopted at
+        construction (not a sync)."""
         if self._rank == 0:
             code = _CODES.index(error.code) if error is not None and \
                 error.code in _CODES else 2
@@ -316,7 +320,8 @@ class LocalSGD:
                          "the node's leader (rank 0 of the process group) "
                          "failed to sync with the coordinator")
         if kind == _OK:
-            if self._rank != 0:
+            self._round = round_
+            if self._rank != 0 and not initial:
                 self.num_syncs += 1
                 self.last_outcome = {"round": round_,
                                      "contributors": contributors}
