@@ -78,9 +78,11 @@ def child(rank, args, target, barrier, times):
         t1 = time.perf_counter()
         want = np.mean([r + 1 + round_ for r in range(args.world)])
         want_sample = want + np.mean([0.5 * r for r in range(args.world)])
-        if abs(params[sample[0] + 1] - want) > 1e-3 * want or \
+        tol = {"float32": 1e-5, "bfloat16": 1 / 64, "int8": 1 / 64,
+               "int4": 1 / 4}[args.wire_dtype]
+        if abs(params[sample[0] + 1] - want) > tol * want or \
                 np.max(np.abs(params[sample] - want_sample)) > \
-                1e-3 * want_sample:
+                tol * want_sample:
             raise SystemExit(f"rank {rank}: wrong mean in round {round_}")
         if round_ > 0:
             times[rank * args.rounds + round_ - 1] = t1 - t0
