@@ -263,6 +263,15 @@ class View:
                 for w in self.workers:
                     print("  " + self.bar(w, 20), flush=True)
 
+    def refresh(self):
+        for w in self.workers:
+            w.poll()
+        self.poll_status()
+        if self.tty:
+            self.draw()
+        else:
+            self.plain()
+
     def run(self):
         if self.tty:
             sys.stdout.write("\x1b[?25l\x1b[2J")
@@ -273,23 +282,12 @@ class View:
                   flush=True)
         try:
             while True:
-                for w in self.workers:
-                    w.poll()
-                self.poll_status()
-                if self.tty:
-                    self.draw()
-                else:
-                    self.plain()
-                if not any(alive(p) for p in self.pids):
+                # Whether they were gone before this last look at the logs.
+                done = not any(alive(p) for p in self.pids)
+                self.refresh()
+                if done:
                     break
                 time.sleep(self.args.interval)
-            for w in self.workers:
-                w.poll()
-            self.poll_status()
-            if self.tty:
-                self.draw()
-            else:
-                self.plain()
         finally:
             if self.tty:
                 sys.stdout.write("\x1b[?25h\n")
