@@ -32,6 +32,10 @@ PKGS=(
   # python/: the Python package (pybind11 over the C++ client) and its
   # tests (pytest, with python3-torch and numpy).
   pybind11-dev python3-dev python3-numpy python3-pytest
+  # scripts/images.sh and tests/deploy/images_test.py: the images of
+  # deploy/Dockerfile built and run here, from a base made from Debian's
+  # archive (no registry).
+  podman runc mmdebstrap
 )
 
 missing=()

@@ -43,9 +43,13 @@ HealthCheckRequest, HealthCheckResponse = _messages()
 _STATUS = HealthCheckResponse.DESCRIPTOR.enum_types_by_name["ServingStatus"]
 
 
-def check(target, service="", timeout=5.0):
-    """Returns the status name, or the gRPC code name if the call failed."""
-    with grpc.insecure_channel(target) as channel:
+def check(target, service="", timeout=5.0, root_cert=None):
+    """Returns the status name, or the gRPC code name if the call failed.
+    With `root_cert` (PEM bytes), over TLS verified against it."""
+    channel = grpc.secure_channel(
+        target, grpc.ssl_channel_credentials(root_certificates=root_cert)) \
+        if root_cert else grpc.insecure_channel(target)
+    with channel:
         call = channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=HealthCheckRequest.SerializeToString,
