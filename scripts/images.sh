@@ -38,7 +38,8 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
   mkdir -p "$IMAGE_CACHE"
   if [[ ! -s $IMAGE_CACHE/bookworm-minbase.tar ]]; then
     log "making the base image from Debian's archive (mmdebstrap, about a minute)"
-    mmdebstrap --quiet --variant=minbase bookworm "$IMAGE_CACHE/bookworm-minbase.tar.part"
+    mmdebstrap --quiet --variant=minbase --format=tar bookworm \
+      "$IMAGE_CACHE/bookworm-minbase.tar.part"
     mv "$IMAGE_CACHE/bookworm-minbase.tar.part" "$IMAGE_CACHE/bookworm-minbase.tar"
   fi
   log "importing it as $BASE"

@@ -99,8 +99,13 @@ std::string JsonEscape(absl::string_view s) {
         out += "\\n";
         break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
+        // Control characters and every non-ASCII byte as \u00XX: the
+        // message may echo a request's bytes, and the body must stay UTF-8.
+        if (static_cast<unsigned char>(c) < 0x20 ||
+            static_cast<unsigned char>(c) >= 0x7f) {
+          absl::StrAppend(
+              &out, "\\u00",
+              absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
         } else {
           out += c;
         }
@@ -166,16 +171,17 @@ CallerCredentials CallerFromRequest(const mg_request_info& info) {
 
 absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(
     const std::string& listen_address, Coordinator* coordinator,
-    Metrics* metrics, const Authenticator* authenticator) {
-  std::unique_ptr<StatusHttpServer> server(
-      new StatusHttpServer(coordinator, metrics, authenticator));
+    Metrics* metrics, const Authenticator* authenticator,
+    bool client_certificates_required) {
+  std::unique_ptr<StatusHttpServer> server(new StatusHttpServer(
+      coordinator, metrics, authenticator, client_certificates_required));
   // civetweb takes "host:port" as listening_ports; "[v6]:port" too.
   const char* options[] = {"listening_ports",
                            listen_address.c_str(),
                            "num_threads",
-                           "2",
+                           "4",
                            "request_timeout_ms",
-                           "10000",
+                           "5000",
                            "enable_keep_alive",
                            "no",
                            nullptr};
@@ -228,16 +234,19 @@ int StatusHttpServer::Handle(mg_connection* conn) {
   const std::string path = info->local_uri != nullptr ? info->local_uri : "";
   const std::string method =
       info->request_method != nullptr ? info->request_method : "";
+  const bool known = path == "/" || path == "/index.html" ||
+                     path == "/api/v1/status" || path == "/metrics";
+  // The metric's method label names the route, never the request's own
+  // path: a label per path would let any caller grow the registry.
+  const std::string route = absl::StrCat("HTTP ", known ? path : "other");
   auto refuse = [&](absl::Status status, absl::string_view extra = "") {
-    metrics_->RequestRejected(absl::StrCat("HTTP ", path), status.code());
+    metrics_->RequestRejected(route, status.code());
     const std::string body = absl::StrCat(
         "{\"code\": \"", absl::StatusCodeToString(status.code()),
         "\", \"message\": \"", JsonEscape(status.message()), "\"}\n");
     return Respond(conn, HttpStatusOf(status.code()), "application/json", body,
                    extra);
   };
-  const bool known = path == "/" || path == "/index.html" ||
-                     path == "/api/v1/status" || path == "/metrics";
   if (!known) {
     return refuse(absl::NotFoundError(absl::StrCat(
         "no page ", path,
@@ -273,10 +282,19 @@ int StatusHttpServer::Handle(mg_connection* conn) {
                          "' (expected job=ID, rounds=N)")));
       }
     }
-    // The same checks as the GetJobStatus RPC (service.cc).
+    // The same checks as the GetJobStatus RPC (service.cc), which over
+    // mutual TLS also needs a client certificate: plain HTTP has none, so
+    // without tokens such a coordinator shows no job here.
     const CallerCredentials caller = CallerFromRequest(*info);
     absl::Status status;
-    if (authenticator_ != nullptr) {
+    if (client_certificates_required_ &&
+        (authenticator_ == nullptr || !authenticator_->tokens_enabled())) {
+      status = absl::PermissionDeniedError(
+          "this coordinator admits only clients with a certificate (mutual "
+          "TLS) and has no token file: the plain HTTP status page cannot "
+          "tell who asks; use localsgdctl status with a client certificate, "
+          "or configure --token_file");
+    } else if (authenticator_ != nullptr) {
       status =
           request.job_id().empty()
               ? authenticator_->Authenticate(caller)

@@ -20,12 +20,15 @@
 // exactly as GetJobStatus does (401 without a token, 403 with another job's
 // token for job=ID); the page asks for the token and sends it so. The page
 // itself and /metrics hold no job data beyond what Prometheus shows and are
-// served to anyone. Plaintext HTTP: bind it to loopback or put it behind a
-// TLS proxy when tokens travel over it (docs/security.md).
+// served to anyone. With mutual TLS and no token file the JSON shows no job
+// (403): HTTP carries no client certificate. Plaintext HTTP: bind it to
+// loopback or put it behind a TLS proxy when tokens travel over it
+// (docs/security.md).
 //
 // Errors are JSON {"code": "<gRPC code name>", "message": "..."} with the
 // HTTP status of the code (400, 401, 403, 404, 405, 500). Every refused
-// request is counted in localsgd_requests_rejected_total{method="HTTP ..."}.
+// request is counted in localsgd_requests_rejected_total{method="HTTP
+// <route>"} (the route: /, /api/v1/status, /metrics, or "other").
 //
 // Thread-safety: Start and Stop are for the owner; requests are served on
 // civetweb's threads, which Stop joins.
@@ -51,9 +54,13 @@ class StatusHttpServer {
   // Serves on `listen_address` (host:port; port 0 picks a free port, see
   // port()). `coordinator`, `metrics` and `authenticator` (null: no tokens)
   // must outlive the server. UNAVAILABLE if the address cannot be bound.
+  // `client_certificates_required` (mutual TLS on the gRPC port): without
+  // a token file /api/v1/status then shows nothing (403), since plain HTTP
+  // carries no certificate to check.
   static absl::StatusOr<std::unique_ptr<StatusHttpServer>> Start(
       const std::string& listen_address, Coordinator* coordinator,
-      Metrics* metrics, const Authenticator* authenticator);
+      Metrics* metrics, const Authenticator* authenticator,
+      bool client_certificates_required = false);
   // Stop().
   ~StatusHttpServer();
 
@@ -67,10 +74,12 @@ class StatusHttpServer {
 
  private:
   StatusHttpServer(Coordinator* coordinator, Metrics* metrics,
-                   const Authenticator* authenticator)
+                   const Authenticator* authenticator,
+                   bool client_certificates_required)
       : coordinator_(coordinator),
         metrics_(metrics),
-        authenticator_(authenticator) {}
+        authenticator_(authenticator),
+        client_certificates_required_(client_certificates_required) {}
 
   static int Dispatch(mg_connection* conn, void* self);
   int Handle(mg_connection* conn);
@@ -78,6 +87,7 @@ class StatusHttpServer {
   Coordinator* const coordinator_;
   Metrics* const metrics_;
   const Authenticator* const authenticator_;
+  const bool client_certificates_required_;
   mg_context* context_ = nullptr;
   int port_ = 0;
 };

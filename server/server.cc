@@ -136,7 +136,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     absl::StatusOr<std::unique_ptr<StatusHttpServer>> http =
         StatusHttpServer::Start(
             options.http_listen_address, server->coordinator_.get(),
-            server->metrics_.get(), server->authenticator_.get());
+            server->metrics_.get(), server->authenticator_.get(),
+            /*client_certificates_required=*/
+            !options.tls_client_ca_file.empty());
     if (!http.ok()) return http.status();
     server->http_ = *std::move(http);
   }

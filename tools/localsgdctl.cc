@@ -494,13 +494,14 @@ int Watch() {
     const std::string frame = WatchFrame(status, response, absl::Now(),
                                          tty ? rows : 0, tty ? cols : 0);
     if (tty) {
-      // Home, the frame with each line's rest cleared, then the screen's.
-      std::string painted = "\x1b[H";
-      for (absl::string_view line : absl::StrSplit(frame, '\n')) {
-        absl::StrAppend(&painted, line, "\x1b[K\n");
-      }
-      painted.resize(painted.size() - 1);
-      absl::StrAppend(&painted, "\x1b[J");
+      // Home, the frame with each line's rest cleared, then the rest of
+      // the screen; no newline after the last line, so that a frame of
+      // the screen's height does not scroll its first line away.
+      std::string painted = absl::StrCat(
+          "\x1b[H",
+          absl::StrJoin(absl::StrSplit(absl::StripSuffix(frame, "\n"), '\n'),
+                        "\x1b[K\n"),
+          "\x1b[K\x1b[J");
       std::fputs(painted.c_str(), stdout);
     } else {
       std::fputs(frame.c_str(), stdout);

@@ -145,41 +145,44 @@ class LocalSGD:
             self._node = self._host if device.type == "cpu" else \
                 torch.empty(self._numel, dtype=torch.float32, device=device)
             self._status = torch.zeros(4, dtype=torch.int64, device=device)
-            self._check_group_sizes(device)
+            # Every rank agrees on the sizes, and that only rank 0 was given
+            # a client, before anything else (so no rank raises alone).
+            self._check_group(device, client is not None and self._rank != 0)
         leader = self._rank == 0
-        if leader:
-            if client is None:
-                if not coordinator and not replicas:
-                    raise ValueError("coordinator= (host:port) or replicas= "
-                                     "is required when enabled")
-                if not job:
-                    raise ValueError("job= is required when enabled")
-                client = Client(
-                    target=coordinator or "", job=job,
-                    member_name=member_name,
-                    weight=float(self._size) if self._group else weight,
-                    replicas=list(replicas or []),
-                    local_sgd_steps=local_sgd_steps, wire_dtype=wire_dtype,
-                    averaging=averaging, outer_lr=outer_lr,
-                    outer_momentum=outer_momentum, contribution=contribution,
-                    chunk_elements=chunk_elements, rendezvous=rendezvous,
-                    tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-                    tls_server_name=tls_server_name, token=token,
-                    token_file=token_file, rpc_timeout=rpc_timeout,
-                    sync_timeout=sync_timeout, max_retry_time=max_retry_time)
-            self._client = client
-        elif client is not None:
-            raise ValueError("only rank 0 of the process group has a client")
-        # Join and adopt the job's state (the first member seeds it).
+        # Join and adopt the job's state (the first member seeds it). On the
+        # leader any failure (bad arguments, the client, the RPCs) is first
+        # shared with the group, so that no rank waits for it forever.
         error = None
         if leader:
             try:
+                if client is None:
+                    if not coordinator and not replicas:
+                        raise ValueError("coordinator= (host:port) or "
+                                         "replicas= is required when enabled")
+                    if not job:
+                        raise ValueError("job= is required when enabled")
+                    client = Client(
+                        target=coordinator or "", job=job,
+                        member_name=member_name,
+                        weight=float(self._size) if self._group else weight,
+                        replicas=list(replicas or []),
+                        local_sgd_steps=local_sgd_steps,
+                        wire_dtype=wire_dtype, averaging=averaging,
+                        outer_lr=outer_lr, outer_momentum=outer_momentum,
+                        contribution=contribution,
+                        chunk_elements=chunk_elements, rendezvous=rendezvous,
+                        tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                        tls_server_name=tls_server_name, token=token,
+                        token_file=token_file, rpc_timeout=rpc_timeout,
+                        sync_timeout=sync_timeout,
+                        max_retry_time=max_retry_time)
+                self._client = client
                 self._client.join(layout)
                 self._flatten_into(self._host)
                 self._client.initialize(self._host_np)
                 if self._node is not None and self._node is not self._host:
                     self._node.copy_(self._host)
-            except Error as e:
+            except Exception as e:  # noqa: B902 - shared, then re-raised
                 error = e
                 self._leave()
         if self._group is not None:
@@ -248,7 +251,7 @@ class LocalSGD:
                 try:
                     outcome = self._client_sync()
                     kind = _OK if outcome is not None else _SKIPPED
-                except Error as e:
+                except Exception as e:  # noqa: B902 - shared, re-raised
                     kind, error = _FAILED, e
                 if kind == _OK and self._node is not self._host:
                     self._node.copy_(self._host, non_blocking=False)
@@ -299,8 +302,8 @@ class LocalSGD:
         the leader's error on every rank. `initial`: the state adopted at
         construction (not a sync)."""
         if self._rank == 0:
-            code = _CODES.index(error.code) if error is not None and \
-                error.code in _CODES else 2
+            code = getattr(error, "code", "UNKNOWN")
+            code = _CODES.index(code) if code in _CODES else 2
             self._status.copy_(torch.tensor([kind, code, round_,
                                              contributors]))
         try:
@@ -335,13 +338,17 @@ class LocalSGD:
             dist.distributed_c10d._get_global_rank
         return get(self._group, 0)
 
-    def _check_group_sizes(self, device):
-        sizes = torch.tensor([self._numel, -self._numel], dtype=torch.int64,
+    def _check_group(self, device, client_off_leader):
+        facts = torch.tensor([self._numel, -self._numel,
+                              int(client_off_leader)], dtype=torch.int64,
                              device=device)
-        dist.all_reduce(sizes, op=dist.ReduceOp.MAX, group=self._group)
-        if sizes[0].item() != self._numel or -sizes[1].item() != self._numel:
+        dist.all_reduce(facts, op=dist.ReduceOp.MAX, group=self._group)
+        if facts[0].item() != self._numel or -facts[1].item() != self._numel:
             raise ValueError("the ranks of the process group have models of "
                              "different sizes")
+        if facts[2].item():
+            raise ValueError("only rank 0 of the process group may be given "
+                             "a client")
 
     def _flatten_into(self, flat):
         offset = 0

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -135,11 +136,25 @@ py::dict OutcomeDict(const SyncOutcome& o) {
   return d;
 }
 
-// The Python object: a Client and the layout it joined with.
+// The Python object: a Client and whether it joined. The C++ client is
+// for one thread at a time; with the GIL released around its calls, mu_
+// keeps two Python threads (or close() during a sync) from using it at
+// once: a second caller waits (without the GIL) until the first returns.
 class PyClient {
  public:
-  PyClient(ClientOptions options) {
+  explicit PyClient(ClientOptions options) {
     client_ = ValueOrRaise(Client::Create(std::move(options)));
+  }
+  // The C++ destructor leaves the job (an RPC) and joins the heartbeat
+  // thread: not with the GIL held, which would stall every Python thread.
+  ~PyClient() {
+    if (client_ == nullptr) return;
+    if (Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      Reset();
+    } else {
+      Reset();
+    }
   }
 
   void Join(const std::vector<std::tuple<std::string, std::vector<int64_t>,
@@ -158,10 +173,13 @@ class PyClient {
     absl::Status status;
     {
       py::gil_scoped_release release;
-      status = client_->Join(layout);
+      std::lock_guard<std::mutex> lock(mu_);
+      status = client_ != nullptr
+                   ? client_->Join(layout)
+                   : absl::FailedPreconditionError("the client is closed");
+      if (status.ok()) joined_ = true;
     }
     OkOrRaise(status);
-    joined_ = true;
   }
 
   void Initialize(const py::buffer& buffer) {
@@ -169,7 +187,10 @@ class PyClient {
     absl::Status status;
     {
       py::gil_scoped_release release;
-      status = client_->Initialize(SpanOf(info));
+      std::lock_guard<std::mutex> lock(mu_);
+      status = client_ != nullptr
+                   ? client_->Initialize(SpanOf(info))
+                   : absl::FailedPreconditionError("the client is closed");
     }
     OkOrRaise(status);
   }
@@ -179,7 +200,12 @@ class PyClient {
     absl::StatusOr<SyncOutcome> outcome;
     {
       py::gil_scoped_release release;
-      outcome = client_->Sync(SpanOf(info));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (client_ != nullptr) {
+        outcome = client_->Sync(SpanOf(info));
+      } else {
+        outcome = absl::FailedPreconditionError("the client is closed");
+      }
     }
     return OutcomeDict(ValueOrRaise(std::move(outcome)));
   }
@@ -189,28 +215,46 @@ class PyClient {
     absl::StatusOr<RoundId> round;
     {
       py::gil_scoped_release release;
-      round = client_->FetchState(SpanOf(info));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (client_ != nullptr) {
+        round = client_->FetchState(SpanOf(info));
+      } else {
+        round = absl::FailedPreconditionError("the client is closed");
+      }
     }
     return ValueOrRaise(std::move(round));
   }
 
+  // Idempotent, also after close().
   void Leave() {
     absl::Status status;
     {
       py::gil_scoped_release release;
-      status = client_->Leave();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (client_ != nullptr) status = client_->Leave();
     }
     OkOrRaise(status);
   }
 
   void Close() {
     py::gil_scoped_release release;
-    client_.reset();  // leaves (best effort), joins the heartbeat thread
+    Reset();
   }
 
-  uint64_t state_round() const { return Checked().state_round(); }
-  py::dict Info() const {
-    const JoinInfo& i = Checked().info();
+  uint64_t state_round() {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu_);
+    return Checked().state_round();
+  }
+  py::dict Info() {
+    JoinInfo i;
+    size_t replicas = 0;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      i = Checked().info();
+      replicas = Checked().num_replicas();
+    }
     py::dict d;
     d["num_elements"] = i.num_elements;
     d["num_chunks"] = i.num_chunks;
@@ -224,22 +268,34 @@ class PyClient {
     d["outer_lr"] = i.settings.outer_lr;
     d["outer_momentum"] = i.settings.outer_momentum;
     d["lease_ttl_seconds"] = absl::ToDoubleSeconds(i.lease_ttl);
-    d["replicas"] = Checked().num_replicas();
+    d["replicas"] = replicas;
     return d;
   }
 
  private:
+  // Leaves (best effort) and joins the heartbeat thread; call without the
+  // GIL (or at finalization).
+  void Reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    client_.reset();
+  }
+  // With mu_ held. Raises (a C++ exception pybind11 turns into ValueError
+  // once the GIL is back) when closed.
   const Client& Checked() const {
     if (client_ == nullptr) throw py::value_error("the client is closed");
     return *client_;
   }
-  uint64_t NumElements() const {
+  // Called with the GIL, before a call: the layout's size, or ValueError.
+  uint64_t NumElements() {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu_);
     if (client_ == nullptr) throw py::value_error("the client is closed");
     if (!joined_) throw py::value_error("join first");
     return client_->info().num_elements;
   }
 
-  std::unique_ptr<Client> client_;
+  std::mutex mu_;
+  std::unique_ptr<Client> client_;  // null once closed
   bool joined_ = false;
 };
 
@@ -326,10 +382,15 @@ PYBIND11_MODULE(_localsgd, m) {
     } catch (const StatusError& e) {
       const std::string code(absl::StatusCodeToString(e.status.code()));
       const std::string message(e.status.message());
+      // The message may hold bytes that are not UTF-8 (a peer's): replaced.
+      auto text = [](const std::string& s) {
+        return py::reinterpret_steal<py::str>(PyUnicode_DecodeUTF8(
+            s.data(), static_cast<Py_ssize_t>(s.size()), "replace"));
+      };
       py::object type = py::reinterpret_borrow<py::object>(error.ptr());
-      py::object instance = type(absl::StrCat(code, ": ", message));
+      py::object instance = type(text(absl::StrCat(code, ": ", message)));
       instance.attr("code") = code;
-      instance.attr("message") = message;
+      instance.attr("message") = text(message);
       PyErr_SetObject(error.ptr(), instance.ptr());
     }
   });

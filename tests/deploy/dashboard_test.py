@@ -278,8 +278,11 @@ def check_watch(coordinator, rpc):
               f"watch did not restore the cursor: {out[-40:]!r}")
     frames = out.split(b"\x1b[H")[1:]
     for f in frames[:-1]:
-        lines = f.count(b"\n")
-        ENV.check(lines <= 24 and b"job train" in f,
+        # Lines are separated, not ended, by newlines: a full frame must
+        # not scroll the screen.
+        lines = f.split(b"\x1b[J")[0].count(b"\n") + 1
+        ENV.check(lines <= 24 and b"job train" in f and
+                  b"localsgd 127.0.0.1" in f,
                   f"a frame of {lines} lines (screen 24): {f!r}")
     ENV.log(f"watch: --once matches GetJobStatus; {len(frames)} frames on "
             "a 24-row pty, exit 0 on SIGINT")
@@ -365,6 +368,8 @@ def main():
     expect_error(c, "/api/v1/status?job=bad%20id", 400, "INVALID_ARGUMENT",
                  "job_id")
     expect_error(c, "/favicon.ico", 404, "NOT_FOUND", "/favicon.ico")
+    # A path that is not UTF-8: still a JSON error (json.loads parses it).
+    expect_error(c, "/%FF%FE", 404, "NOT_FOUND", "\u00ff")
     allow = expect_error(c, "/api/v1/status", 405, "UNIMPLEMENTED", "POST",
                          method="POST")
     ENV.check(allow.get("Allow") == "GET, HEAD", f"405 without Allow: {allow}")
@@ -391,6 +396,11 @@ def main():
               rejected.get("NOT_FOUND") == 1 and
               rejected.get("UNIMPLEMENTED") == 1,
               f"rejected HTTP requests counted as {rejected}")
+    # Unknown paths share one series: a caller cannot grow the registry.
+    other = {dict(k[1])["code"]: v for k, v in samples.items()
+             if k[0] == "localsgd_requests_rejected_total" and
+             dict(k[1])["method"] == "HTTP other"}
+    ENV.check(other == {"NOT_FOUND": 2.0}, f"unknown paths counted {other}")
     ENV.check(samples.get(("localsgd_rounds_closed_total", frozenset(
         {"job_id": "train", "reason": "complete"}.items()))) == 3,
         "/metrics on the status port lacks train's 3 complete rounds")

@@ -291,6 +291,42 @@ def test_gloo_node_group_counts_as_one_member_of_its_size(
                 p.kill()
 
 
+FAILING_NODE_SCRIPT = """
+import sys, torch, torch.distributed as dist
+import localsgd
+from localsgd import LocalSGD
+rank, store = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://{store}", rank=rank,
+                        world_size=2)
+try:
+    LocalSGD(torch.nn.Linear(3, 2), coordinator="127.0.0.1:1" if rank == 0
+             else None, job="unreachable", local_sgd_steps=1,
+             max_retry_time=0.2, process_group=dist.group.WORLD)
+    print("no error", flush=True)
+except localsgd.Error as e:
+    print("error", e.code, flush=True)
+"""
+
+
+def test_a_leader_failure_at_start_raises_on_every_rank(tmp_path):
+    # The leader cannot reach the coordinator: both ranks raise its code,
+    # neither waits for the other forever.
+    script = tmp_path / "failing_node.py"
+    script.write_text(FAILING_NODE_SCRIPT)
+    store = f"127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), store],
+                              stdout=subprocess.PIPE, text=True,
+                              env=os.environ) for r in range(2)]
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=60)
+            assert out.strip() == "error UNAVAILABLE", out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="local_sgd_steps"):
         LocalSGD(Small(1), coordinator="127.0.0.1:1", job="j",
