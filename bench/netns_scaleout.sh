@@ -9,15 +9,19 @@
 # S replicas run (`--shard_index=i --shard_count=S` when S > 1) and
 # bench/sync_bench runs WORLD workers, worker r inside host w<r>
 # (--worker_netns), with the replicas' addresses as --coordinator (the client
-# sends chunk i to replica i mod S). Prints a markdown table: round median per
-# S and wire, the speed-up over S=1, and the link-limited lower bound.
+# sends chunk i to replica i mod S). Then the peer on the same hosts and
+# links: accelerate's LocalSGD sync on gloo, rank r on host w<r>
+# (bench/peer_rank.py over ../shared/bench/peer_accelerate_localsgd.py;
+# PEER=0 skips it). Prints a markdown table: round median per S and wire,
+# the speed-up over S=1, the link-limited lower bound, and ours/peer.
 #
 # Usage: bench/netns_scaleout.sh        (as root; exit 77 when it cannot run)
 # Environment (defaults in brackets): BUILD_DIR [<repo>/build-bench],
 #   BUILD_TYPE [Release] (for a fresh BUILD_DIR), WORLD [4], MILLIONS [25],
 #   SHARDS ["1 2 4"], WIRES ["float32 bfloat16"], ROUNDS [3], RATE [1gbit],
 #   BURST [512kb], CHUNK_ELEMENTS [0], COORD_FLAGS [], BENCH_FLAGS [],
-#   RUN_TIMEOUT [900], OUT_DIR [<BUILD_DIR>/netns-results/<date>].
+#   RUN_TIMEOUT [900], OUT_DIR [<BUILD_DIR>/netns-results/<date>], PEER [1],
+#   PEER_DIR [<repo>/../shared/bench].
 #
 # Lower bound per round: the busiest link's bytes / RATE, where a worker's
 # link carries its payload out and the result in (each direction limited
@@ -194,29 +198,64 @@ for wire in $WIRES; do
   for s in $SHARDS; do run "$s" "$wire"; done
 done
 
+# --- the peer on the same hosts ------------------------------------------------
+# accelerate's LocalSGD sync (../shared/bench/peer_accelerate_localsgd.py),
+# one gloo rank per worker host (bench/peer_rank.py), over the same links.
+PEER_DIR=${PEER_DIR:-$REPO/../shared/bench}
+peer_median=""
+if [[ ${PEER:-1} != 0 && -f $PEER_DIR/peer_accelerate_localsgd.py ]]; then
+  log "peer: accelerate LocalSGD on gloo, rank r on host w<r>, ${MILLIONS}M"
+  peer_pids=()
+  port=$((29500 + RANDOM % 400))
+  for ((r = 0; r < WORLD; r++)); do
+    ip netns exec "${ns_w[r]}" env MASTER_ADDR="$(worker_ip 0)" MASTER_PORT="$port" \
+      GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 \
+      timeout --kill-after=10 "$RUN_TIMEOUT" /usr/bin/python3 "$REPO/bench/peer_rank.py" \
+      "$PEER_DIR" "$r" "$WORLD" "$MILLIONS" "$ROUNDS" >"$OUT_DIR/peer-r$r.log" 2>&1 &
+    peer_pids+=($!)
+  done
+  peer_rc=0
+  for pid in "${peer_pids[@]}"; do wait "$pid" || peer_rc=$?; done
+  peer_line=$(grep '^peer=' "$OUT_DIR/peer-r0.log" || true)
+  if ((peer_rc == 0)) && [[ -n $peer_line ]]; then
+    peer_median=$(field "$peer_line" median_s)
+    log "peer: $peer_line"
+  else
+    tail -n 5 "$OUT_DIR/peer-r0.log" >&2
+    log "peer: FAILED (status $peer_rc); see $OUT_DIR/peer-r*.log"
+  fi
+else
+  log "peer: skipped (PEER=0, or no $PEER_DIR/peer_accelerate_localsgd.py)"
+fi
+
 # --- report --------------------------------------------------------------------
-/usr/bin/python3 - "$results" "$RATE" "$WORLD" <<'EOF' | tee "$OUT_DIR/results.md"
+/usr/bin/python3 - "$results" "$RATE" "$WORLD" "$peer_median" <<'EOF' | tee "$OUT_DIR/results.md"
 import re, sys
 path, rate, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
+peer = float(sys.argv[4]) if sys.argv[4] else None
 m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
 bps = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8 if m else None
 rows = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
 print(f"| S | wire | round median s | min s | speed-up vs S=1 | link lower bound s | "
-      f"median/lower bound | replica peak RSS MiB |")
-print("|---:|---|---:|---:|---:|---:|---:|---|")
+      f"median/lower bound | ours/peer | replica peak RSS MiB |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
 base = {}
 for s, wire, rest in rows:
     if rest in ("unsupported", "failed"):
-        print(f"| {s} | {wire} | {rest} | | | | | |"); continue
+        print(f"| {s} | {wire} | {rest} | | | | | | |"); continue
     d = dict(t.split("=", 1) for t in rest.split() if "=" in t)
     med, sent, recv = float(d["median_s"]), int(d["bytes_sent"]), int(d["bytes_received"])
     s = int(s)
     base.setdefault(wire, med if s == 1 else None)
     lb = max(max(sent, recv), world * max(sent, recv) / s) / bps if bps else None
     sp = f"{base[wire] / med:.2f}" if base.get(wire) else "-"
+    vs = f"{med / peer:.2f}" if peer else "-"
     print(f"| {s} | {wire} | {med:.3f} | {float(d['min_s']):.3f} | {sp} | "
-          f"{lb:.3f} | {med / lb:.2f} | {d.get('rss_mib', '?')} |" if lb else
-          f"| {s} | {wire} | {med:.3f} | {float(d['min_s']):.3f} | {sp} | - | - | {d.get('rss_mib','?')} |")
+          f"{lb:.3f} | {med / lb:.2f} | {vs} | {d.get('rss_mib', '?')} |" if lb else
+          f"| {s} | {wire} | {med:.3f} | {float(d['min_s']):.3f} | {sp} | - | - | {vs} | {d.get('rss_mib','?')} |")
 print()
 print(f"WORLD={world}, every host link tbf {rate} each way; lower bound = busiest link's bytes / rate.")
+if peer:
+    print(f"peer (accelerate LocalSGD on gloo, one rank per worker host, same links): "
+          f"median {peer:.3f} s a round.")
 EOF
