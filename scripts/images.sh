@@ -5,7 +5,8 @@
 # (mmdebstrap --variant=minbase bookworm, imported as
 # docker.io/library/debian:bookworm-slim) and every build runs with
 # --pull=never. The base tarball is cached in $IMAGE_CACHE and podman's layer
-# cache is kept, so a second run with unchanged sources takes seconds.
+# cache is kept, so a second run with unchanged sources rebuilds nothing
+# (it still takes a few minutes: the vfs driver copies every layer).
 # Prints each image's size.
 #
 # Usage: scripts/images.sh [coordinator] [worker]   (default: both)
