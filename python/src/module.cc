@@ -159,8 +159,6 @@ class PyClient {
 
   void Join(const std::vector<std::tuple<std::string, std::vector<int64_t>,
                                          std::string>>& tensors) {
-    if (client_ == nullptr) throw py::value_error("the client is closed");
-    if (joined_) throw py::value_error("join: already joined");
     std::vector<TensorSpec> specs;
     for (const auto& [name, shape, dtype] : tensors) {
       TensorSpec spec;
@@ -174,9 +172,10 @@ class PyClient {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-      status = client_ != nullptr
-                   ? client_->Join(layout)
-                   : absl::FailedPreconditionError("the client is closed");
+      // Checked under mu_, as every other read of client_ and joined_.
+      if (client_ == nullptr) throw py::value_error("the client is closed");
+      if (joined_) throw py::value_error("join: already joined");
+      status = client_->Join(layout);
       if (status.ok()) joined_ = true;
     }
     OkOrRaise(status);

@@ -2,18 +2,38 @@
 binary, scripted members (scripted_member.cc, one command in, one line out),
 HTTP requests, and waits on conditions (never a sleep as synchronisation).
 
-Used by dashboard_test.py and grafana_test.py; run on /usr/bin/python3.
+Used by dashboard_test.py, grafana_test.py, images_test.py and the Python
+package's tests (tests/python/conftest.py); run on /usr/bin/python3.
 """
 import json
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+
+
+def poll_until(predicate, timeout, interval=0.05):
+    """Calls `predicate` until it returns a true value (returned) or
+    `timeout` seconds pass (its last value is returned)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Env:
@@ -45,14 +65,10 @@ class Env:
     def wait_for(self, what, predicate, timeout=30.0, interval=0.05):
         """Polls `predicate` until it returns a true value; fails after
         `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                self.fail(f"timed out after {timeout}s waiting for {what}")
-            time.sleep(interval)
+        value = poll_until(predicate, timeout, interval)
+        if not value:
+            self.fail(f"timed out after {timeout}s waiting for {what}")
+        return value
 
     def spawn(self, args, log_name, **kwargs):
         proc = subprocess.Popen(

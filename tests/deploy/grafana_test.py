@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import urllib.parse
@@ -97,12 +96,6 @@ def check_structure(dash):
     ENV.check({"datasource", "job_id"} <= names, f"variables: {names}")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def prom_query(port, expr):
     url = (f"http://127.0.0.1:{port}/api/v1/query?" +
            urllib.parse.urlencode({"query": expr}))
@@ -172,7 +165,7 @@ def main():
         ENV.close()
         ENV.log("OK")
         return
-    port = free_port()
+    port = deploy_lib.free_port()
     config = os.path.join(ENV.tmp, "prometheus.yml")
     with open(config, "w") as f:
         f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"

@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import deploy_lib  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--source", required=True)
@@ -93,20 +93,10 @@ def podman(*args, check=True, timeout=120):
 
 
 def wait_for(what, predicate, timeout=60.0, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    value = deploy_lib.poll_until(predicate, timeout, interval)
+    if not value:
+        fail(f"timed out after {timeout}s waiting for {what}")
+    return value
 
 
 def manifest_env():
@@ -135,7 +125,7 @@ class Coordinator:
         import grpc_health
         self.health_mod = grpc_health
         self.name = f"localsgd-test-{name}-{os.getpid()}"
-        self.port, self.metrics_port = free_port(), free_port()
+        self.port, self.metrics_port = deploy_lib.free_port(), deploy_lib.free_port()
         env = manifest_env()
         env["LOCALSGD_LISTEN"] = f"127.0.0.1:{self.port}"
         env["LOCALSGD_METRICS_LISTEN"] = f"127.0.0.1:{self.metrics_port}"

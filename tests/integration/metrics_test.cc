@@ -296,9 +296,10 @@ TEST_F(MetricsTest, Scrape_CountersMoveByExactlyWhatHappened) {
   EXPECT_EQ(s3.Get(JobKey("localsgd_round_duration_seconds_count")), 4);
   // The fake clock stood still during the rounds.
   EXPECT_EQ(s3.Get(JobKey("localsgd_round_duration_seconds_sum")), 0);
-  EXPECT_EQ(s3.Get(absl::StrCat("localsgd_round_duration_seconds_bucket{job_id=\"",
-                                kJob, "\",le=\"0.005\"}")),
-            4);
+  EXPECT_EQ(
+      s3.Get(absl::StrCat("localsgd_round_duration_seconds_bucket{job_id=\"",
+                          kJob, "\",le=\"0.005\"}")),
+      4);
   EXPECT_EQ(s3.Get(JobKey("localsgd_contributions_total")), 12);
   EXPECT_EQ(s3.Get(JobKey("localsgd_dropped_contributions_total")), 1);
   EXPECT_EQ(s3.Get(JobKey("localsgd_late_contributions_total")), 1);

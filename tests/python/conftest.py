@@ -10,10 +10,15 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import tempfile
-import time
 
 import pytest
+
+# The process helpers of tests/deploy (poll_until, free_port).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "deploy"))
+import deploy_lib  # noqa: E402
 
 COORDINATOR = os.environ.get("LOCALSGD_COORDINATOR", "")
 SCRIPTED_MEMBER = os.environ.get("LOCALSGD_SCRIPTED_MEMBER", "")
@@ -22,15 +27,12 @@ SOURCE_DIR = os.environ.get("LOCALSGD_SOURCE_DIR", "")
 
 
 def wait_for(what, predicate, timeout=30.0, interval=0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for "
-                                 f"{what}")
-        time.sleep(interval)
+    value = deploy_lib.poll_until(predicate, timeout, interval)
+    assert value, f"timed out after {timeout}s waiting for {what}"
+    return value
+
+
+free_port = deploy_lib.free_port
 
 
 class Coordinator:

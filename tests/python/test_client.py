@@ -2,7 +2,6 @@
 exact results against an independent computation, the GIL released while
 waiting, and every bad input refused with the documented error, changing
 nothing."""
-import os
 import threading
 
 import numpy as np

@@ -4,7 +4,6 @@ joiner, a killed worker, and a 2-process torch.distributed gloo node group
 in a job with a C++ member."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ import torch
 import localsgd
 from localsgd import LocalSGD
 
-from conftest import wait_for
+from conftest import free_port
 
 N = 1000
 
@@ -232,12 +231,6 @@ for value in ([3.0, 5.0], [10.0, 2.0]):
 ls.close()
 print("done", flush=True)
 """ % N
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_gloo_node_group_counts_as_one_member_of_its_size(
