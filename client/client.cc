@@ -157,6 +157,7 @@ class ChunkReceiver {
   }
 
   uint64_t bytes() const { return bytes_; }
+  uint32_t received() const { return received_; }
 
  private:
   const std::string what_;
@@ -182,6 +183,8 @@ class RawReader {
   bool Read(Stream& stream) {
     return stream.Read(&raw_);
   }
+  // Where a full-duplex read (BlockingStream::StartRead) puts the message.
+  grpc::ByteBuffer* buffer() { return &raw_; }
   // Whether it is a chunk (then chunk() holds it); otherwise message()
   // holds it. INTERNAL if it does not parse.
   absl::StatusOr<bool> Parse(absl::string_view what) {
@@ -660,25 +663,10 @@ class Client::Replica {
           if (delta) header->set_anchor_state_id(anchor_id_);
           if (reseed_anchor) header->set_seed_state_id(origin.state_id);
           if (delta && !residual_.empty()) residual_next_ = residual_;
-          bool writing = stream.Write(SerializeMessage(request));
-          for (uint32_t c = 0; writing && c < local_.num_chunks(); ++c) {
-            const absl::Span<const float> values =
-                reseed_anchor ? AnchorSlice(c) : Slice(params, c);
-            const size_t bytes = WireBytes(send_dtype, values.size());
-            std::shared_ptr<std::string> data = staging_.Get(bytes);
-            if (delta) {
-              EncodeDelta(c, values, wire, data->data());
-            } else {
-              EncodeValuesTo(values, send_dtype, data->data());
-            }
-            const uint32_t crc = Crc32c(0, *data);
-            outcome.bytes_sent += bytes;
-            const absl::string_view payload(*data);
-            writing =
-                stream.Write(ChunkMessage(c, crc, payload, std::move(data)));
-          }
-          if (writing) stream.WritesDone();
-
+          // Full duplex: one write and one read in flight, so that result
+          // chunks that are final come back while the contribution still
+          // goes out (SyncHeader.early_results).
+          header->set_early_results(delta);
           RawReader<v1::SyncResponse> in;
           ChunkReceiver chunks("Sync result", local_, wire, [&](uint32_t j) {
             const absl::Span<float> slice = Slice(params, j);
@@ -689,34 +677,91 @@ class Client::Replica {
             }
             return slice;
           });
+          if (delta) {
+            // Early chunks are the round's delta against the anchor.
+            chunks.Expect(wire, [this](uint32_t j) { return AnchorSlice(j); });
+          }
           bool have_header = false;
           absl::Status error;
-          while (error.ok() && in.Read(stream)) {
-            absl::StatusOr<bool> is_chunk = in.Parse("Sync response");
-            if (!is_chunk.ok()) {
-              error = is_chunk.status();
-              break;
+          uint32_t next = 0;  // the next chunk to write
+          bool writes_done = false;
+          // Writes chunk `next` (or the end of the writes).
+          auto write_next = [&] {
+            if (next == local_.num_chunks()) {
+              stream.StartWritesDone();
+              writes_done = true;
+              return;
             }
+            const uint32_t c = next++;
+            // A chunk whose result came back early is sent as it was.
+            const absl::Span<const float> values =
+                reseed_anchor    ? AnchorSlice(c)
+                : kept_chunk_[c] ? absl::MakeConstSpan(kept_).subspan(
+                                       local_.Offset(c), local_.Size(c))
+                                 : Slice(params, c);
+            const size_t bytes = WireBytes(send_dtype, values.size());
+            std::shared_ptr<std::string> data = staging_.Get(bytes);
+            if (delta) {
+              EncodeDelta(c, values, wire, data->data());
+            } else {
+              EncodeValuesTo(values, send_dtype, data->data());
+            }
+            const uint32_t crc = Crc32c(0, *data);
+            outcome.bytes_sent += bytes;
+            const absl::string_view payload(*data);
+            stream.StartWrite(ChunkMessage(c, crc, payload, std::move(data)));
+          };
+          // A message read: a result chunk or the result header.
+          auto take = [&]() -> absl::Status {
+            absl::StatusOr<bool> is_chunk = in.Parse("Sync response");
+            if (!is_chunk.ok()) return is_chunk.status();
             if (*is_chunk) {
-              error = have_header ? chunks.Add(in.chunk())
-                                  : absl::InternalError(
-                                        "Sync sent a chunk before its result");
-              continue;
+              if (!have_header && !delta) {
+                return absl::InternalError(
+                    "Sync sent a chunk before its result");
+              }
+              return chunks.Add(in.chunk());
             }
             const v1::SyncResponse& response = in.message();
-            if (response.has_result()) {
-              have_header = true;
-              static_cast<RoundOutcome&>(outcome) =
-                  RoundOutcomeFromProto(response.result());
-              error = ExpectResult(response.result(), chunks);
-            } else {
-              error = absl::InternalError(
-                  "Sync sent a message with neither result nor chunk");
+            if (!response.has_result() || have_header) {
+              return absl::InternalError(
+                  have_header
+                      ? "Sync sent a second result"
+                      : "Sync sent a message with neither result nor chunk");
             }
+            have_header = true;
+            static_cast<RoundOutcome&>(outcome) =
+                RoundOutcomeFromProto(response.result());
+            if (chunks.received() > 0 &&
+                response.result().payload() != v1::RESULT_PAYLOAD_DELTA) {
+              return absl::InternalError(
+                  "Sync sent early result chunks and then a result that is "
+                  "not a delta");
+            }
+            return ExpectResult(response.result(), chunks);
+          };
+          if (stream.started()) {
+            stream.StartWrite(SerializeMessage(request));
+            stream.StartRead(in.buffer());
+          }
+          while (error.ok() &&
+                 (stream.write_pending() || stream.read_pending())) {
+            const BlockingStream::Completion done = stream.Next();
+            if (done.op == BlockingStream::Op::kWrite) {
+              // A failed write: the call broke; the read ends with it.
+              if (done.ok && !writes_done) write_next();
+              continue;
+            }
+            if (!done.ok) break;  // the end of the responses
+            error = take();
+            if (error.ok()) stream.StartRead(in.buffer());
           }
           outcome.bytes_received = chunks.bytes();
           if (absl::Status s = FinishStream(context, stream, error); !s.ok()) {
             return s;
+          }
+          if (!have_header) {
+            return absl::UnavailableError("Sync ended without its result");
           }
           return chunks.CheckComplete();
         });

@@ -16,7 +16,12 @@ StateWire::StateWire(std::shared_ptr<const StateSnapshot> state,
       wire_dtype_(dtype),
       form_(form),
       slots_(geometry.num_chunks()) {
-  CHECK(state_ != nullptr && state_->values.size() == geometry_.num_elements());
+  // A delta's state may still be in the making (a round whose chunks are
+  // sent as they become final): only its delta is read, and only the
+  // chunks asked for.
+  CHECK(state_ != nullptr);
+  CHECK(form_ == Form::kDelta ||
+        state_->values.size() == geometry_.num_elements());
   CHECK(form_ == Form::kValues ||
         state_->delta.size() ==
             WireBytes(dtype, geometry_.chunk_elements()) *
@@ -26,10 +31,12 @@ StateWire::StateWire(std::shared_ptr<const StateSnapshot> state,
 
 StateWire::Chunk StateWire::Get(uint32_t index) const {
   CHECK_LT(index, geometry_.num_chunks());
-  const auto values =
-      absl::MakeConstSpan(state_->values)
-          .subspan(geometry_.Offset(index), geometry_.Size(index));
-  const size_t bytes = WireBytes(wire_dtype_, values.size());
+  const size_t bytes = WireBytes(wire_dtype_, geometry_.Size(index));
+  absl::Span<const float> values;
+  if (form_ == Form::kValues) {
+    values = absl::MakeConstSpan(state_->values)
+                 .subspan(geometry_.Offset(index), geometry_.Size(index));
+  }
   // The bytes that are already there: the state's own (float32 values) or
   // the job's encoded delta.
   absl::string_view own;

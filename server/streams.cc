@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "glog/logging.h"
 #include "proto/convert.h"
 #include "server/protocol.h"
 
@@ -140,6 +141,25 @@ void SyncServerStream::OnHeader(const v1::SyncHeader& header) {
     FailLocked(std::move(status));
     finish = FinishLocked(error_);
   } else {
+    // Full duplex: result chunks as they become final.
+    FinalChunksCallback on_final;
+    if (header.early_results() && header.round() != 0 &&
+        job->settings().contribution == Contribution::kPseudoGradients) {
+      auto link = std::make_shared<FinalLink>();
+      {
+        absl::MutexLock lock(&link->mu);
+        link->stream = this;
+      }
+      on_final = [link](std::vector<uint32_t> indices,
+                        std::shared_ptr<const StateSnapshot> next) {
+        absl::MutexLock lock(&link->mu);
+        if (link->stream != nullptr) {
+          link->stream->OnFinalChunks(std::move(indices), std::move(next));
+        }
+      };
+      absl::MutexLock lock(&mu_);
+      link_ = std::move(link);
+    }
     {
       absl::MutexLock lock(&mu_);
       admission_ = std::move(admission);
@@ -153,7 +173,7 @@ void SyncServerStream::OnHeader(const v1::SyncHeader& header) {
         },
         SeedOrigin{header.seed_round(), header.seed_contributors(),
                    header.seed_state_id()},
-        header.anchor_state_id());
+        header.anchor_state_id(), std::move(on_final));
     absl::MutexLock lock(&mu_);
     if (!session.ok()) {
       callback_pending_ = false;
@@ -240,20 +260,65 @@ void SyncServerStream::OnWriteDone(bool ok) {
   std::optional<Finish> finish;
   {
     absl::MutexLock lock(&mu_);
-    if (phase_ != Phase::kSending) return;
-    if (!ok) {
-      finish = FinishLocked(absl::CancelledError(
-          "the client went away while receiving the result"));
-    } else if (cancelled_) {
-      finish =
-          FinishLocked(absl::CancelledError("Sync cancelled by the client"));
-    } else if (next_chunk_ >= wire_->num_chunks()) {
-      finish = FinishLocked(absl::OkStatus());
+    if (!writing_) return;
+    writing_ = false;
+    if (phase_ == Phase::kSending) {
+      while (next_chunk_ < wire_->num_chunks() && sent_[next_chunk_]) {
+        ++next_chunk_;
+      }
+      if (!ok) {
+        finish = FinishLocked(absl::CancelledError(
+            "the client went away while receiving the result"));
+      } else if (cancelled_) {
+        finish =
+            FinishLocked(absl::CancelledError("Sync cancelled by the client"));
+      } else if (next_chunk_ >= wire_->num_chunks()) {
+        finish = FinishLocked(absl::OkStatus());
+      } else {
+        WriteChunkLocked();
+      }
     } else {
-      WriteChunkLocked();
+      // An early result chunk went out (full duplex).
+      if (!ok) {
+        FailLocked(absl::CancelledError(
+            "the client went away while receiving the result"));
+      } else if (error_.ok() && !result_ready()) {
+        WriteEarlyLocked();
+      }
+      finish = AdvanceLocked();
     }
   }
   Deliver(std::move(finish));
+}
+
+void SyncServerStream::OnFinalChunks(
+    std::vector<uint32_t> indices, std::shared_ptr<const StateSnapshot> next) {
+  absl::MutexLock lock(&mu_);
+  if (!error_.ok() || job_ == nullptr ||
+      (phase_ != Phase::kOpening && phase_ != Phase::kReceiving &&
+       phase_ != Phase::kAwaitResult)) {
+    return;  // the stream fails, or its result header is out
+  }
+  if (wire_ == nullptr) {
+    wire_ = wires_->For(*job_, std::move(next), /*delta=*/true);
+    sent_.assign(wire_->num_chunks(), false);
+  } else if (wire_->state() != next) {
+    return;  // not this round's (the core sends only its own)
+  }
+  final_queue_.insert(final_queue_.end(), indices.begin(), indices.end());
+  if (!writing_ && !result_ready()) WriteEarlyLocked();
+}
+
+void SyncServerStream::WriteEarlyLocked() {
+  while (!final_queue_.empty()) {
+    const uint32_t index = final_queue_.front();
+    final_queue_.pop_front();
+    if (index >= sent_.size() || sent_[index]) continue;
+    sent_[index] = true;
+    writing_ = true;
+    sink_(WriteChunk(wire_, index));
+    return;
+  }
 }
 
 void SyncServerStream::OnCancel() {
@@ -315,7 +380,7 @@ std::optional<SyncServerStream::Finish> SyncServerStream::AdvanceLocked() {
       break;
   }
   if (!error_.ok()) {
-    if (callback_pending_) {
+    if (callback_pending_ || writing_) {
       phase_ = Phase::kDraining;
       return std::nullopt;
     }
@@ -324,9 +389,24 @@ std::optional<SyncServerStream::Finish> SyncServerStream::AdvanceLocked() {
   if (phase_ != Phase::kAwaitResult || !result_.has_value()) {
     return std::nullopt;
   }
+  // The result header waits for an early chunk's write in flight.
+  if (writing_) return std::nullopt;
   if (!result_->ok()) return FinishLocked(result_->status());
+  std::shared_ptr<const StateWire> wire =
+      wires_->For(*job_, (*result_)->state, (*result_)->delta);
+  if (wire_ != nullptr && wire != wire_) {
+    // Early chunks went out of another state than the result's: a bug of
+    // the core; the member must not apply them.
+    LOG(DFATAL) << "Sync of job " << job_->id()
+                << ": early result chunks of another state than the result";
+    return FinishLocked(absl::InternalError(
+        "the coordinator sent early result chunks of another state than its "
+        "result; retry"));
+  }
   phase_ = Phase::kSending;
-  wire_ = wires_->For(*job_, (*result_)->state, (*result_)->delta);
+  if (wire_ == nullptr) sent_.assign(wire->num_chunks(), false);
+  wire_ = std::move(wire);
+  final_queue_.clear();
   next_chunk_ = 0;
   v1::SyncResponse response;
   RoundOutcomeToProto(**result_, response.mutable_result());
@@ -335,6 +415,7 @@ std::optional<SyncServerStream::Finish> SyncServerStream::AdvanceLocked() {
         wire_->form() == StateWire::Form::kDelta ? v1::RESULT_PAYLOAD_DELTA
                                                  : v1::RESULT_PAYLOAD_STATE);
   }
+  writing_ = true;
   sink_(WriteMessage(response));
   return std::nullopt;
 }
@@ -349,11 +430,24 @@ std::optional<SyncServerStream::Finish> SyncServerStream::FinishLocked(
 void SyncServerStream::ReadLocked() { sink_(Read()); }
 
 void SyncServerStream::WriteChunkLocked() {
+  sent_[next_chunk_] = true;
+  writing_ = true;
   sink_(WriteChunk(wire_, next_chunk_++));
 }
 
 void SyncServerStream::Deliver(std::optional<Finish> finish) {
   if (!finish.has_value()) return;
+  // No call of the core's reaches the machine from now on (one under way
+  // ends first).
+  std::shared_ptr<FinalLink> link;
+  {
+    absl::MutexLock lock(&mu_);
+    link = link_;
+  }
+  if (link != nullptr) {
+    absl::MutexLock lock(&link->mu);
+    link->stream = nullptr;
+  }
   // The member's stream is over once it sees the status: its admission (a
   // stream slot) goes back first, or its next stream could find it taken.
   finish->admission.reset();

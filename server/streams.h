@@ -14,12 +14,18 @@
 //   kAwaitHeader --header--> kOpening (checks; Job::BeginSync) --> kReceiving
 //   kReceiving --chunk--> kReceiving | (all chunks in) kAwaitResult
 //   kAwaitResult --result--> kSending (result header, chunk 0 .. n-1)
-//   any --error--> kDraining (the core's callback is still due) --> kFinished
+//   any --error--> kDraining (the core's callback or a write is still due)
+//                  --> kFinished
 //   kSending --last write done--> kFinished (OK)
 //
 // The round's result may come at any time after BeginSync (a late member's
 // at once); it is sent only once every chunk has been read, as the protocol
-// says. The first error (a bad message, a chunk that does not apply, the
+// says. Full duplex (SyncHeader.early_results, pseudo-gradient jobs): from
+// kOpening on, the chunks of the round's result that the core says are
+// final (Job::BeginSync's on_final) are written as they come, one write at
+// a time, while the member's chunks are still read; the result header then
+// waits for the write in flight, and kSending sends the chunks not sent
+// yet. The first error (a bad message, a chunk that does not apply, the
 // client leaving or cancelling) ends the stream with that status once no
 // callback of the core is pending; a result that is an error ends it with
 // that. Every check the coordinator makes of a stream lives here: the
@@ -37,10 +43,12 @@
 #define LOCALSGD_SERVER_STREAMS_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -114,6 +122,11 @@ class SyncServerStream {
   void OnWriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_);
   // The client cancelled the call.
   void OnCancel() ABSL_LOCKS_EXCLUDED(mu_);
+  // The core: chunks `indices` of the round's result are final in `next`
+  // (with early results only).
+  void OnFinalChunks(std::vector<uint32_t> indices,
+                     std::shared_ptr<const StateSnapshot> next)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   Phase phase() const ABSL_LOCKS_EXCLUDED(mu_);
   // The job, once the header was accepted; else null.
@@ -128,6 +141,12 @@ class SyncServerStream {
     absl::Status status;
     std::shared_ptr<void> admission;
   };
+  // How the core's on_final calls reach the machine: detached (stream
+  // null) before kFinish, waiting for a call under way.
+  struct FinalLink {
+    absl::Mutex mu;
+    SyncServerStream* stream ABSL_GUARDED_BY(mu) = nullptr;
+  };
 
   void OnHeader(const v1::SyncHeader& header) ABSL_LOCKS_EXCLUDED(mu_);
   void OnResult(absl::StatusOr<SyncResult> result) ABSL_LOCKS_EXCLUDED(mu_);
@@ -139,6 +158,11 @@ class SyncServerStream {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteChunkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the next final chunk queued and not sent, if any.
+  void WriteEarlyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool result_ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return phase_ == Phase::kAwaitResult && result_.has_value();
+  }
   // Delivers kFinish: the last use of `this`.
   void Deliver(std::optional<Finish> finish) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -160,6 +184,13 @@ class SyncServerStream {
   std::optional<absl::StatusOr<SyncResult>> result_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const StateWire> wire_ ABSL_GUARDED_BY(mu_);
   uint32_t next_chunk_ ABSL_GUARDED_BY(mu_) = 0;
+  // A write is in flight (one at a time).
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // Full duplex: the link the core's on_final calls come through, the final
+  // chunks not written yet, and which chunks of wire_ went out.
+  std::shared_ptr<FinalLink> link_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint32_t> final_queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> sent_ ABSL_GUARDED_BY(mu_);
 };
 
 // One FetchState stream: the request, then a StateHeader and every chunk of

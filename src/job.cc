@@ -290,7 +290,10 @@ absl::StatusOr<MemberId> Job::AddMemberLocked(const JoinRequestParams& params,
   info.first_round = state_ == nullptr  ? 1
                      : open_ != nullptr ? open_->id + 1
                                         : state_->round + 1;
-  if (open_ != nullptr &&
+  // (Never once a chunk is final: its result must not change. A Join whose
+  // `now` was read before another call's ended the gathering could find
+  // it still active.)
+  if (open_ != nullptr && open_->num_final == 0 &&
       GatheringLocked().Active(open_->participants.size(), now)) {
     info.first_round = open_->id;
     AddParticipantLocked(id, info);
@@ -369,7 +372,7 @@ absl::Status CheckSeedOrigin(absl::string_view job, absl::string_view member,
 
 absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
     const MemberId& member, RoundId round, SyncCallback done, SeedOrigin origin,
-    uint64_t anchor) {
+    uint64_t anchor, FinalChunksCallback on_final) {
   const absl::Time now = clock_->Now();
   Deferred deferred;
   std::unique_ptr<SyncSession> session;
@@ -416,7 +419,8 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
       if (open_ == nullptr && draining_) {
         return Draining("opens no new round");
       }
-      session = BeginRoundLocked(*info, round, std::move(done), now);
+      session = BeginRoundLocked(*info, round, std::move(done),
+                                 std::move(on_final), now, deferred);
     } else {
       return absl::FailedPreconditionError(absl::StrCat(
           "member ", info->name, " syncs for round ", round, " but job '", id_,
@@ -500,15 +504,27 @@ std::unique_ptr<SyncSession> Job::BeginLateLocked(const MemberInfo& member,
   return NewSession(member.id, round, SyncSession::Role::kAdopt, 0);
 }
 
-std::unique_ptr<SyncSession> Job::BeginRoundLocked(const MemberInfo& member,
-                                                   RoundId round,
-                                                   SyncCallback done,
-                                                   absl::Time now) {
+std::unique_ptr<SyncSession> Job::BeginRoundLocked(
+    const MemberInfo& member, RoundId round, SyncCallback done,
+    FinalChunksCallback on_final, absl::Time now, Deferred& deferred) {
   if (open_ == nullptr) OpenRoundLocked(round, now);
   const bool participant = open_->participants.contains(member.id);
   const uint64_t waiter_id = next_waiter_id_++;
-  open_->waiters.emplace(waiter_id,
-                         Waiter{member.id, std::move(done), participant});
+  if (on_final != nullptr && open_->next != nullptr && open_->num_final > 0) {
+    // Chunks final before this stream came (a retry, an adopting member).
+    std::vector<uint32_t> indices;
+    indices.reserve(open_->num_final);
+    for (uint32_t c = 0; c < open_->final.size(); ++c) {
+      if (open_->final[c]) indices.push_back(c);
+    }
+    deferred.push_back(
+        [on_final, indices = std::move(indices),
+         next = std::shared_ptr<const StateSnapshot>(open_->next)]() mutable {
+          on_final(std::move(indices), std::move(next));
+        });
+  }
+  open_->waiters.emplace(waiter_id, Waiter{member.id, std::move(done),
+                                           participant, std::move(on_final)});
   return NewSession(
       member.id, round,
       participant ? SyncSession::Role::kContribute : SyncSession::Role::kAdopt,
@@ -520,6 +536,11 @@ void Job::OpenRoundLocked(RoundId round, absl::Time now) {
   open_->id = round;
   open_->opened = now;
   open_->sums = RoundAccumulator(TakeBufferLocked(), geometry_);
+  if (pseudo_gradients()) {
+    open_->next = NewNextStateLocked();
+    open_->chunk_contributions.assign(geometry_.num_chunks(), 0);
+    open_->final.assign(geometry_.num_chunks(), false);
+  }
   for (const auto& [id, m] : members_) {
     if (m.first_round <= round) AddParticipantLocked(id, m);
   }
@@ -537,6 +558,8 @@ void Job::AddParticipantLocked(const MemberId& id, const MemberInfo& member) {
 }
 
 void Job::FitScaleLocked() {
+  // Rescaling would scale the chunks that hold results already.
+  CHECK_EQ(open_->num_final, 0u) << "participants changed after finality";
   double total = 0;
   for (const auto& [pid, p] : open_->participants) total += p.weight;
   open_->sums.FitScale(total);
@@ -666,6 +689,10 @@ absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
       // hundred KiB per chunk and ~17 GB/s, short.
       open_->sums.Add(index, pieces, ChunkDType(session), p.weight);
       p.got[index] = true;
+      if (open_->next != nullptr) {
+        ++open_->chunk_contributions[index];
+        MaybeFinalizeChunkLocked(index, now, deferred);
+      }
       if (++p.received == n) MaybeCloseRoundLocked(now, deferred);
       return absl::OkStatus();
     }
@@ -765,7 +792,7 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
   std::unique_ptr<OpenRound> round = std::move(open_);
   std::shared_ptr<StateSnapshot> state;
   if (pseudo_gradients()) {
-    state = NextDeltaStateLocked(std::move(round->sums));
+    state = NextDeltaStateLocked(*round);
   } else {
     state = std::make_shared<StateSnapshot>();
     state->values = MeanOfParameters(std::move(round->sums), state_->values);
@@ -803,14 +830,11 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                refused, deferred);
 }
 
-std::shared_ptr<StateSnapshot> Job::NextDeltaStateLocked(
-    RoundAccumulator sums) {
+std::shared_ptr<StateSnapshot> Job::NewNextStateLocked() {
   const DType wire = settings_.wire_dtype;
-  const bool lossy = wire != DType::kFloat32;
   const size_t n = geometry_.num_elements();
-  const StateSnapshot& old = *state_;
   auto next = std::make_shared<StateSnapshot>();
-  next->previous_id = old.id;
+  next->previous_id = state_->id;
   next->delta = std::move(spare_delta_);
   spare_delta_.clear();
   next->delta.resize(
@@ -818,47 +842,107 @@ std::shared_ptr<StateSnapshot> Job::NextDeltaStateLocked(
           (geometry_.num_chunks() - 1) +
       WireBytes(wire, geometry_.Size(geometry_.num_chunks() - 1)));
   if (rule_->has_momentum()) next->momentum = Recycled(spare_momentum_, n);
-  if (lossy) next->residual = Recycled(spare_residual_, n);
-  for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
-    const size_t offset = geometry_.Offset(c);
-    const absl::Span<float> chunk = sums.scaled_sums(c);
-    const size_t len = chunk.size();
-    // Carried over from the old state (zeros after a seed or a restore
-    // without them), then updated in place.
-    absl::Span<float> momentum;
-    if (rule_->has_momentum()) {
-      momentum = absl::MakeSpan(next->momentum).subspan(offset, len);
-      CopyOrZero(old.momentum, offset, momentum);
-    }
-    absl::Span<float> residual;
+  if (wire != DType::kFloat32) next->residual = Recycled(spare_residual_, n);
+  return next;
+}
+
+void Job::FinalizeChunkLocked(OpenRound& round, uint32_t c) {
+  const DType wire = settings_.wire_dtype;
+  const bool lossy = wire != DType::kFloat32;
+  const StateSnapshot& old = *state_;
+  StateSnapshot& next = *round.next;
+  RoundAccumulator& sums = round.sums;
+  const size_t offset = geometry_.Offset(c);
+  const absl::Span<float> chunk = sums.scaled_sums(c);
+  const size_t len = chunk.size();
+  // Carried over from the old state (zeros after a seed or a restore
+  // without them), then updated in place.
+  absl::Span<float> momentum;
+  if (rule_->has_momentum()) {
+    momentum = absl::MakeSpan(next.momentum).subspan(offset, len);
+    CopyOrZero(old.momentum, offset, momentum);
+  }
+  absl::Span<float> residual;
+  if (lossy) {
+    residual = absl::MakeSpan(next.residual).subspan(offset, len);
+    CopyOrZero(old.residual, offset, residual);
+  }
+  char* out =
+      next.delta.data() + WireBytes(wire, geometry_.chunk_elements()) * c;
+  if (sums.chunk_weight(c) > 0) {
+    // mean delta -> the rule's step -> encoded with the residual -> what
+    // the encoding decodes to (in place), as every member decodes it.
+    DivideInPlace(chunk, sums.scaled_weight(c));
+    rule_->Step(chunk, momentum, momentum);
     if (lossy) {
-      residual = absl::MakeSpan(next->residual).subspan(offset, len);
-      CopyOrZero(old.residual, offset, residual);
-    }
-    char* out =
-        next->delta.data() + WireBytes(wire, geometry_.chunk_elements()) * c;
-    if (sums.chunk_weight(c) > 0) {
-      // mean delta -> the rule's step -> encoded with the residual -> what
-      // the encoding decodes to (in place), as every member decodes it.
-      DivideInPlace(chunk, sums.scaled_weight(c));
-      rule_->Step(chunk, momentum, momentum);
-      if (lossy) {
-        EncodeWithFeedback(chunk, residual, wire, out, chunk);
-      } else {
-        // float32 decodes to itself: the step is what members add.
-        EncodeValuesTo(chunk, wire, out);
-      }
+      EncodeWithFeedback(chunk, residual, wire, out, chunk);
     } else {
-      // No one contributed: the chunk keeps its state, momentum and
-      // residual; its delta is zeros.
-      std::fill(chunk.begin(), chunk.end(), 0.0f);
+      // float32 decodes to itself: the step is what members add.
       EncodeValuesTo(chunk, wire, out);
     }
-    const auto previous = absl::MakeConstSpan(old.values).subspan(offset, len);
-    for (size_t i = 0; i < len; ++i) chunk[i] += previous[i];
+  } else {
+    // No one contributed: the chunk keeps its state, momentum and
+    // residual; its delta is zeros.
+    std::fill(chunk.begin(), chunk.end(), 0.0f);
+    EncodeValuesTo(chunk, wire, out);
   }
-  next->values = sums.TakeBuffer();
-  return next;
+  const auto previous = absl::MakeConstSpan(old.values).subspan(offset, len);
+  for (size_t i = 0; i < len; ++i) chunk[i] += previous[i];
+  round.final[c] = true;
+  ++round.num_final;
+}
+
+void Job::MaybeFinalizeChunkLocked(uint32_t c, absl::Time now,
+                                   Deferred& deferred) {
+  OpenRound& round = *open_;
+  if (round.final[c] ||
+      round.chunk_contributions[c] < round.participants.size()) {
+    return;
+  }
+  // While the round gathers, a member that joins becomes a participant and
+  // may still give this chunk.
+  if (GatheringLocked().Active(round.participants.size(), now)) {
+    round.held = true;
+    return;
+  }
+  FinalizeChunkLocked(round, c);
+  TellFinalLocked({c}, deferred);
+}
+
+void Job::FinalizeHeldChunksLocked(absl::Time now, Deferred& deferred) {
+  if (open_ == nullptr || !open_->held ||
+      GatheringLocked().Active(open_->participants.size(), now)) {
+    return;
+  }
+  OpenRound& round = *open_;
+  round.held = false;
+  std::vector<uint32_t> indices;
+  for (uint32_t c = 0; c < round.final.size(); ++c) {
+    if (!round.final[c] &&
+        round.chunk_contributions[c] >= round.participants.size()) {
+      FinalizeChunkLocked(round, c);
+      indices.push_back(c);
+    }
+  }
+  if (!indices.empty()) TellFinalLocked(indices, deferred);
+}
+
+void Job::TellFinalLocked(const std::vector<uint32_t>& indices,
+                          Deferred& deferred) {
+  std::shared_ptr<const StateSnapshot> next = open_->next;
+  for (const auto& [wid, w] : open_->waiters) {
+    if (w.on_final == nullptr) continue;
+    deferred.push_back(
+        [on_final = w.on_final, indices, next] { on_final(indices, next); });
+  }
+}
+
+std::shared_ptr<StateSnapshot> Job::NextDeltaStateLocked(OpenRound& round) {
+  for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
+    if (!round.final[c]) FinalizeChunkLocked(round, c);
+  }
+  round.next->values = round.sums.TakeBuffer();
+  return std::move(round.next);
 }
 
 std::vector<float> Job::Recycled(std::vector<float>& spare, size_t n) {
@@ -1095,6 +1179,7 @@ void Job::Tick() {
                        absl::FormatDuration(policy_.lease_ttl), ")"),
           deferred);
     }
+    FinalizeHeldChunksLocked(now, deferred);
     MaybeCloseRoundLocked(now, deferred);
   }
   RunDeferred(deferred);

@@ -17,6 +17,16 @@
 // joins while a round is open takes part from the next one; a Sync for it (or
 // for a round that has closed) adopts the result without contributing.
 //
+// Per-chunk finality (pseudo-gradient jobs): a chunk of the open round's
+// result is final once every participant has contributed that chunk and the
+// round no longer gathers members (nothing can change it then: a member
+// that goes away keeps its chunks counted, and no participant is added).
+// Its result is computed then (the rule's step, its encoding with error
+// feedback, the new values) and offered to the round's waiters that asked
+// (BeginSync's `on_final`); the round's close computes the chunks that are
+// not final yet. The result is the same as if every chunk had waited for the
+// close.
+//
 // Rendezvous: with settings.rendezvous_members = N > 1, until some round has
 // had N participants, an open round admits members that join (the state has
 // not changed, so they start where the others did) and closes only once it has
@@ -101,6 +111,14 @@ struct SyncResult : RoundOutcome {
   bool delta = false;
 };
 using SyncCallback = std::function<void(absl::StatusOr<SyncResult>)>;
+
+// Pseudo-gradient jobs: told that chunks `indices` of the open round's
+// result are final in `next` (the state the round will commit; its delta's
+// chunks `indices` are what the round's SyncResult will carry and never
+// change again). `next`'s other chunks, round and id are not to be read
+// until the round's SyncCallback hands it over.
+using FinalChunksCallback = std::function<void(
+    std::vector<uint32_t> indices, std::shared_ptr<const StateSnapshot> next)>;
 
 struct MemberInfo {
   MemberId id;
@@ -311,9 +329,18 @@ class Job : public std::enable_shared_from_this<Job> {
   // has origin.contributors participants (if > 0) or one lease TTL has
   // passed. Whoever owns the seed names its origin; members adopting it get
   // its round.
+  //
+  // `on_final` (pseudo-gradient jobs; may be null): with a Sync of the open
+  // round (a participant's or an adopting member's), told of the chunks of
+  // the round's result as they become final (see "Per-chunk finality"),
+  // those final already at once; never after `done` was called, nor after
+  // SyncSession::Cancel returned true, except calls already under way on
+  // other threads (which the caller must tolerate). Each chunk is told
+  // once; the chunks not told before `done` are final when it runs.
   absl::StatusOr<std::unique_ptr<SyncSession>> BeginSync(
       const MemberId& member, RoundId round, SyncCallback done,
-      SeedOrigin origin = {}, uint64_t anchor = 0) ABSL_LOCKS_EXCLUDED(mu_);
+      SeedOrigin origin = {}, uint64_t anchor = 0,
+      FinalChunksCallback on_final = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The current state. NOT_FOUND (member), FAILED_PRECONDITION (no state).
   absl::StatusOr<std::shared_ptr<const StateSnapshot>> GetState(
@@ -359,6 +386,7 @@ class Job : public std::enable_shared_from_this<Job> {
     MemberId member;
     SyncCallback done;
     bool participant = false;
+    FinalChunksCallback on_final;  // may be null
   };
   using Waiters = absl::flat_hash_map<uint64_t, Waiter>;
   struct OpenRound {
@@ -367,6 +395,16 @@ class Job : public std::enable_shared_from_this<Job> {
     Participants participants;
     RoundAccumulator sums;
     Waiters waiters;
+    // Pseudo-gradient jobs: the state the round commits, built chunk by
+    // chunk as chunks become final (FinalizeChunkLocked), the rest at the
+    // close; how many participants have given each chunk; which chunks are
+    // final; whether a chunk that all participants gave waits for the
+    // gathering to end (then Tick finalizes it).
+    std::shared_ptr<StateSnapshot> next;
+    std::vector<uint32_t> chunk_contributions;
+    std::vector<bool> final;
+    uint32_t num_final = 0;
+    bool held = false;
   };
   struct Seed {
     MemberId owner;
@@ -401,10 +439,9 @@ class Job : public std::enable_shared_from_this<Job> {
                                                SyncCallback done,
                                                Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::unique_ptr<SyncSession> BeginRoundLocked(const MemberInfo& member,
-                                                RoundId round,
-                                                SyncCallback done,
-                                                absl::Time now)
+  std::unique_ptr<SyncSession> BeginRoundLocked(
+      const MemberInfo& member, RoundId round, SyncCallback done,
+      FinalChunksCallback on_final, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<SyncSession> NewSession(const MemberId& member, RoundId round,
                                           SyncSession::Role role,
@@ -474,9 +511,27 @@ class Job : public std::enable_shared_from_this<Job> {
   SyncResult LatestResultLocked(const MemberId& member, RoundId asked_round,
                                 uint64_t anchor = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pseudo-gradient jobs: the next state from the closed round's sums (the
-  // rule's step, encoded with error feedback), as CommitLocked stores it.
-  std::shared_ptr<StateSnapshot> NextDeltaStateLocked(RoundAccumulator sums)
+  // Pseudo-gradient jobs, per-chunk finality: the empty next state of the
+  // round opening now (its buffers, previous_id); chunk `c` of the open
+  // round's result computed into it from its sums (the rule's step,
+  // encoded with error feedback, the new values in place of the sums);
+  // chunk `c` finalized and told to the waiters if it is final (every
+  // participant gave it, no gathering); every chunk that is final after a
+  // gathering ended.
+  std::shared_ptr<StateSnapshot> NewNextStateLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinalizeChunkLocked(OpenRound& round, uint32_t c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeFinalizeChunkLocked(uint32_t c, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinalizeHeldChunksLocked(absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the open round's waiters that asked that `indices` are final.
+  void TellFinalLocked(const std::vector<uint32_t>& indices, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pseudo-gradient jobs: the next state of the closing round, its chunks
+  // that are not final yet computed now, as CommitLocked stores it.
+  std::shared_ptr<StateSnapshot> NextDeltaStateLocked(OpenRound& round)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The dtype of the chunks a session sends: float32 for a pseudo-gradient
   // job's seed, else the wire dtype.

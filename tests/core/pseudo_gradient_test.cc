@@ -347,5 +347,138 @@ TEST_F(PseudoGradientTest, Seed_IsFloat32WhateverTheWire) {
   EXPECT_EQ((*state)->values, theta);
 }
 
+// Per-chunk finality: which chunks a waiter was told are final, in order.
+struct FinalLog {
+  std::vector<uint32_t> told;
+  std::shared_ptr<const StateSnapshot> next;
+  FinalChunksCallback Callback() {
+    return [this](std::vector<uint32_t> indices,
+                  std::shared_ptr<const StateSnapshot> state) {
+      told.insert(told.end(), indices.begin(), indices.end());
+      next = std::move(state);
+    };
+  }
+};
+
+// A chunk is final once every participant gave it: the waiters that asked
+// are told at once, with the state the round then commits; the delta's
+// final chunks are what the round's result carries.
+TEST_F(PseudoGradientTest, Finality_ChunkFinalWhenEveryParticipantGaveIt) {
+  MakeJob(DeltaSettings(DType::kInt8Block, AveragingMode::kOuterNesterov));
+  const MemberId a = Join("a"), b = Join("b");
+  const uint64_t anchor = Seed(a, Ramp(1.0f, 0.5f));
+  FinalLog fa, fb;
+  SyncCapture ca, cb;
+  auto sa = *job_->BeginSync(a, 1, ca.Callback(), {}, anchor, fa.Callback());
+  auto sb = *job_->BeginSync(b, 1, cb.Callback(), {}, anchor, fb.Callback());
+  const ChunkGeometry& g = job_->geometry();
+  const std::vector<float> da = Ramp(0.1f, 0.01f), db = Ramp(-0.2f, 0.02f);
+  auto add = [&](SyncSession& s, const std::vector<float>& d, uint32_t c) {
+    ASSERT_TRUE(
+        s.AddChunk(c, testing_util::EncodeChunk(d, g, c, DType::kInt8Block))
+            .ok());
+  };
+  add(*sa, da, 2);
+  add(*sa, da, 0);
+  EXPECT_TRUE(fa.told.empty());
+  add(*sb, db, 0);
+  EXPECT_EQ(fa.told, std::vector<uint32_t>{0});
+  EXPECT_EQ(fb.told, std::vector<uint32_t>{0});
+  const std::string early(
+      fa.next->delta.substr(0, WireBytes(DType::kInt8Block, 4)));
+  add(*sb, db, 2);
+  EXPECT_EQ(fa.told, (std::vector<uint32_t>{0, 2}));
+  // A Sync that starts now (another stream of b: a retry) hears of both.
+  FinalLog fretry;
+  SyncCapture cretry;
+  auto sretry =
+      *job_->BeginSync(b, 1, cretry.Callback(), {}, anchor, fretry.Callback());
+  EXPECT_EQ(fretry.told, (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ(fretry.next, fa.next);
+  add(*sa, da, 1);
+  EXPECT_FALSE(ca.fired());
+  add(*sb, db, 1);
+  ASSERT_TRUE(ca.fired());
+  // Chunk 1 became final with the close: told or not, it is in the result.
+  ASSERT_TRUE(ca.result().ok());
+  EXPECT_EQ(ca.result()->state, fa.next);
+  EXPECT_EQ(
+      ca.result()->state->delta.substr(0, WireBytes(DType::kInt8Block, 4)),
+      early);
+  EXPECT_EQ(ca.result()->contributors, 2u);
+}
+
+// While the round gathers members (a rendezvous), no chunk is final: a
+// member that joins may still give it. Once the last one joins, its chunks
+// make them final one by one.
+TEST_F(PseudoGradientTest, Finality_NoneWhileGathering) {
+  JobSettings settings = DeltaSettings(DType::kFloat32);
+  settings.rendezvous_members = 3;
+  MakeJob(settings);
+  const MemberId a = Join("a"), b = Join("b");
+  const uint64_t anchor = Seed(a, Ramp(0.0f, 1.0f));
+  FinalLog fa;
+  SyncCapture ca = SyncCapture();
+  auto sa = *job_->BeginSync(a, 1, ca.Callback(), {}, anchor, fa.Callback());
+  const ChunkGeometry& g = job_->geometry();
+  const std::vector<float> d = Ramp(1.0f, 0.0f);
+  for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+    ASSERT_TRUE(
+        sa->AddChunk(c, testing_util::EncodeChunk(d, g, c, DType::kFloat32))
+            .ok());
+  }
+  SyncCapture cb = Send(b, 1, d, DType::kFloat32, anchor);
+  EXPECT_TRUE(fa.told.empty()) << "final while gathering";
+  const MemberId c = Join("c");
+  SyncCapture cc;
+  auto sc = *job_->BeginSync(c, 1, cc.Callback(), {}, anchor);
+  ASSERT_TRUE(sc->AddChunk(1, testing_util::EncodeChunk(Ramp(4.0f, 0.0f), g, 1,
+                                                        DType::kFloat32))
+                  .ok());
+  EXPECT_EQ(fa.told, std::vector<uint32_t>{1});
+  for (uint32_t k : {0u, 2u}) {
+    ASSERT_TRUE(sc->AddChunk(k, testing_util::EncodeChunk(Ramp(4.0f, 0.0f), g,
+                                                          k, DType::kFloat32))
+                    .ok());
+  }
+  ASSERT_TRUE(ca.result().ok());
+  EXPECT_EQ(ca.result()->contributors, 3u);
+  // (1 + 1 + 4) / 3 = 2 on every element.
+  auto state = job_->GetState(a);
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ((*state)->values, Ramp(2.0f, 1.0f));
+}
+
+// After a restore the job regathers for one lease TTL: chunks every
+// participant gave are held, and the first Tick after the TTL makes them
+// final without closing the round.
+TEST_F(PseudoGradientTest, Finality_HeldWhileRegathering_FinalAtTheTickAfter) {
+  MakeJob(DeltaSettings(DType::kFloat32));
+  job_->RestoreState(4, Ramp(0.0f, 1.0f), /*id=*/77, {}, {});
+  const MemberId a = Join("a"), b = Join("b");
+  FinalLog fa;
+  SyncCapture ca;
+  auto sa = *job_->BeginSync(a, 5, ca.Callback(), {}, 77, fa.Callback());
+  SyncCapture cb;
+  auto sb = *job_->BeginSync(b, 5, cb.Callback(), {}, 77);
+  const ChunkGeometry& g = job_->geometry();
+  const std::vector<float> d = Ramp(1.0f, 0.0f);
+  for (auto* s : {sa.get(), sb.get()}) {
+    ASSERT_TRUE(
+        s->AddChunk(0, testing_util::EncodeChunk(d, g, 0, DType::kFloat32))
+            .ok());
+  }
+  job_->Tick();
+  EXPECT_TRUE(fa.told.empty()) << "final while regathering";
+  // Past the TTL, with the members' leases renewed on the way.
+  for (int half = 0; half < 2; ++half) {
+    clock_.Advance(JobPolicy().lease_ttl / 2 + absl::Seconds(1));
+    for (const MemberId& m : {a, b}) ASSERT_TRUE(job_->Heartbeat(m).ok());
+  }
+  job_->Tick();
+  EXPECT_EQ(fa.told, std::vector<uint32_t>{0});
+  EXPECT_FALSE(ca.fired());
+}
+
 }  // namespace
 }  // namespace localsgd

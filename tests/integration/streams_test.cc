@@ -436,6 +436,270 @@ TEST_F(StreamsTest, Sync_Admission_RefusedStatusOrHeldUntilJustBeforeFinish) {
   EXPECT_TRUE(released_before_finish);
 }
 
+// Full duplex (SyncHeader.early_results) in a job of pseudo-gradients: the
+// members of the fixture's job "j" are replaced by those of job "pg".
+class EarlyResultsTest : public StreamsTest {
+ protected:
+  std::string JoinPg(const std::string& name) {
+    v1::JoinRequest request;
+    request.set_job_id("pg");
+    request.set_member_name(name);
+    request.set_incarnation(1);
+    LayoutToProto(SmallLayout(), request.mutable_layout());
+    request.mutable_settings()->set_contribution(
+        v1::CONTRIBUTION_PSEUDO_GRADIENTS);
+    v1::JoinResponse response;
+    const absl::Status s =
+        HandleJoin(*coordinator_, request, "", 1 << 20, &response);
+    EXPECT_TRUE(s.ok()) << s;
+    return response.member_id();
+  }
+  std::shared_ptr<Job> pg() { return *coordinator_->FindJob("pg"); }
+
+  v1::SyncRequest PgHeader(const std::string& member, RoundId round,
+                           bool early) {
+    v1::SyncRequest r = Header(member, round);
+    r.mutable_header()->set_job_id("pg");
+    r.mutable_header()->set_anchor_state_id(round == 0 ? 0 : anchor_);
+    r.mutable_header()->set_early_results(early);
+    return r;
+  }
+  v1::SyncRequest PgChunk(const std::vector<float>& values, uint32_t index) {
+    v1::SyncRequest r;
+    v1::Chunk* c = r.mutable_chunk();
+    c->set_index(index);
+    c->set_data(testing_util::EncodeChunk(values, pg()->geometry(), index,
+                                          DType::kFloat32));
+    c->set_crc32c(Crc32c(0, c->data()));
+    return r;
+  }
+
+  // Seeds "pg" with zeros through `member`; anchor_ is then the seed's id.
+  void Seed(const std::string& member) {
+    auto s = NewSync();
+    ASSERT_TRUE(s->reader.TakeRead());
+    s->machine->OnMessage(PgHeader(member, 0, false));
+    for (uint32_t c = 0; c < pg()->geometry().num_chunks(); ++c) {
+      ASSERT_TRUE(s->reader.TakeRead());
+      s->machine->OnMessage(PgChunk(std::vector<float>(23, 0.0f), c));
+    }
+    s->reader.Pump(*s->machine);
+    ASSERT_TRUE(s->reader.status.ok()) << s->reader.status;
+    v1::SyncResponse header;
+    ASSERT_TRUE(header.ParseFromString(s->reader.messages[0]));
+    anchor_ = header.result().state_id();
+  }
+
+  // Opens a Sync of round 1 (header read) for `member`.
+  std::unique_ptr<Sync> Open(const std::string& member, bool early) {
+    auto s = NewSync();
+    EXPECT_TRUE(s->reader.TakeRead());
+    s->machine->OnMessage(PgHeader(member, 1, early));
+    return s;
+  }
+  void Send(Sync& s, const std::vector<float>& delta, uint32_t chunk) {
+    ASSERT_TRUE(s.reader.TakeRead()) << "no read asked for chunk " << chunk;
+    s.machine->OnMessage(PgChunk(delta, chunk));
+  }
+
+  // What a reader got: per chunk index, its position among the chunk
+  // writes, each index once; the delta decoded into place; the result.
+  struct Got {
+    std::vector<int> position;
+    std::vector<float> delta;
+    v1::SyncResult result;
+  };
+  Got Collect(const Reader& r) {
+    Got got;
+    const ChunkGeometry& g = pg()->geometry();
+    got.position.assign(g.num_chunks(), -1);
+    got.delta.assign(g.num_elements(), -1000.0f);
+    EXPECT_EQ(r.messages.size(), 1u);
+    if (!r.messages.empty()) {
+      v1::SyncResponse header;
+      EXPECT_TRUE(header.ParseFromString(r.messages[0]));
+      got.result = header.result();
+    }
+    for (size_t i = 0; i < r.chunks.size(); ++i) {
+      const StreamAction& a = r.chunks[i];
+      EXPECT_EQ(got.position[a.index], -1) << "chunk " << a.index << " twice";
+      got.position[a.index] = static_cast<int>(i);
+      EXPECT_EQ(a.chunk.crc32c, Crc32c(0, a.chunk.data));
+      EXPECT_TRUE(DecodeValues(a.chunk.data, DType::kFloat32,
+                               absl::MakeSpan(got.delta).subspan(
+                                   g.Offset(a.index), g.Size(a.index)))
+                      .ok());
+    }
+    for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+      EXPECT_NE(got.position[c], -1) << "chunk " << c << " never sent";
+    }
+    return got;
+  }
+
+  uint64_t anchor_ = 0;
+};
+
+// Two members: a chunk goes back to both as soon as both gave it, while they
+// still send; then the result header and the chunks not sent yet. The
+// bytes are those of a member that asked for no early results.
+TEST_F(EarlyResultsTest, ChunkFinalWhenAllGaveIt_SentAtOnceWhileReceiving) {
+  const std::string a = JoinPg("a");
+  const std::string b = JoinPg("b");
+  const std::string c = JoinPg("c");
+  Seed(a);
+  auto sa = Open(a, true);
+  auto sb = Open(b, true);
+  auto sc = Open(c, false);
+  const std::vector<float> da = Values(3), db = Values(6), dc = Values(9);
+  const uint32_t n = pg()->geometry().num_chunks();
+  // Chunk 0 from all three: final; a and b get it at once, c nothing.
+  Send(*sa, da, 0);
+  Send(*sb, db, 0);
+  EXPECT_TRUE(sa->reader.chunks.empty()) << "final before c gave it";
+  Send(*sc, dc, 0);
+  ASSERT_EQ(sa->reader.chunks.size(), 1u);
+  ASSERT_EQ(sb->reader.chunks.size(), 1u);
+  EXPECT_EQ(sa->reader.chunks[0].index, 0u);
+  EXPECT_TRUE(sa->reader.messages.empty());
+  EXPECT_TRUE(sc->reader.chunks.empty());
+  EXPECT_EQ(sa->machine->phase(), SyncServerStream::Phase::kReceiving);
+  // One write at a time: chunk 1 waits for chunk 0's write to complete.
+  for (auto* s : {sa.get(), sb.get(), sc.get()}) {
+    Send(*s, s == sa.get() ? da : s == sb.get() ? db : dc, 1);
+  }
+  EXPECT_EQ(sa->reader.chunks.size(), 1u);
+  sa->reader.Pump(*sa->machine);
+  EXPECT_EQ(sa->reader.chunks.size(), 2u);
+  // The rest: a and b first, c last closes the round.
+  for (uint32_t k = 2; k < n; ++k) {
+    Send(*sa, da, k);
+    Send(*sb, db, k);
+  }
+  for (uint32_t k = 2; k < n; ++k) Send(*sc, dc, k);
+  for (auto* s : {sa.get(), sb.get(), sc.get()}) {
+    s->reader.Pump(*s->machine);
+    ASSERT_TRUE(s->reader.finished);
+    ASSERT_TRUE(s->reader.status.ok()) << s->reader.status;
+  }
+  const Got ga = Collect(sa->reader);
+  const Got gb = Collect(sb->reader);
+  const Got gc = Collect(sc->reader);
+  std::vector<float> mean(23);
+  for (size_t i = 0; i < 23; ++i) mean[i] = (da[i] + db[i] + dc[i]) / 3;
+  EXPECT_EQ(ga.delta, mean);
+  EXPECT_EQ(gb.delta, mean);
+  EXPECT_EQ(gc.delta, mean);
+  EXPECT_EQ(ga.result.payload(), v1::RESULT_PAYLOAD_DELTA);
+  EXPECT_TRUE(ga.result.contributed());
+  EXPECT_EQ(ga.result.contributors(), 3u);
+  // c asked for none: every chunk after its header, in order.
+  for (uint32_t k = 0; k < n; ++k) EXPECT_EQ(gc.position[k], int(k));
+  // One wire form for all.
+  EXPECT_EQ(sa->reader.chunks[0].chunk.data.data(),
+            sc->reader.chunks[0].chunk.data.data());
+  // The committed state is the anchor (zeros) plus what was sent.
+  auto state = pg()->GetState(MemberId(a));
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ((*state)->values, mean);
+}
+
+// A member dies after some chunks were final: those were sent and stay as
+// they were (the mean of all three); the others are the mean of the two
+// that finished, sent after the close; nothing is sent twice.
+TEST_F(EarlyResultsTest, MemberDiesAfterSomeChunksFinal_SentChunksNeverChange) {
+  const std::string a = JoinPg("a");
+  const std::string b = JoinPg("b");
+  const std::string c = JoinPg("c");
+  Seed(a);
+  auto sa = Open(a, true);
+  auto sb = Open(b, true);
+  auto sc = Open(c, true);
+  const std::vector<float> da = Values(3), db = Values(6), dc = Values(9);
+  const uint32_t n = pg()->geometry().num_chunks();
+  for (uint32_t k = 0; k < 3; ++k) {
+    Send(*sa, da, k);
+    Send(*sb, db, k);
+    Send(*sc, dc, k);
+    for (auto* s : {sa.get(), sb.get(), sc.get()}) s->reader.Pump(*s->machine);
+  }
+  ASSERT_EQ(sa->reader.chunks.size(), 3u);
+  ASSERT_EQ(sc->reader.chunks.size(), 3u);
+  // c's stream breaks and c leaves.
+  sc->machine->OnCancel();
+  ASSERT_TRUE(sc->reader.finished);
+  EXPECT_EQ(sc->reader.status.code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(pg()->Leave(MemberId(c)).ok());
+  for (uint32_t k = 3; k < n; ++k) {
+    Send(*sa, da, k);
+    Send(*sb, db, k);
+  }
+  for (auto* s : {sa.get(), sb.get()}) {
+    s->reader.Pump(*s->machine);
+    ASSERT_TRUE(s->reader.status.ok()) << s->reader.status;
+  }
+  EXPECT_EQ(sc->reader.actions_after_finish, 0);
+  const Got ga = Collect(sa->reader);
+  const Got gb = Collect(sb->reader);
+  const ChunkGeometry& g = pg()->geometry();
+  std::vector<float> want(23);
+  for (size_t i = 0; i < 23; ++i) {
+    const bool all_three = i < g.Offset(3);
+    want[i] = all_three ? (da[i] + db[i] + dc[i]) / 3 : (da[i] + db[i]) / 2;
+  }
+  EXPECT_EQ(ga.delta, want);
+  EXPECT_EQ(gb.delta, want);
+  EXPECT_EQ(ga.result.contributors(), 2u);
+  for (uint32_t k = 0; k < 3; ++k) EXPECT_EQ(ga.position[k], int(k));
+  auto state = pg()->GetState(MemberId(a));
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ((*state)->values, want);
+  const JobStatusSnapshot status = pg()->Status(1);
+  ASSERT_EQ(status.recent_rounds.size(), 1u);
+  EXPECT_EQ(status.recent_rounds[0].dropped, std::vector<std::string>{"c"});
+}
+
+// A stream that comes after chunks were final gets them at once; one that
+// fails after early chunks finishes only once its write is done.
+TEST_F(EarlyResultsTest, LateStreamGetsFinalChunksAndFailureWaitsForWrite) {
+  const std::string a = JoinPg("a");
+  const std::string b = JoinPg("b");
+  Seed(a);
+  auto sa = Open(a, false);
+  auto sb = Open(b, false);
+  const std::vector<float> da = Values(3), db = Values(6);
+  Send(*sa, da, 0);
+  Send(*sa, da, 1);
+  Send(*sb, db, 0);
+  Send(*sb, db, 1);
+  // b's stream breaks; its retry asks for early results and gets chunks 0
+  // and 1 at once (one write now, the next when it completes).
+  sb->machine->OnCancel();
+  ASSERT_TRUE(sb->reader.finished);
+  auto retry = Open(b, true);
+  ASSERT_EQ(retry->reader.chunks.size(), 1u);
+  retry->reader.Pump(*retry->machine);
+  ASSERT_EQ(retry->reader.chunks.size(), 2u);
+  EXPECT_EQ(retry->reader.chunks[0].index, 0u);
+  EXPECT_EQ(retry->reader.chunks[1].index, 1u);
+  // A chunk out of range fails the retry; chunk 2 becomes final first
+  // and its write is in flight: the finish waits for it.
+  Send(*sa, da, 2);
+  Send(*retry, db, 2);
+  ASSERT_TRUE(retry->reader.write.has_value());
+  ASSERT_TRUE(retry->reader.TakeRead());
+  v1::SyncRequest bad = PgChunk(db, 0);
+  bad.mutable_chunk()->set_index(99);
+  retry->machine->OnMessage(bad);
+  EXPECT_FALSE(retry->reader.finished) << "finished with a write in flight";
+  EXPECT_EQ(retry->machine->phase(), SyncServerStream::Phase::kDraining);
+  retry->reader.write.reset();
+  retry->machine->OnWriteDone(true);
+  ASSERT_TRUE(retry->reader.finished);
+  EXPECT_EQ(retry->reader.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(retry->reader.actions_after_finish, 0);
+  EXPECT_EQ(retry->reader.chunks.size(), 3u);
+}
+
 TEST_F(StreamsTest, FetchState_HeaderThenTheStateChunkByChunk) {
   const std::string a = Join("a", DType::kBFloat16);
   {
