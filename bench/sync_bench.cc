@@ -101,6 +101,9 @@ ABSL_FLAG(std::string, worker_netns, "",
           "before it creates its client. For bench/netns_scaleout.sh; not "
           "with --fetch.");
 ABSL_FLAG(bool, verbose, false, "Client INFO logs on stderr.");
+ABSL_FLAG(bool, early_results, true,
+          "Full duplex: read result chunks while writing "
+          "(ClientOptions::early_results).");
 
 namespace localsgd {
 namespace {
@@ -163,6 +166,11 @@ struct Shared {
   uint64_t bytes_received;
   double fetch_seconds[64];
   int fetch_done;
+  // Per rank (< 64), the last timed round's phases (SyncOutcome): seconds
+  // from the stream's start to its last write, first and last result chunk.
+  double upload_s[64];
+  double first_result_s[64];
+  double result_s[64];
 };
 static_assert(std::atomic<int>::is_always_lock_free);
 
@@ -218,6 +226,7 @@ absl::StatusOr<ClientOptions> MakeOptions(const Config& config,
   options.settings.rendezvous_members = static_cast<uint32_t>(config.world);
   options.sync_timeout = absl::Minutes(10);
   options.rpc_timeout = absl::Seconds(60);
+  options.early_results = absl::GetFlag(FLAGS_early_results);
   return options;
 }
 
@@ -297,6 +306,12 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
     if (rank == 0) {
       shared->bytes_sent = outcome->bytes_sent;
       shared->bytes_received = outcome->bytes_received;
+    }
+    if (rank < 64) {
+      shared->upload_s[rank] = absl::ToDoubleSeconds(outcome->upload_time);
+      shared->first_result_s[rank] =
+          absl::ToDoubleSeconds(outcome->first_result_time);
+      shared->result_s[rank] = absl::ToDoubleSeconds(outcome->result_time);
     }
   }
   // Stay a member while the late joiner fetches, then leave.
@@ -491,6 +506,20 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
                std::string(DTypeName(config.wire)).c_str(), config.rounds,
                median, min, max, shared->bytes_sent / 1e6,
                shared->bytes_received / 1e6);
+  {
+    // Where the last round's time went, per worker: with full duplex the
+    // first result chunk comes before the last write.
+    std::string phases;
+    for (int r = 0; r < std::min(config.world, 64); ++r) {
+      absl::StrAppendFormat(&phases, "%s%.2f/%.2f/%.2f", r == 0 ? "" : "  ",
+                            shared->upload_s[r], shared->first_result_s[r],
+                            shared->result_s[r]);
+    }
+    std::fprintf(stderr,
+                 "sync_bench: last round per worker, s from its stream's "
+                 "start to last write / first result chunk / last: %s\n",
+                 phases.c_str());
+  }
   if (!fetch.empty()) {
     std::fprintf(stderr,
                  "sync_bench: late joiner FetchState of %.1f MB: median %.4f s "

@@ -649,6 +649,7 @@ class Client::Replica {
         absl::StrCat("Sync of round ", round), [&]() -> absl::Status {
           PutBackContribution(params);
           outcome = SyncOutcome();
+          const absl::Time start = absl::Now();
           grpc::ClientContext context;
           SetDeadline(&context, options_.sync_timeout);
           BlockingStream stream(&generic_, &context, sync_path_);
@@ -666,7 +667,8 @@ class Client::Replica {
           // Full duplex: one write and one read in flight, so that result
           // chunks that are final come back while the contribution still
           // goes out (SyncHeader.early_results).
-          header->set_early_results(delta);
+          const bool early = delta && options_.early_results;
+          header->set_early_results(early);
           RawReader<v1::SyncResponse> in;
           ChunkReceiver chunks("Sync result", local_, wire, [&](uint32_t j) {
             const absl::Span<float> slice = Slice(params, j);
@@ -677,7 +679,7 @@ class Client::Replica {
             }
             return slice;
           });
-          if (delta) {
+          if (early) {
             // Early chunks are the round's delta against the anchor.
             chunks.Expect(wire, [this](uint32_t j) { return AnchorSlice(j); });
           }
@@ -716,9 +718,12 @@ class Client::Replica {
             absl::StatusOr<bool> is_chunk = in.Parse("Sync response");
             if (!is_chunk.ok()) return is_chunk.status();
             if (*is_chunk) {
-              if (!have_header && !delta) {
+              if (!have_header && !early) {
                 return absl::InternalError(
                     "Sync sent a chunk before its result");
+              }
+              if (chunks.received() == 0) {
+                outcome.first_result_time = absl::Now() - start;
               }
               return chunks.Add(in.chunk());
             }
@@ -750,6 +755,10 @@ class Client::Replica {
             if (done.op == BlockingStream::Op::kWrite) {
               // A failed write: the call broke; the read ends with it.
               if (done.ok && !writes_done) write_next();
+              if (done.ok && writes_done && !stream.write_pending() &&
+                  outcome.upload_time == absl::ZeroDuration()) {
+                outcome.upload_time = absl::Now() - start;
+              }
               continue;
             }
             if (!done.ok) break;  // the end of the responses
@@ -757,6 +766,7 @@ class Client::Replica {
             if (error.ok()) stream.StartRead(in.buffer());
           }
           outcome.bytes_received = chunks.bytes();
+          outcome.result_time = absl::Now() - start;
           if (absl::Status s = FinishStream(context, stream, error); !s.ok()) {
             return s;
           }
@@ -1228,6 +1238,10 @@ absl::StatusOr<SyncOutcome> Client::Sync(absl::Span<float> params) {
     all.bytes_sent += o.bytes_sent;
     all.bytes_received += o.bytes_received;
     all.rejoined = all.rejoined || o.rejoined;
+    all.upload_time = std::max(all.upload_time, o.upload_time);
+    all.first_result_time =
+        std::max(all.first_result_time, o.first_result_time);
+    all.result_time = std::max(all.result_time, o.result_time);
   }
   return all;
 }

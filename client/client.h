@@ -72,6 +72,13 @@ struct ClientOptions {
   // lossy wire dtype, its error feedback (two more); kParameters joins a job
   // of parameters (the protocol before pseudo-gradients).
   JobSettings settings;
+  // Full duplex (jobs of pseudo-gradients): each Sync reads the round's
+  // result chunks while it still writes its own, and the coordinator sends
+  // each as soon as every participant has given it (SyncHeader.
+  // early_results), so that the upload and the download of a round
+  // overlap. false: the result only after the whole upload, as the
+  // protocol before it.
+  bool early_results = true;
   // Deadline of each unary RPC attempt.
   absl::Duration rpc_timeout = absl::Seconds(30);
   // Deadline of one Sync attempt, including the wait for the round to close.
@@ -103,6 +110,14 @@ struct SyncOutcome : RoundOutcome {
   // The member had lost its membership (lease expired, coordinator restarted)
   // and joined again during this Sync.
   bool rejoined = false;
+  // Where the time of the last attempt went, from the stream's start: until
+  // the last chunk was written (the writes' end handed to gRPC), until the
+  // first result chunk arrived (with early results it may come before the
+  // last write), and until the last one did. With several replicas, the
+  // slowest replica's. Zero when the attempt did not get that far.
+  absl::Duration upload_time;
+  absl::Duration first_result_time;
+  absl::Duration result_time;
 };
 
 // What Join learnt: JoinInfo (src/types.h).
