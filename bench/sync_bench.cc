@@ -66,6 +66,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/background_sync.h"
 #include "client/client.h"
 #include "glog/logging.h"
 #include "src/layout.h"
@@ -101,6 +102,28 @@ ABSL_FLAG(std::string, worker_netns, "",
           "before it creates its client. For bench/netns_scaleout.sh; not "
           "with --fetch.");
 ABSL_FLAG(bool, verbose, false, "Client INFO logs on stderr.");
+ABSL_FLAG(double, compute_ms, 0,
+          "Free-running mode (> 0): every round is --local_steps simulated "
+          "local steps of this many ms (a sleep: compute that does not use "
+          "the CPU, like a GPU's) and then a sync, with no barrier between "
+          "rounds; prints the wall time per round against compute alone. "
+          "The exact-mean check is off (workers drift apart by design).");
+ABSL_FLAG(int32_t, local_steps, 16, "Free-running mode: K, steps per round.");
+ABSL_FLAG(bool, overlap, false,
+          "Free-running mode: sync in the background (BackgroundSync) and "
+          "merge at the next sync point, instead of a blocking Sync.");
+ABSL_FLAG(int32_t, straggler_rank, -1,
+          "Free-running mode: this rank's steps take --straggler_factor "
+          "times longer.");
+ABSL_FLAG(double, straggler_factor, 3, "See --straggler_rank.");
+ABSL_FLAG(int32_t, delay_rank, -1,
+          "Free-running mode: this rank waits --delay_ms more once, before "
+          "the sync of round --delay_round (a one-off delay).");
+ABSL_FLAG(int32_t, delay_round, 5, "See --delay_rank.");
+ABSL_FLAG(double, delay_ms, 0, "See --delay_rank.");
+ABSL_FLAG(std::string, deadline_mode, "",
+          "The job's deadline mode: fixed or adaptive (empty: the "
+          "coordinator's default).");
 ABSL_FLAG(bool, early_results, true,
           "Full duplex: read result chunks while writing "
           "(ClientOptions::early_results).");
@@ -171,6 +194,8 @@ struct Shared {
   double upload_s[64];
   double first_result_s[64];
   double result_s[64];
+  // Free-running mode, per rank (< 64): syncs whose contribution counted.
+  int counted[64];
 };
 static_assert(std::atomic<int>::is_always_lock_free);
 
@@ -227,6 +252,18 @@ absl::StatusOr<ClientOptions> MakeOptions(const Config& config,
   options.sync_timeout = absl::Minutes(10);
   options.rpc_timeout = absl::Seconds(60);
   options.early_results = absl::GetFlag(FLAGS_early_results);
+  if (absl::GetFlag(FLAGS_deadline_mode) == "adaptive") {
+    options.settings.deadline_mode = localsgd::DeadlineMode::kAdaptive;
+  } else if (absl::GetFlag(FLAGS_deadline_mode) == "fixed") {
+    options.settings.deadline_mode = localsgd::DeadlineMode::kFixed;
+  } else if (!absl::GetFlag(FLAGS_deadline_mode).empty()) {
+    return absl::InvalidArgumentError("--deadline_mode: fixed or adaptive");
+  }
+  if (absl::GetFlag(FLAGS_compute_ms) > 0) {
+    // Free-running: the rounds do not start together; no rendezvous
+    // beyond the first.
+    options.settings.rendezvous_members = static_cast<uint32_t>(config.world);
+  }
   return options;
 }
 
@@ -315,6 +352,93 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
     }
   }
   // Stay a member while the late joiner fetches, then leave.
+  Wait(&shared->all);
+  Wait(&shared->all);
+  (void)(*client)->Leave();
+  client->reset();
+  _exit(0);
+}
+
+// Free-running mode (--compute_ms > 0): K simulated steps, then a sync
+// (blocking, or started in the background and merged at the next sync
+// point), no barrier between rounds. times[r * world + rank] = the wall time
+// of round r, from its first step to the next round's first step (the
+// last round's: to its own sync's end). Returns only by _exit.
+[[noreturn]] void RunComputeWorker(const Config& config, int rank,
+                                   Shared* shared, double* times) {
+  const std::string who = absl::StrCat("worker ", rank);
+  if (!config.worker_netns.empty()) {
+    const std::string path =
+        absl::StrCat("/var/run/netns/", config.worker_netns, rank);
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+      Fail(shared, who,
+           absl::StrCat("cannot enter network namespace ", path, ": ",
+                        std::strerror(errno)));
+    }
+    close(fd);
+  }
+  absl::StatusOr<ClientOptions> options =
+      MakeOptions(config, absl::StrCat("bench-w", rank, "/", getpid()));
+  if (!options.ok()) Fail(shared, who, options.status().ToString());
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(*options);
+  if (!client.ok()) Fail(shared, who, client.status().ToString());
+  if (absl::Status s = (*client)->Join(PeerLayout(config.params)); !s.ok()) {
+    Fail(shared, who, absl::StrCat("Join: ", s.ToString()));
+  }
+  std::vector<float> params(static_cast<size_t>(config.params));
+  Fill(params, rank, 0);
+  if (absl::Status s = (*client)->Initialize(absl::MakeSpan(params)); !s.ok()) {
+    Fail(shared, who, absl::StrCat("Initialize: ", s.ToString()));
+  }
+  const bool overlap = absl::GetFlag(FLAGS_overlap);
+  const int k = absl::GetFlag(FLAGS_local_steps);
+  const double factor = rank == absl::GetFlag(FLAGS_straggler_rank)
+                            ? absl::GetFlag(FLAGS_straggler_factor)
+                            : 1.0;
+  const auto step = std::chrono::duration<double, std::milli>(
+      absl::GetFlag(FLAGS_compute_ms) * factor);
+  BackgroundSync background(client->get());
+  int counted = 0;
+  auto count = [&](const absl::StatusOr<SyncOutcome>& outcome) {
+    if (!outcome.ok()) {
+      Fail(shared, who, absl::StrCat("Sync: ", outcome.status().ToString()));
+    }
+    if (outcome->contributed) ++counted;
+  };
+  Wait(&shared->workers);  // start together; then free-running
+  auto round_start = Clock::now();
+  for (int r = 0; r <= config.rounds; ++r) {
+    for (int s = 0; s < k; ++s) {
+      // A training step changes the parameters a little (not timed).
+      params[static_cast<size_t>(s) % params.size()] += 1e-3f;
+      std::this_thread::sleep_for(step);
+      if (overlap && background.in_flight() && background.Ready()) {
+        count(background.Finish(absl::MakeSpan(params)));
+      }
+    }
+    if (rank == absl::GetFlag(FLAGS_delay_rank) &&
+        r == absl::GetFlag(FLAGS_delay_round)) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
+          absl::GetFlag(FLAGS_delay_ms)));
+    }
+    if (overlap) {
+      if (background.in_flight()) {
+        count(background.Finish(absl::MakeSpan(params)));
+      }
+      if (absl::Status s = background.Start(params); !s.ok()) {
+        Fail(shared, who, s.ToString());
+      }
+    } else {
+      count((*client)->Sync(absl::MakeSpan(params)));
+    }
+    const auto now = Clock::now();
+    times[r * config.world + rank] =
+        std::chrono::duration<double>(now - round_start).count();
+    round_start = now;
+  }
+  if (background.in_flight()) count(background.Finish(absl::MakeSpan(params)));
+  if (rank < 64) shared->counted[rank] = counted;
   Wait(&shared->all);
   Wait(&shared->all);
   (void)(*client)->Leave();
@@ -437,7 +561,12 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);
       if (!verbose) FLAGS_minloglevel = 1;  // warnings and errors only
-      if (c < config.world) RunWorker(config, c, shared, times);
+      if (c < config.world) {
+        if (absl::GetFlag(FLAGS_compute_ms) > 0) {
+          RunComputeWorker(config, c, shared, times);
+        }
+        RunWorker(config, c, shared, times);
+      }
       RunFetcher(config, shared);
     }
     pids.push_back(pid);
@@ -506,7 +635,41 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
                std::string(DTypeName(config.wire)).c_str(), config.rounds,
                median, min, max, shared->bytes_sent / 1e6,
                shared->bytes_received / 1e6);
-  {
+  if (absl::GetFlag(FLAGS_compute_ms) > 0) {
+    // Free-running: rank 0's wall time per round (K steps and its sync)
+    // against the compute alone.
+    const double compute = absl::GetFlag(FLAGS_local_steps) *
+                           absl::GetFlag(FLAGS_compute_ms) / 1e3;
+    double sum = 0;
+    for (double t : rank0) sum += t;
+    const double mean = rank0.empty() ? 0 : sum / rank0.size();
+    std::string counted;
+    for (int r = 0; r < std::min(config.world, 64); ++r) {
+      absl::StrAppend(&counted, r == 0 ? "" : " ", shared->counted[r]);
+    }
+    std::fprintf(stderr,
+                 "sync_bench: free-running K=%d x %.1f ms%s%s: wall per "
+                 "round median %.4f s, mean %.4f s; compute alone %.4f s "
+                 "(mean/compute %.3f); syncs counted per rank of %d: %s\n",
+                 absl::GetFlag(FLAGS_local_steps),
+                 absl::GetFlag(FLAGS_compute_ms),
+                 absl::GetFlag(FLAGS_overlap) ? ", overlap" : ", blocking",
+                 absl::GetFlag(FLAGS_straggler_rank) >= 0
+                     ? absl::StrFormat(", rank %d x%.1f slower",
+                                       absl::GetFlag(FLAGS_straggler_rank),
+                                       absl::GetFlag(FLAGS_straggler_factor))
+                           .c_str()
+                     : "",
+                 median, mean, compute, compute > 0 ? mean / compute : 0,
+                 config.rounds + 1, counted.c_str());
+    std::printf(
+        "COMPUTE overlap=%d straggler_rank=%d median_s=%.6f mean_s=%.6f "
+        "compute_s=%.6f counted=%s\n",
+        absl::GetFlag(FLAGS_overlap) ? 1 : 0,
+        absl::GetFlag(FLAGS_straggler_rank), median, mean, compute,
+        counted.c_str());
+  }
+  if (absl::GetFlag(FLAGS_compute_ms) <= 0) {
     // Where the last round's time went, per worker: with full duplex the
     // first result chunk comes before the last write.
     std::string phases;
@@ -572,7 +735,8 @@ int main(int argc, char** argv) {
                 : wire == "int4"     ? localsgd::DType::kInt4Block
                                      : localsgd::DType::kUnspecified;
   config.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
-  config.fetch = absl::GetFlag(FLAGS_fetch);
+  config.fetch =
+      absl::GetFlag(FLAGS_fetch) && absl::GetFlag(FLAGS_compute_ms) <= 0;
   config.fetch_repeats = absl::GetFlag(FLAGS_fetch_repeats);
   config.job_id = absl::GetFlag(FLAGS_job_id);
   config.worker_netns = absl::GetFlag(FLAGS_worker_netns);

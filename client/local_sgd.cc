@@ -153,6 +153,11 @@ absl::Status LocalSGDOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "LocalSGDOptions.local_sgd_steps must be >= 1, got ", local_sgd_steps));
   }
+  if (overlap && node_group.valid()) {
+    return absl::InvalidArgumentError(
+        "LocalSGDOptions.overlap does not work with a node group yet; sync "
+        "the node without overlap, or run one member per process");
+  }
   return absl::OkStatus();
 }
 
@@ -432,8 +437,83 @@ absl::Status LocalSGD::Step() {
   }
   ++steps_;
   if (!options_.enabled) return absl::OkStatus();
+  if (options_.overlap) {
+    // Merge as soon as the result is there; at the next sync point at the
+    // latest, before that round starts.
+    const bool due = steps_ % options_.local_sgd_steps == 0;
+    if (background_ != nullptr && background_->in_flight() &&
+        (due || background_->Ready())) {
+      if (absl::Status s = MergeBackgroundSync(); !s.ok()) return s;
+    }
+    return due ? StartBackgroundSync() : absl::OkStatus();
+  }
   if (steps_ % options_.local_sgd_steps != 0) return absl::OkStatus();
   return DoSync();
+}
+
+absl::Status LocalSGD::StartBackgroundSync() {
+  if (absl::Status s = Flatten(); !s.ok()) return s;
+  if (background_ == nullptr) {
+    background_ = std::make_unique<BackgroundSync>(client_);
+  }
+  const bool staged = !params_->host.is_same(params_->flat);
+  try {
+    if (staged) params_->host.copy_(params_->flat);
+  } catch (const c10::Error& e) {
+    return FromTorch("LocalSGD: copying parameters to the host", e);
+  }
+  background_start_ = std::chrono::steady_clock::now();
+  return background_->Start(
+      absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_));
+}
+
+absl::Status LocalSGD::MergeBackgroundSync() {
+  const auto start = std::chrono::steady_clock::now();
+  // The parameters as they are now, merged on the host (where the result
+  // is), then written back.
+  absl::Status status = Flatten();
+  const bool staged = !params_->host.is_same(params_->flat);
+  try {
+    if (status.ok() && staged) params_->host.copy_(params_->flat);
+  } catch (const c10::Error& e) {
+    status = FromTorch("LocalSGD: copying parameters to the host", e);
+  }
+  absl::StatusOr<SyncOutcome> outcome = background_->Finish(
+      absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
+  // The time this process waited for it, and the merge.
+  sync_seconds_total_ += SecondsSince(start);
+  if (!status.ok()) return status;
+  if (!outcome.ok()) {
+    if ((absl::IsUnavailable(outcome.status()) ||
+         absl::IsDeadlineExceeded(outcome.status())) &&
+        options_.keep_training_when_unavailable) {
+      LOCALSGD_LOG(WARNING)
+          << "LocalSGD background sync before step " << steps_
+          << " skipped, training on locally: " << outcome.status();
+      ++num_skipped_syncs_;
+      last_sync_skipped_ = true;
+      return absl::OkStatus();
+    }
+    return outcome.status();
+  }
+  try {
+    if (staged) params_->flat.copy_(params_->host);
+  } catch (const c10::Error& e) {
+    return FromTorch("LocalSGD: copying merged parameters in", e);
+  }
+  if (absl::Status s = Unflatten(); !s.ok()) return s;
+  last_sync_skipped_ = false;
+  ++num_merges_;
+  CountOutcome(*outcome, SecondsSince(background_start_));
+  return absl::OkStatus();
+}
+
+void LocalSGD::CountOutcome(const SyncOutcome& outcome, double seconds) {
+  last_outcome_ = outcome;
+  bytes_sent_total_ += outcome.bytes_sent;
+  bytes_received_total_ += outcome.bytes_received;
+  last_sync_seconds_ = seconds;
+  ++num_syncs_;
 }
 
 absl::Status LocalSGD::SyncNow() {
@@ -444,6 +524,9 @@ absl::Status LocalSGD::SyncNow() {
   if (closed_) {
     return absl::FailedPreconditionError("LocalSGD::SyncNow() after Close()");
   }
+  if (sync_in_flight()) {
+    if (absl::Status s = MergeBackgroundSync(); !s.ok()) return s;
+  }
   return DoSync();
 }
 
@@ -453,7 +536,12 @@ absl::Status LocalSGD::Close() {
   if (!options_.enabled) return absl::OkStatus();
   // As accelerate's __exit__: one more sync, even right after a Step() that
   // synced, so that every member ends on the same parameters whatever its
-  // step count modulo K.
+  // step count modulo K. With overlap, the round in flight first.
+  if (sync_in_flight()) {
+    if (absl::Status s = MergeBackgroundSync(); !s.ok()) {
+      return Annotate(s, "LocalSGD::Close(): the background sync failed: ");
+    }
+  }
   if (absl::Status s = DoSync(); !s.ok()) {
     return Annotate(s, "LocalSGD::Close(): final sync failed: ");
   }
@@ -579,11 +667,7 @@ absl::Status LocalSGD::DoSync() {
   }
   if (!status.ok()) return status;
 
-  last_outcome_ = *outcome;
-  bytes_sent_total_ += last_outcome_.bytes_sent;
-  bytes_received_total_ += last_outcome_.bytes_received;
-  last_sync_seconds_ = seconds;
-  ++num_syncs_;
+  CountOutcome(*outcome, seconds);
   LOCALSGD_VLOG(1) << "LocalSGD sync at step " << steps_ << ": round "
                    << last_outcome_.round << ", " << last_outcome_.contributors
                    << " contributors, " << seconds << " s";

@@ -71,12 +71,14 @@
 #ifndef LOCALSGD_CLIENT_LOCAL_SGD_H_
 #define LOCALSGD_CLIENT_LOCAL_SGD_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/background_sync.h"
 #include "client/client.h"
 #include "client/node_group.h"
 #include "src/layout.h"
@@ -109,8 +111,18 @@ struct LocalSGDOptions {
   // lockstep; rank 0 passes a Client whose ClientOptions::weight equals the
   // group's size, the other ranks pass nullptr.
   NodeGroup node_group;
+  // Training that does not wait for the network (client/background_sync.h):
+  // every K-th Step() starts the round's sync in the background and
+  // returns at once; the first Step() that finds the result arrived merges
+  // it as theta_r + (theta_now - theta_snapshot), keeping the local steps
+  // made during the sync; a sync still in flight at the next K-th step is
+  // waited for and merged first. Close() merges the one in flight, then
+  // makes the final (blocking) sync. One round of delay: the model trains
+  // from its own state while its round runs. Not with a node group yet
+  // (INVALID_ARGUMENT). Default off.
+  bool overlap = false;
 
-  // INVALID_ARGUMENT if local_sgd_steps < 1.
+  // INVALID_ARGUMENT if local_sgd_steps < 1, or overlap with a node group.
   absl::Status Validate() const;
 };
 
@@ -179,15 +191,24 @@ class LocalSGD {
 
   // Closes without the final sync, for error paths where the other members
   // may be gone and a sync could wait for its round until the client's
-  // sync_timeout. Later Close() calls return OK; the destructor does nothing.
+  // sync_timeout. Later Close() calls return OK; the destructor does nothing
+  // (but wait for a background sync in flight, which ends with its round,
+  // the coordinator's answer or the client's timeouts).
   void Abandon() { closed_ = true; }
 
   // Optimizer steps counted by Step().
   int64_t steps() const { return steps_; }
+  // Overlap: whether a sync runs in the background now, and how many
+  // results were merged (each also counts in num_syncs()).
+  bool sync_in_flight() const {
+    return background_ != nullptr && background_->in_flight();
+  }
+  int64_t num_merges() const { return num_merges_; }
   // Successful syncs (including the one of Close()).
   int64_t num_syncs() const { return num_syncs_; }
   // Wall time spent in successful and failed SyncNow() calls, flattening and
-  // writing back included.
+  // writing back included; with overlap, the time Step() and Close() waited
+  // for background results and merged them.
   double sync_seconds_total() const { return sync_seconds_total_; }
   // The outcome of the last successful sync; default-constructed before the
   // first.
@@ -219,6 +240,12 @@ class LocalSGD {
 
   // SyncNow() without its checks; Close() uses it too.
   absl::Status DoSync();
+  // Overlap: starts the background sync of the current parameters; waits
+  // for the one in flight and merges it into the parameters.
+  absl::Status StartBackgroundSync();
+  absl::Status MergeBackgroundSync();
+  // Counts a finished sync's outcome (DoSync and the merge).
+  void CountOutcome(const SyncOutcome& outcome, double seconds);
   // Create's steps 2-4 once the LocalSGD exists (see Create);
   // `misconfigured`: this rank of a node group has a setup error that must
   // fail the whole group.
@@ -248,6 +275,10 @@ class LocalSGD {
   uint64_t bytes_received_total_ = 0;
   SyncOutcome last_outcome_;
   bool closed_ = false;
+  // Overlap (leader only): the background sync, and when it started.
+  std::unique_ptr<BackgroundSync> background_;
+  std::chrono::steady_clock::time_point background_start_;
+  int64_t num_merges_ = 0;
 };
 
 }  // namespace localsgd

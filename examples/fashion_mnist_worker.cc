@@ -150,6 +150,13 @@ ABSL_FLAG(std::string, node_store, "",
           "it); empty: $LOCALSGD_NODE_STORE, else $MASTER_ADDR:$MASTER_PORT");
 ABSL_FLAG(int32_t, node_timeout_seconds, 300,
           "Timeout of the node group's rendezvous and collectives");
+ABSL_FLAG(bool, overlap, false,
+          "Train on while a round syncs in the background and merge its "
+          "result as global + (now - snapshot) (LocalSGDOptions::overlap; "
+          "not with a node group)");
+ABSL_FLAG(std::string, deadline_mode, "",
+          "How the job's rounds stop waiting for stragglers: fixed or "
+          "adaptive (learned); empty: the coordinator's default");
 // Transport security and the job's token: client/security_flags.h
 // (--tls_ca, --tls_cert, --tls_key, --tls_server_name, --token_file).
 
@@ -599,6 +606,15 @@ absl::Status Run(const Config& c) {
     options.settings.outer_momentum = static_cast<float>(c.outer_momentum);
     options.settings.rendezvous_members = static_cast<uint32_t>(c.rendezvous);
     options.settings.chunk_elements = static_cast<uint32_t>(c.chunk_elements);
+    if (const std::string mode = absl::GetFlag(FLAGS_deadline_mode);
+        mode == "adaptive") {
+      options.settings.deadline_mode = DeadlineMode::kAdaptive;
+    } else if (mode == "fixed") {
+      options.settings.deadline_mode = DeadlineMode::kFixed;
+    } else if (!mode.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--deadline_mode must be fixed or adaptive, got '", mode, "'"));
+    }
     absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromFlags();
     if (!security.ok()) return security.status();
     options.security = *std::move(security);
@@ -610,6 +626,7 @@ absl::Status Run(const Config& c) {
   local_sgd_options.local_sgd_steps = c.k;
   local_sgd_options.enabled = !c.no_sync;
   local_sgd_options.node_group = node_group;
+  local_sgd_options.overlap = absl::GetFlag(FLAGS_overlap);
   absl::StatusOr<std::unique_ptr<LocalSGD>> created =
       LocalSGD::Create(*model, client.get(), local_sgd_options);
   if (!created.ok()) {

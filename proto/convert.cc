@@ -21,6 +21,32 @@ absl::StatusOr<NonFinitePolicy> NonFinitePolicyFromProto(int value) {
   }
 }
 
+absl::StatusOr<DeadlineMode> DeadlineModeFromProto(int value) {
+  switch (value) {
+    case v1::DEADLINE_MODE_UNSPECIFIED:
+      return DeadlineMode::kUnspecified;
+    case v1::DEADLINE_MODE_FIXED:
+      return DeadlineMode::kFixed;
+    case v1::DEADLINE_MODE_ADAPTIVE:
+      return DeadlineMode::kAdaptive;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("settings.deadline_mode has unknown value ", value));
+  }
+}
+
+v1::DeadlineMode DeadlineModeToProto(DeadlineMode mode) {
+  switch (mode) {
+    case DeadlineMode::kFixed:
+      return v1::DEADLINE_MODE_FIXED;
+    case DeadlineMode::kAdaptive:
+      return v1::DEADLINE_MODE_ADAPTIVE;
+    case DeadlineMode::kUnspecified:
+      break;
+  }
+  return v1::DEADLINE_MODE_UNSPECIFIED;
+}
+
 v1::NonFinitePolicy NonFinitePolicyToProto(NonFinitePolicy policy) {
   switch (policy) {
     case NonFinitePolicy::kReject:
@@ -190,6 +216,10 @@ absl::StatusOr<JobSettings> SettingsFromProto(const v1::JobSettings& proto) {
   settings.contribution = *contribution;
   settings.outer_lr = proto.outer_lr();
   settings.outer_momentum = proto.outer_momentum();
+  absl::StatusOr<DeadlineMode> deadline =
+      DeadlineModeFromProto(proto.deadline_mode());
+  if (!deadline.ok()) return deadline.status();
+  settings.deadline_mode = *deadline;
   return settings;
 }
 
@@ -204,6 +234,7 @@ void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto) {
   proto->set_contribution(ContributionToProto(settings.contribution));
   proto->set_outer_lr(settings.outer_lr);
   proto->set_outer_momentum(settings.outer_momentum);
+  proto->set_deadline_mode(DeadlineModeToProto(settings.deadline_mode));
 }
 
 absl::StatusOr<MemberId> ParseMemberId(const std::string& hex) {

@@ -62,6 +62,11 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
       proto->set_open_round_deadline_unix_ms(absl::ToUnixMillis(d.deadline));
     }
   }
+  proto->set_learned_deadline_ms(static_cast<uint64_t>(
+      absl::ToInt64Milliseconds(s.learned_deadline.usual)));
+  proto->set_learned_patient_deadline_ms(static_cast<uint64_t>(
+      absl::ToInt64Milliseconds(s.learned_deadline.patient)));
+  for (const auto& n : s.stragglers) proto->add_stragglers(n);
   for (const RoundRecord& r : s.recent_rounds) {
     v1::RoundStatus* p = proto->add_recent_rounds();
     p->set_round(r.round);

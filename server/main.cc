@@ -92,6 +92,12 @@ ABSL_FLAG(int32_t, stream_window_bytes, 4 << 20,
           "the memory each worker's stream may hold in the coordinator. 0: "
           "gRPC's default window, grown by bandwidth probing (more memory "
           "per worker).");
+ABSL_FLAG(std::string, deadline_mode, "fixed",
+          "Default for new jobs of how rounds stop waiting for their slowest "
+          "participants: fixed (--round_deadline, if any) or adaptive "
+          "(learned from the job's recent rounds: a persistent straggler "
+          "adopts instead of holding the others back; docs/design.md "
+          "\"Rounds\").");
 ABSL_FLAG(std::string, nonfinite_policy, "reject",
           "Default for new jobs of what a chunk with a NaN or infinity does: "
           "reject (the Sync fails with INVALID_ARGUMENT) or drop (the member "
@@ -298,6 +304,13 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
            {"drop", localsgd::NonFinitePolicy::kDrop}});
   if (!nonfinite.ok()) return nonfinite.status();
   c.default_settings.nonfinite_policy = *nonfinite;
+  absl::StatusOr<localsgd::DeadlineMode> deadline =
+      ParseChoice<localsgd::DeadlineMode>(
+          "--deadline_mode", absl::GetFlag(FLAGS_deadline_mode),
+          {{"fixed", localsgd::DeadlineMode::kFixed},
+           {"adaptive", localsgd::DeadlineMode::kAdaptive}});
+  if (!deadline.ok()) return deadline.status();
+  c.default_settings.deadline_mode = *deadline;
   c.shard.count = absl::GetFlag(FLAGS_shard_count);
   {
     std::string index = absl::GetFlag(FLAGS_shard_index);

@@ -45,6 +45,20 @@ class Metrics::JobGauges final : public prometheus::Collectable {
       m.gauge.value = static_cast<double>(job->num_members());
       members.metric.push_back(std::move(m));
     }
+    prometheus::MetricFamily learned;
+    learned.name = "localsgd_learned_round_deadline_seconds";
+    learned.help =
+        "Jobs of deadline mode adaptive: how long their rounds usually take "
+        "(median + 3 MAD of recent completion lags), after which a round "
+        "waiting only for persistent stragglers closes (0: not learned yet)";
+    learned.type = prometheus::MetricType::Gauge;
+    for (const auto& job : jobs) {
+      if (job->settings().deadline_mode != DeadlineMode::kAdaptive) continue;
+      prometheus::ClientMetric m;
+      m.label.push_back({"job_id", job->id()});
+      m.gauge.value = absl::ToDoubleSeconds(job->learned_deadline().usual);
+      learned.metric.push_back(std::move(m));
+    }
     prometheus::MetricFamily count;
     count.name = "localsgd_jobs";
     count.help = "Jobs the coordinator holds";
@@ -52,7 +66,7 @@ class Metrics::JobGauges final : public prometheus::Collectable {
     prometheus::ClientMetric c;
     c.gauge.value = static_cast<double>(jobs.size());
     count.metric.push_back(std::move(c));
-    return {std::move(members), std::move(count)};
+    return {std::move(members), std::move(count), std::move(learned)};
   }
 
  private:

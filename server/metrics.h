@@ -9,6 +9,8 @@
 // false a `job` label of ours would be renamed exported_job.
 //   members{job_id}                       gauge, read from the core at scrape
 //   jobs                                  gauge, read from the core at scrape
+//   learned_round_deadline_seconds{job_id} gauge (deadline mode adaptive),
+//                                         read from the core at scrape
 //   rounds_closed_total{job_id,reason}    counter; reason: complete, deadline,
 //                                         members_gone, seed
 //   round_duration_seconds{job_id}        histogram of averaging rounds (not

@@ -119,6 +119,11 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values,
   if (c.settings.chunk_elements < 1) {
     return "chunk_elements is 0";
   }
+  if (c.settings.deadline_mode != DeadlineMode::kFixed &&
+      c.settings.deadline_mode != DeadlineMode::kAdaptive) {
+    return absl::StrCat("unknown deadline mode ",
+                        static_cast<int>(c.settings.deadline_mode));
+  }
   if (c.settings.contribution != Contribution::kParameters &&
       c.settings.contribution != Contribution::kPseudoGradients) {
     return absl::StrCat("unknown contribution ",
@@ -175,6 +180,7 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values,
   std::memcpy(&bits, &c.settings.outer_momentum, 4);
   PutU32(&h, bits);
   PutU64(&h, c.state_id);
+  PutU32(&h, static_cast<uint32_t>(c.settings.deadline_mode));
   PutU64(&h, num_values);
   PutU64(&h, num_momentum);
   PutU64(&h, num_residual);
@@ -452,6 +458,12 @@ absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
     c->settings.contribution = static_cast<Contribution>(contribution);
     std::memcpy(&c->settings.outer_lr, &lr, 4);
     std::memcpy(&c->settings.outer_momentum, &momentum, 4);
+  }
+  c->settings.deadline_mode = DeadlineMode::kFixed;
+  if (version >= 4) {
+    uint32_t deadline;
+    if (!r.U32(&deadline)) return Malformed(r, "deadline mode");
+    c->settings.deadline_mode = static_cast<DeadlineMode>(deadline);
   }
   ArrayCounts counts;
   if (!r.U64(&counts.values)) return Malformed(r, "values count");

@@ -1,12 +1,12 @@
 // Durable checkpoints of coordinator job state: what a restarted coordinator
 // needs to resume a job (layout, settings, round, global parameters).
 //
-// File format, version 3. All integers little-endian; floats IEEE-754
+// File format, version 4. All integers little-endian; floats IEEE-754
 // binary32, little-endian.
 //
 //   offset  size  field
 //   0       8     magic "LSGDCKPT"
-//   8       4     format version (3; 1 and 2 are read too)
+//   8       4     format version (4; 1, 2 and 3 are read too)
 //   12      4     H: header length in bytes
 //   16      8     file length in bytes (all of it, the trailer included)
 //   24      H     header:
@@ -21,6 +21,7 @@
 //                   u32 shard index, u32 shard count     (version 2)
 //                   u32 contribution, f32 outer_lr, f32 outer_momentum,
 //                   u64 state id                         (version 3)
+//                   u32 deadline_mode                    (version 4)
 //                   u64 N: number of values (the shard's elements)
 //                   u64 M, u64 R: momentum and residual values, each 0
 //                     or N                               (version 3)
@@ -33,10 +34,11 @@
 // CRCs are masked as leveldb masks them (a CRC over data that holds CRCs is
 // weak otherwise). The header CRC lets a reader trust the header's lengths
 // before it reads gigabytes of values; the trailing CRC covers everything. A
-// later version changes the format version. This build writes version 3 and
+// later version changes the format version. This build writes version 4 and
 // reads 1 (which had no non-finite policy, "reject", and no shards, {0, 1}),
 // 2 (which had no pseudo-gradients: contribution "parameters", outer
-// hyper-parameters 0, no state id, momentum or residual) and 3.
+// hyper-parameters 0, no state id, momentum or residual), 3 (no deadline
+// mode: "fixed") and 4.
 #ifndef LOCALSGD_SRC_CHECKPOINT_H_
 #define LOCALSGD_SRC_CHECKPOINT_H_
 
@@ -79,7 +81,7 @@ struct JobCheckpoint {
 };
 
 // The file format version this build writes and reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 3;
+inline constexpr uint32_t kCheckpointFormatVersion = 4;
 // The oldest format version this build reads.
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 

@@ -554,6 +554,8 @@ void Job::AddParticipantLocked(const MemberId& id, const MemberInfo& member) {
   p.name = member.name;
   p.weight = static_cast<float>(member.weight);
   p.got.assign(geometry_.num_chunks(), false);
+  p.straggler = settings_.deadline_mode == DeadlineMode::kAdaptive &&
+                member.missed_rounds >= kStragglerMisses;
   open_->participants.emplace(id, std::move(p));
 }
 
@@ -693,7 +695,10 @@ absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
         ++open_->chunk_contributions[index];
         MaybeFinalizeChunkLocked(index, now, deferred);
       }
-      if (++p.received == n) MaybeCloseRoundLocked(now, deferred);
+      if (++p.received == n) {
+        p.completed = now;
+        MaybeCloseRoundLocked(now, deferred);
+      }
       return absl::OkStatus();
     }
     case SyncSession::Role::kAdopt:
@@ -778,7 +783,7 @@ void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
 
 CloseDecision Job::DecideCloseLocked(absl::Time now) const {
   return DecideClose(open_->participants, open_->opened, GatheringLocked(),
-                     close_rules_, now);
+                     close_rules_, now, learned_);
 }
 
 void Job::MaybeCloseRoundLocked(absl::Time now, Deferred& deferred) {
@@ -807,17 +812,32 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
   record.opened = round->opened;
   record.closed = now;
   absl::flat_hash_set<MemberId> refused;
+  const bool adaptive = settings_.deadline_mode == DeadlineMode::kAdaptive;
   for (const auto& [id, p] : round->participants) {
     record.participants.push_back(p.name);
+    auto member = members_.find(id);
     if (p.complete()) {
       record.contributors.push_back(p.name);
       record.contributor_ids.insert(id);
       record.contributor_weight += p.weight;
+      if (adaptive) lags_.Add(p.completed - round->opened);
+      if (member != members_.end()) member->second.missed_rounds = 0;
     } else if (p.gone) {
       record.dropped.push_back(p.name);
       if (p.nonfinite) refused.insert(id);
     } else {
       record.timed_out.push_back(p.name);
+      if (member != members_.end()) ++member->second.missed_rounds;
+    }
+  }
+  if (adaptive) {
+    const LearnedDeadline before = learned_;
+    learned_ = lags_.Learn();
+    if (learned_.learned() && !before.learned()) {
+      LOG(INFO) << "job " << id_ << ": learned its round deadline: "
+                << absl::FormatDuration(learned_.usual) << " (patient "
+                << absl::FormatDuration(learned_.patient) << ") from "
+                << lags_.size() << " contributions";
     }
   }
   if (record.participants.size() >= settings_.rendezvous_members &&
@@ -1239,6 +1259,11 @@ void Job::Stop() {
   RunDeferred(deferred);
 }
 
+LearnedDeadline Job::learned_deadline() {
+  absl::MutexLock lock(&mu_);
+  return learned_;
+}
+
 size_t Job::num_members() {
   absl::MutexLock lock(&mu_);
   return members_.size();
@@ -1271,6 +1296,12 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   for (const RoundRecord& r : recent_) {
     if (s.recent_rounds.size() >= max_rounds) break;
     s.recent_rounds.push_back(r);
+  }
+  if (settings_.deadline_mode == DeadlineMode::kAdaptive) {
+    s.learned_deadline = learned_;
+    for (const MemberInfo& m : s.members) {
+      if (m.missed_rounds >= kStragglerMisses) s.stragglers.push_back(m.name);
+    }
   }
   return s;
 }

@@ -128,6 +128,9 @@ struct MemberInfo {
   absl::Time joined_at;
   absl::Time last_seen;
   RoundId first_round = 1;
+  // Rounds in a row it took part in and timed out of (the adaptive
+  // deadline's persistent stragglers, src/round.h).
+  uint32_t missed_rounds = 0;
   // The credentials the member joined with (JoinRequestParams::principal);
   // later calls naming the member must present the same. Not secret.
   std::string principal;
@@ -169,6 +172,10 @@ struct JobStatusSnapshot {
   // (DecideClose as of the status call).
   CloseDecision open_round_decision;
   std::vector<RoundRecord> recent_rounds;  // most recent first
+  // DeadlineMode::kAdaptive: what was learned, and the members that count
+  // as persistent stragglers (sorted).
+  LearnedDeadline learned_deadline;
+  std::vector<std::string> stragglers;
 };
 
 struct JoinRequestParams {
@@ -370,6 +377,8 @@ class Job : public std::enable_shared_from_this<Job> {
 
   JobStatusSnapshot Status(uint32_t max_rounds) ABSL_LOCKS_EXCLUDED(mu_);
   size_t num_members() ABSL_LOCKS_EXCLUDED(mu_);
+  // DeadlineMode::kAdaptive: what the job has learned (nothing otherwise).
+  LearnedDeadline learned_deadline() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Retires the job if it has had no member for at least `ttl` by `now`
   // (since its last member went, or since it was created or restored if
@@ -591,6 +600,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // regather_until_, as after a restore).
   uint32_t regather_members_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // DeadlineMode::kAdaptive: the contributors' completion lags of recent
+  // rounds, and what they teach (updated at every close).
+  LagHistory lags_ ABSL_GUARDED_BY(mu_);
+  LearnedDeadline learned_ ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -24,12 +24,46 @@ absl::string_view CloseReasonName(CloseReason reason) {
   return "unknown";
 }
 
+void LagHistory::Add(absl::Duration lag) {
+  if (lags_.size() < kMaxLags) {
+    lags_.push_back(lag);
+  } else {
+    lags_[next_] = lag;
+  }
+  next_ = (next_ + 1) % kMaxLags;
+}
+
+LearnedDeadline LagHistory::Learn() const {
+  LearnedDeadline learned;
+  if (lags_.size() < kMinLags) return learned;
+  auto median = [](std::vector<absl::Duration> v) {
+    const size_t mid = v.size() / 2;
+    std::nth_element(v.begin(), v.begin() + mid, v.end());
+    absl::Duration m = v[mid];
+    if (v.size() % 2 == 0) {
+      m = (m + *std::max_element(v.begin(), v.begin() + mid)) / 2;
+    }
+    return m;
+  };
+  const absl::Duration center = median(lags_);
+  std::vector<absl::Duration> deviations;
+  deviations.reserve(lags_.size());
+  for (absl::Duration lag : lags_)
+    deviations.push_back(absl::AbsDuration(lag - center));
+  const absl::Duration mad = std::max(
+      {median(std::move(deviations)), center / 20, absl::Milliseconds(1)});
+  learned.usual = center + 3 * mad;
+  learned.patient = 2 * learned.usual;
+  return learned;
+}
+
 CloseDecision DecideClose(const Participants& participants, absl::Time opened,
                           const Gathering& gathering, const CloseRules& rules,
-                          absl::Time now) {
+                          absl::Time now, const LearnedDeadline& learned) {
   CloseDecision d;
   uint32_t complete = 0;
   bool any_gone = false;
+  bool only_stragglers = true;  // among those it waits for
   for (const auto& [id, p] : participants) {
     if (p.complete()) {
       ++complete;
@@ -37,6 +71,7 @@ CloseDecision DecideClose(const Participants& participants, absl::Time opened,
       any_gone = true;
     } else {
       d.waiting_for.push_back(p.name);
+      only_stragglers = only_stragglers && p.straggler;
     }
   }
   std::sort(d.waiting_for.begin(), d.waiting_for.end());
@@ -49,6 +84,20 @@ CloseDecision DecideClose(const Participants& participants, absl::Time opened,
   if (rules.round_deadline > absl::ZeroDuration()) {
     d.deadline = opened + rules.round_deadline;
     if (now >= d.deadline && complete >= rules.min_quorum) {
+      d.close = true;
+      d.reason = CloseReason::kDeadline;
+      return d;
+    }
+  }
+  bool learned_deadline = false;
+  if (learned.learned() && !gathering_now) {
+    const absl::Time until =
+        opened + (only_stragglers ? learned.usual : learned.patient);
+    if (until < d.deadline) {
+      d.deadline = until;
+      learned_deadline = true;
+    }
+    if (now >= until && complete >= rules.min_quorum) {
       d.close = true;
       d.reason = CloseReason::kDeadline;
       return d;
@@ -77,11 +126,14 @@ CloseDecision DecideClose(const Participants& participants, absl::Time opened,
                                    absl::StrJoin(d.waiting_for, ", "), ")"));
   }
   if (d.deadline != absl::InfiniteFuture()) {
+    const char* which = !learned_deadline ? "deadline"
+                        : only_stragglers ? "learned deadline (stragglers)"
+                                          : "learned deadline";
     reasons.push_back(
         now >= d.deadline
-            ? absl::StrCat("deadline passed with ", complete, " of ",
+            ? absl::StrCat(which, " passed with ", complete, " of ",
                            rules.min_quorum, " complete contributions needed")
-            : absl::StrCat("deadline ",
+            : absl::StrCat(which, " ",
                            absl::FormatTime(d.deadline, absl::UTCTimeZone()),
                            " (needs ", rules.min_quorum, " complete)"));
   }

@@ -33,6 +33,12 @@ struct Participant {
   bool gone = false;
   // Dropped for a non-finite value (NonFinitePolicy::kDrop); also gone.
   bool nonfinite = false;
+  // When its last chunk arrived (complete()).
+  absl::Time completed = absl::InfiniteFuture();
+  // A persistent straggler (JobSettings.adaptive_deadline): it missed its
+  // last kStragglerMisses rounds (timed out); a learned deadline does not
+  // wait long for it.
+  bool straggler = false;
   bool complete() const { return received == got.size(); }
 };
 using Participants = absl::flat_hash_map<MemberId, Participant>;
@@ -69,6 +75,42 @@ struct Gathering {
   }
 };
 
+// The deadline a job of JobSettings.adaptive_deadline learns from its
+// recent rounds (LagHistory). Zero durations: nothing learned yet.
+struct LearnedDeadline {
+  // How long its rounds usually take for the members that contribute: of
+  // the completion lags (a contributor's last chunk since its round
+  // opened) of recent rounds, median + 3 MAD, the MAD at least 5% of the
+  // median and at least 1 ms (one-off jitter does not shrink it to nothing).
+  absl::Duration usual;
+  // How long a round waits for a participant that is not a persistent
+  // straggler: 2 x usual (a one-off delay within it still counts; a member
+  // slower than that misses rounds and becomes a persistent straggler).
+  absl::Duration patient;
+  bool learned() const { return usual > absl::ZeroDuration(); }
+};
+
+// Rounds a member missed (timed out) in a row before it counts as a
+// persistent straggler; contributing once clears it.
+inline constexpr uint32_t kStragglerMisses = 2;
+
+// The recent completion lags of a job's contributors, and what they teach.
+// Not thread-safe (its job serializes calls).
+class LagHistory {
+ public:
+  // Lags kept (the most recent), and the fewest that teach a deadline.
+  static constexpr size_t kMaxLags = 64;
+  static constexpr size_t kMinLags = 6;
+
+  void Add(absl::Duration lag);
+  LearnedDeadline Learn() const;
+  size_t size() const { return lags_.size(); }
+
+ private:
+  std::vector<absl::Duration> lags_;  // a ring of kMaxLags
+  size_t next_ = 0;
+};
+
 // What DecideClose says of an open round.
 struct CloseDecision {
   bool close = false;
@@ -88,10 +130,16 @@ struct CloseDecision {
 //   (kMembersGone)  when not gathering and every participant is complete or
 //                   gone, some gone;
 //   (kDeadline)     when rules.round_deadline has passed since `opened` and
-//                   at least rules.min_quorum participants are complete.
+//                   at least rules.min_quorum participants are complete;
+//                   or, with a `learned` deadline and not gathering, at
+//                   least rules.min_quorum participants are complete and
+//                   learned.usual has passed since `opened` (every
+//                   participant it waits for is a straggler) or
+//                   learned.patient has (otherwise).
 CloseDecision DecideClose(const Participants& participants, absl::Time opened,
                           const Gathering& gathering, const CloseRules& rules,
-                          absl::Time now);
+                          absl::Time now,
+                          const LearnedDeadline& learned = LearnedDeadline());
 
 // The weighted sums of one round, chunk by chunk, in fp32, O(model) memory
 // whatever the number of members. Overflow: the sums are of

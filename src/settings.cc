@@ -72,6 +72,12 @@ const SettingField kSettingFields[] = {
        return absl::StrCat("uses outer momentum ", job.outer_momentum,
                            "; member asks for ", asked.outer_momentum);
      }},
+    {LOCALSGD_SETTING(deadline_mode, DeadlineMode::kUnspecified),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat(
+           "uses deadline mode ", DeadlineModeName(job.deadline_mode),
+           "; member asks for ", DeadlineModeName(asked.deadline_mode));
+     }},
 };
 
 #undef LOCALSGD_SETTING
@@ -121,6 +127,13 @@ absl::Status ValidateSetFields(const JobSettings& s,
         what, "non-finite policy ", static_cast<int>(s.nonfinite_policy),
         " is not supported; use reject or drop"));
   }
+  if (s.deadline_mode != DeadlineMode::kUnspecified &&
+      s.deadline_mode != DeadlineMode::kFixed &&
+      s.deadline_mode != DeadlineMode::kAdaptive) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "deadline mode ", static_cast<int>(s.deadline_mode),
+                     " is not supported; use fixed or adaptive"));
+  }
   if (s.mode != AveragingMode::kUnspecified && s.mode != AveragingMode::kMean &&
       s.mode != AveragingMode::kOuterNesterov &&
       s.mode != AveragingMode::kOuterSgd) {
@@ -147,6 +160,10 @@ absl::Status ValidateComplete(const JobSettings& s,
   if (s.nonfinite_policy == NonFinitePolicy::kUnspecified) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, "non-finite policy must be reject or drop"));
+  }
+  if (s.deadline_mode == DeadlineMode::kUnspecified) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "deadline mode must be fixed or adaptive"));
   }
   if (s.mode == AveragingMode::kUnspecified) {
     return absl::InvalidArgumentError(absl::StrCat(

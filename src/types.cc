@@ -42,6 +42,18 @@ int DTypeSize(DType dtype) {
   return 0;
 }
 
+absl::string_view DeadlineModeName(DeadlineMode mode) {
+  switch (mode) {
+    case DeadlineMode::kFixed:
+      return "fixed";
+    case DeadlineMode::kAdaptive:
+      return "adaptive";
+    case DeadlineMode::kUnspecified:
+      break;
+  }
+  return "unspecified";
+}
+
 absl::string_view NonFinitePolicyName(NonFinitePolicy policy) {
   switch (policy) {
     case NonFinitePolicy::kReject:

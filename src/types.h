@@ -82,6 +82,19 @@ enum class NonFinitePolicy : int {
 };
 absl::string_view NonFinitePolicyName(NonFinitePolicy policy);
 
+// How a job's rounds stop waiting for the slowest; see
+// localsgd.v1.DeadlineMode.
+enum class DeadlineMode : int {
+  kUnspecified = 0,
+  // The coordinator's --round_deadline (or none).
+  kFixed = 1,
+  // Learned from the job's recent rounds (LagHistory, src/round.h); the
+  // fixed deadline, if any, still bounds it.
+  kAdaptive = 2,
+};
+// "fixed", "adaptive"; "unspecified" for kUnspecified.
+absl::string_view DeadlineModeName(DeadlineMode mode);
+
 // Which chunks a coordinator replica owns: chunk i of a layout belongs to
 // replica i mod count. {0, 1}: one coordinator owns every chunk.
 struct ShardSpec {
@@ -108,6 +121,7 @@ struct JobSettings {
   // 0: unset.
   float outer_lr = 0;
   float outer_momentum = 0;
+  DeadlineMode deadline_mode = DeadlineMode::kUnspecified;
 };
 
 // Round number of a job. Round 0 is the seed; averaging rounds start at 1.

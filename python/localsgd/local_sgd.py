@@ -86,6 +86,15 @@ class LocalSGD:
         and train on; the next sync tries again.
     client: a localsgd.Client to use instead of creating one (it must not
         have joined; LocalSGD then does not leave or close it).
+    overlap: train on while a round syncs in the background (the client's
+        start_sync / finish_sync): every local_sgd_steps-th step() starts
+        it and returns at once; the first step() that finds the result in
+        merges it as result + (theta_now - theta_snapshot), keeping the
+        local progress made meanwhile; one still in flight at the next
+        sync point is waited for first; close() merges it, then makes the
+        final sync. Not with a process_group yet (ValueError).
+    deadline_mode: "fixed" or "adaptive" (the job's; "": the
+        coordinator's default).
     """
 
     def __init__(self, model, coordinator=None, job=None, local_sgd_steps=8,
@@ -96,11 +105,17 @@ class LocalSGD:
                  tls_cert="", tls_key="", tls_server_name="", token="",
                  token_file="", process_group=None,
                  keep_training_when_unavailable=True, rpc_timeout=30.0,
-                 sync_timeout=1800.0, max_retry_time=60.0, client=None):
+                 sync_timeout=1800.0, max_retry_time=60.0, client=None,
+                 overlap=False, deadline_mode=""):
         if not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps={local_sgd_steps!r}: must be "
                              "an int >= 1")
+        if overlap and process_group is not None:
+            raise ValueError("overlap=True does not work with a "
+                             "process_group yet")
         self.model = model
+        self.overlap = bool(overlap)
+        self.num_merges = 0
         self.local_sgd_steps = local_sgd_steps
         self.enabled = bool(enabled)
         self.keep_training_when_unavailable = keep_training_when_unavailable
@@ -175,7 +190,8 @@ class LocalSGD:
                         tls_server_name=tls_server_name, token=token,
                         token_file=token_file, rpc_timeout=rpc_timeout,
                         sync_timeout=sync_timeout,
-                        max_retry_time=max_retry_time)
+                        max_retry_time=max_retry_time,
+                        deadline_mode=deadline_mode)
                 self._client = client
                 self._client.join(layout)
                 self._flatten_into(self._host)
@@ -219,7 +235,18 @@ class LocalSGD:
         if self._closed:
             raise _error("FAILED_PRECONDITION", "step() after close()")
         self.num_steps += 1
-        if self.enabled and self.num_steps % self.local_sgd_steps == 0:
+        if not self.enabled:
+            return
+        due = self.num_steps % self.local_sgd_steps == 0
+        if self.overlap:
+            if self._client.sync_in_flight and (due or
+                                                self._client.sync_ready):
+                self._merge()
+            if due:
+                self._flatten_into(self._host)
+                self._client.start_sync(self._host_np)
+            return
+        if due:
             self.sync_now()
 
     def sync_now(self):
@@ -228,6 +255,8 @@ class LocalSGD:
         if not self.enabled or self._closed:
             raise _error("FAILED_PRECONDITION",
                          "sync_now() when disabled or closed")
+        if self.overlap and self._client.sync_in_flight:
+            self._merge()
         start = time.monotonic()
         try:
             if self._group is None:
@@ -280,6 +309,29 @@ class LocalSGD:
         self._leave()
 
     # --- internals -------------------------------------------------------
+    def _merge(self):
+        """Overlap: waits for the background sync and merges its result
+        into the parameters as they are now."""
+        start = time.monotonic()
+        try:
+            self._flatten_into(self._host)
+            try:
+                outcome = self._client.finish_sync(self._host_np)
+            except Error as e:
+                if self.keep_training_when_unavailable and \
+                        e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                    self.num_skipped_syncs += 1
+                    return
+                raise
+            self._write_back(self._host)
+            self.num_syncs += 1
+            self.num_merges += 1
+            self.last_outcome = outcome
+            self.bytes_sent_total += outcome["bytes_sent"]
+            self.bytes_received_total += outcome["bytes_received"]
+        finally:
+            self.sync_seconds_total += time.monotonic() - start
+
     def _client_sync(self):
         """The leader's sync into self._host; the outcome, or None when
         skipped (coordinator unreachable)."""

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/background_sync.h"
 #include "client/client.h"
 #include "glog/logging.h"
 #include "src/layout.h"
@@ -187,9 +188,8 @@ class PyClient {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-      status = client_ != nullptr
-                   ? client_->Initialize(SpanOf(info))
-                   : absl::FailedPreconditionError("the client is closed");
+      status = Idle();
+      if (status.ok()) status = client_->Initialize(SpanOf(info));
     }
     OkOrRaise(status);
   }
@@ -200,10 +200,59 @@ class PyClient {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-      if (client_ != nullptr) {
-        outcome = client_->Sync(SpanOf(info));
+      if (absl::Status s = Idle(); !s.ok()) {
+        outcome = s;
       } else {
+        outcome = client_->Sync(SpanOf(info));
+      }
+    }
+    return OutcomeDict(ValueOrRaise(std::move(outcome)));
+  }
+
+  // Sync that overlaps training (client/background_sync.h).
+  void StartSync(const py::buffer& buffer) {
+    py::buffer_info info = Params(buffer, NumElements(), "start_sync");
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      status = Idle();
+      if (status.ok()) {
+        if (background_ == nullptr) {
+          background_ = std::make_unique<BackgroundSync>(client_.get());
+        }
+        status = background_->Start(SpanOf(info));
+      }
+    }
+    OkOrRaise(status);
+  }
+
+  bool SyncInFlight() {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu_);
+    return background_ != nullptr && background_->in_flight();
+  }
+
+  bool SyncReady() {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu_);
+    return background_ != nullptr && background_->in_flight() &&
+           background_->Ready();
+  }
+
+  py::dict FinishSync(const py::buffer& buffer) {
+    py::buffer_info info = Params(buffer, NumElements(), "finish_sync");
+    absl::StatusOr<SyncOutcome> outcome;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (client_ == nullptr) {
         outcome = absl::FailedPreconditionError("the client is closed");
+      } else if (background_ == nullptr || !background_->in_flight()) {
+        outcome = absl::FailedPreconditionError(
+            "finish_sync: no sync in flight (start_sync first)");
+      } else {
+        outcome = background_->Finish(SpanOf(info));
       }
     }
     return OutcomeDict(ValueOrRaise(std::move(outcome)));
@@ -215,10 +264,10 @@ class PyClient {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-      if (client_ != nullptr) {
-        round = client_->FetchState(SpanOf(info));
+      if (absl::Status s = Idle(); !s.ok()) {
+        round = s;
       } else {
-        round = absl::FailedPreconditionError("the client is closed");
+        round = client_->FetchState(SpanOf(info));
       }
     }
     return ValueOrRaise(std::move(round));
@@ -230,7 +279,10 @@ class PyClient {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-      if (client_ != nullptr) status = client_->Leave();
+      if (client_ != nullptr) {
+        status = Idle();
+        if (status.ok()) status = client_->Leave();
+      }
     }
     OkOrRaise(status);
   }
@@ -276,12 +328,29 @@ class PyClient {
   // GIL (or at finalization).
   void Reset() {
     std::lock_guard<std::mutex> lock(mu_);
+    background_.reset();  // waits for a sync in flight
     client_.reset();
+  }
+  // With mu_ held: OK if the client is open and no background sync is in
+  // flight (the client is then the sync thread's).
+  absl::Status Idle() const {
+    if (client_ == nullptr) {
+      return absl::FailedPreconditionError("the client is closed");
+    }
+    if (background_ != nullptr && background_->in_flight()) {
+      return absl::FailedPreconditionError(
+          "a background sync is in flight (start_sync); finish_sync first");
+    }
+    return absl::OkStatus();
   }
   // With mu_ held. Raises (a C++ exception pybind11 turns into ValueError
   // once the GIL is back) when closed.
   const Client& Checked() const {
     if (client_ == nullptr) throw py::value_error("the client is closed");
+    if (background_ != nullptr && background_->in_flight()) {
+      throw py::value_error(
+          "a background sync is in flight (start_sync); finish_sync first");
+    }
     return *client_;
   }
   // Called with the GIL, before a call: the layout's size, or ValueError.
@@ -296,6 +365,7 @@ class PyClient {
   std::mutex mu_;
   std::unique_ptr<Client> client_;  // null once closed
   bool joined_ = false;
+  std::unique_ptr<BackgroundSync> background_;  // made by the first start_sync
 };
 
 ClientOptions MakeOptions(
@@ -308,7 +378,7 @@ ClientOptions MakeOptions(
     const std::string& tls_cert, const std::string& tls_key,
     const std::string& tls_server_name, const std::string& token,
     const std::string& token_file, double rpc_timeout, double sync_timeout,
-    double max_retry_time) {
+    double max_retry_time, const std::string& deadline_mode) {
   ClientOptions o;
   o.target = target;
   o.job_id = job;
@@ -340,6 +410,12 @@ ClientOptions MakeOptions(
        {"parameters", Contribution::kParameters}});
   o.settings.chunk_elements = chunk_elements;
   o.settings.rendezvous_members = rendezvous;
+  o.settings.deadline_mode =
+      deadline_mode.empty()
+          ? DeadlineMode::kUnspecified
+          : Choose<DeadlineMode>("deadline_mode", deadline_mode,
+                                 {{"fixed", DeadlineMode::kFixed},
+                                  {"adaptive", DeadlineMode::kAdaptive}});
   o.security.tls_ca_file = tls_ca;
   o.security.tls_cert_file = tls_cert;
   o.security.tls_key_file = tls_key;
@@ -402,39 +478,40 @@ array, or tensor.numpy() of a CPU float32 tensor) of the layout's size.
 Every call that talks to the coordinator releases the GIL and may raise
 localsgd.Error (.code: the gRPC status code name, .message).
 )doc")
-      .def(py::init([](const std::string& target, const std::string& job,
-                       const std::string& member_name, double weight,
-                       const std::vector<std::string>& replicas,
-                       uint32_t local_sgd_steps, const std::string& wire_dtype,
-                       const std::string& averaging, double outer_lr,
-                       double outer_momentum, const std::string& contribution,
-                       uint32_t chunk_elements, uint32_t rendezvous,
-                       const std::string& tls_ca, const std::string& tls_cert,
-                       const std::string& tls_key,
-                       const std::string& tls_server_name,
-                       const std::string& token, const std::string& token_file,
-                       double rpc_timeout, double sync_timeout,
-                       double max_retry_time) {
-             return std::make_unique<PyClient>(localsgd::python::MakeOptions(
-                 target, job, member_name, weight, replicas, local_sgd_steps,
-                 wire_dtype, averaging, outer_lr, outer_momentum, contribution,
-                 chunk_elements, rendezvous, tls_ca, tls_cert, tls_key,
-                 tls_server_name, token, token_file, rpc_timeout, sync_timeout,
-                 max_retry_time));
-           }),
-           py::kw_only(), py::arg("target"), py::arg("job"),
-           py::arg("member_name") = "", py::arg("weight") = 1.0,
-           py::arg("replicas") = std::vector<std::string>(),
-           py::arg("local_sgd_steps") = 0, py::arg("wire_dtype") = "",
-           py::arg("averaging") = "", py::arg("outer_lr") = 0.0,
-           py::arg("outer_momentum") = 0.0,
-           py::arg("contribution") = "pseudo_gradients",
-           py::arg("chunk_elements") = 0, py::arg("rendezvous") = 0,
-           py::arg("tls_ca") = "", py::arg("tls_cert") = "",
-           py::arg("tls_key") = "", py::arg("tls_server_name") = "",
-           py::arg("token") = "", py::arg("token_file") = "",
-           py::arg("rpc_timeout") = 30.0, py::arg("sync_timeout") = 1800.0,
-           py::arg("max_retry_time") = 60.0)
+      .def(
+          py::init([](const std::string& target, const std::string& job,
+                      const std::string& member_name, double weight,
+                      const std::vector<std::string>& replicas,
+                      uint32_t local_sgd_steps, const std::string& wire_dtype,
+                      const std::string& averaging, double outer_lr,
+                      double outer_momentum, const std::string& contribution,
+                      uint32_t chunk_elements, uint32_t rendezvous,
+                      const std::string& tls_ca, const std::string& tls_cert,
+                      const std::string& tls_key,
+                      const std::string& tls_server_name,
+                      const std::string& token, const std::string& token_file,
+                      double rpc_timeout, double sync_timeout,
+                      double max_retry_time, const std::string& deadline_mode) {
+            return std::make_unique<PyClient>(localsgd::python::MakeOptions(
+                target, job, member_name, weight, replicas, local_sgd_steps,
+                wire_dtype, averaging, outer_lr, outer_momentum, contribution,
+                chunk_elements, rendezvous, tls_ca, tls_cert, tls_key,
+                tls_server_name, token, token_file, rpc_timeout, sync_timeout,
+                max_retry_time, deadline_mode));
+          }),
+          py::kw_only(), py::arg("target"), py::arg("job"),
+          py::arg("member_name") = "", py::arg("weight") = 1.0,
+          py::arg("replicas") = std::vector<std::string>(),
+          py::arg("local_sgd_steps") = 0, py::arg("wire_dtype") = "",
+          py::arg("averaging") = "", py::arg("outer_lr") = 0.0,
+          py::arg("outer_momentum") = 0.0,
+          py::arg("contribution") = "pseudo_gradients",
+          py::arg("chunk_elements") = 0, py::arg("rendezvous") = 0,
+          py::arg("tls_ca") = "", py::arg("tls_cert") = "",
+          py::arg("tls_key") = "", py::arg("tls_server_name") = "",
+          py::arg("token") = "", py::arg("token_file") = "",
+          py::arg("rpc_timeout") = 30.0, py::arg("sync_timeout") = 1800.0,
+          py::arg("max_retry_time") = 60.0, py::arg("deadline_mode") = "")
       .def("join", &PyClient::Join, py::arg("tensors"),
            "Joins the job with the layout [(name, shape, dtype), ...] "
            "(dtype: float32, bfloat16, float16, float64) and starts "
@@ -447,6 +524,18 @@ localsgd.Error (.code: the gRPC status code name, .message).
            "its result; returns the outcome as a dict (round, contributed, "
            "late, contributors, contributor_weight, bytes_sent, "
            "bytes_received, rejoined).")
+      .def("start_sync", &PyClient::StartSync, py::arg("params"),
+           "Copies params and syncs them with the job's next round on a "
+           "thread of its own; the client takes no other call until "
+           "finish_sync.")
+      .def("finish_sync", &PyClient::FinishSync, py::arg("params"),
+           "Waits for the sync start_sync began and merges its result into "
+           "params as result + (params - snapshot): the local progress "
+           "since start_sync on top of the round's result; returns the "
+           "outcome dict. On an error params are left as they were.")
+      .def_property_readonly("sync_in_flight", &PyClient::SyncInFlight)
+      .def_property_readonly("sync_ready", &PyClient::SyncReady,
+                             "Whether finish_sync would not wait.")
       .def("fetch_state", &PyClient::FetchState, py::arg("params"),
            "Overwrites params with the job's state; returns its round.")
       .def("leave", &PyClient::Leave, "Ends membership. Idempotent.")

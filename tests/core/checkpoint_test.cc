@@ -138,6 +138,7 @@ JobSettings Settings(DType wire = DType::kFloat32, uint32_t rendezvous = 0) {
   s.nonfinite_policy = NonFinitePolicy::kReject;
   s.rendezvous_members = rendezvous;
   s.contribution = Contribution::kParameters;
+  s.deadline_mode = DeadlineMode::kFixed;
   return s;
 }
 
@@ -199,6 +200,7 @@ void ExpectSame(const JobCheckpoint& got, const JobCheckpoint& want) {
   EXPECT_EQ(got.settings.contribution, want.settings.contribution);
   EXPECT_EQ(got.settings.outer_lr, want.settings.outer_lr);
   EXPECT_EQ(got.settings.outer_momentum, want.settings.outer_momentum);
+  EXPECT_EQ(got.settings.deadline_mode, want.settings.deadline_mode);
   EXPECT_EQ(got.state_id, want.state_id);
   EXPECT_EQ(got.shard, want.shard);
   ASSERT_EQ(got.values.size(), want.values.size());
@@ -324,6 +326,9 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
     header.U32(bits);
     header.U64(c.state_id);
   }
+  if (version >= 4) {
+    header.U32(static_cast<uint32_t>(c.settings.deadline_mode));
+  }
   header.U64(3);
   if (version >= 3) {
     header.U64(c.momentum.size());
@@ -363,7 +368,7 @@ JobCheckpoint FormatCheckpoint() {
 
 TEST(CheckpointFormatTest, Encode_MatchesTheDocumentedFormat) {
   const JobCheckpoint c = FormatCheckpoint();
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 3));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 4));
 }
 
 // Version 3: a pseudo-gradient job keeps its state id, its outer
@@ -374,11 +379,27 @@ TEST(CheckpointFormatTest, PseudoGradientJob_KeepsMomentumResidualAndStateId) {
   c.state_id = 0x0123456789abcdefull;
   c.momentum = {0.5f, -0.25f, 1e-30f};
   c.residual = {-1e-3f, 0.0f, 2e-3f};
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 3));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 4));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSame(*back, c);
   c.momentum.pop_back();  // neither 0 nor the values' count
+  EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(c)).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+// Version 4: the deadline mode; version 3 files restore with "fixed" (all
+// there was).
+TEST(CheckpointFormatTest, DeadlineMode_KeptAndVersion3ReadsAsFixed) {
+  JobCheckpoint c = FormatCheckpoint();
+  c.settings.deadline_mode = DeadlineMode::kAdaptive;
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->settings.deadline_mode, DeadlineMode::kAdaptive);
+  back = DecodeCheckpoint(ReferenceFile(c, 3));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->settings.deadline_mode, DeadlineMode::kFixed);
+  c.settings.deadline_mode = static_cast<DeadlineMode>(7);
   EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(c)).status().code(),
             absl::StatusCode::kDataLoss);
 }
@@ -496,10 +517,10 @@ TEST(CheckpointFormatTest, Decode_WrongMagic_SaysBadMagic) {
 
 TEST(CheckpointFormatTest, Decode_OtherVersion_SaysUnsupportedVersion) {
   std::string bad = EncodeCheckpoint(TinyCheckpoint());
-  PatchU32(&bad, 8, 4);
+  PatchU32(&bad, 8, 5);
   absl::Status s = DecodeCheckpoint(bad).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("unsupported format version 4"));
+  EXPECT_THAT(s.message(), HasSubstr("unsupported format version 5"));
 }
 
 // Contents that no Save writes, with intact checksums (EncodeCheckpoint

@@ -177,6 +177,7 @@ TEST_F(CheckpointerTest, CheckpointOverTheLimits_IsSkippedNotFatal) {
                   0,
                   NonFinitePolicy::kReject,
                   Contribution::kParameters};
+  big.settings.deadline_mode = DeadlineMode::kFixed;
   big.round = 3;
   big.values.assign(100, 0.5f);
   ASSERT_TRUE(SaveWhole(*store_, big).ok());

@@ -480,5 +480,93 @@ TEST_F(PseudoGradientTest, Finality_HeldWhileRegathering_FinalAtTheTickAfter) {
   EXPECT_FALSE(ca.fired());
 }
 
+// DeadlineMode::kAdaptive, driven on the fake clock in 50 ms ticks: every
+// round opens with all three Syncs; a member gives its chunks `after` the
+// round opened (never if it is not in `after`). Returns the round's record.
+RoundRecord RunRound(
+    PseudoGradientTest* t, Job& job, FakeClock& clock, uint64_t* anchor,
+    RoundId round,
+    const std::vector<std::pair<MemberId, absl::Duration>>& after) {
+  std::vector<SyncCapture> captures(after.size());
+  std::vector<std::unique_ptr<SyncSession>> sessions;
+  for (size_t i = 0; i < after.size(); ++i) {
+    sessions.push_back(*job.BeginSync(after[i].first, round,
+                                      captures[i].Callback(), {}, *anchor));
+  }
+  const absl::Time opened = clock.Now();
+  std::vector<bool> sent(after.size(), false);
+  const ChunkGeometry& g = job.geometry();
+  for (int tick = 0; tick < 200 && !captures[0].fired(); ++tick) {
+    for (size_t i = 0; i < after.size(); ++i) {
+      if (sent[i] || clock.Now() - opened < after[i].second) continue;
+      sent[i] = true;
+      for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+        EXPECT_TRUE(
+            sessions[i]
+                ->AddChunk(c, testing_util::EncodeChunk(Ramp(0.5f, 0.0f), g, c,
+                                                        DType::kFloat32))
+                .ok());
+      }
+    }
+    job.Tick();
+    if (!captures[0].fired()) clock.Advance(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(captures[0].fired()) << "round " << round << " never closed";
+  if (captures[0].fired()) *anchor = captures[0].result()->state_id;
+  const JobStatusSnapshot status = job.Status(1);
+  return status.recent_rounds.empty() ? RoundRecord() : status.recent_rounds[0];
+}
+
+// A member 3x slower than the others is waited for while the job learns
+// (and once more, patiently), then counts as a persistent straggler: its
+// rounds close at the learned `usual` deadline without it. A member delayed
+// once, within `patient`, still counts; the straggler counts again as soon
+// as it is on time.
+TEST_F(PseudoGradientTest, AdaptiveDeadline_StragglerAdoptsOneOffDelayCounts) {
+  JobSettings settings = DeltaSettings(DType::kFloat32);
+  settings.deadline_mode = DeadlineMode::kAdaptive;
+  MakeJob(settings);
+  const MemberId a = Join("a"), b = Join("b"), c = Join("c");
+  uint64_t anchor = Seed(a, Ramp(0.0f, 1.0f));
+  const absl::Duration on_time = absl::Seconds(1), slow = absl::Seconds(3);
+  auto round = [&](RoundId r, absl::Duration b_after, absl::Duration c_after) {
+    return RunRound(this, *job_, clock_, &anchor, r,
+                    {{a, on_time}, {b, b_after}, {c, c_after}});
+  };
+  using Names = std::vector<std::string>;
+  // Rounds 1, 2: nothing learned yet; everyone is waited for.
+  for (RoundId r = 1; r <= 2; ++r) {
+    const RoundRecord rec = round(r, on_time, slow);
+    EXPECT_EQ(rec.contributors, (Names{"a", "b", "c"})) << "round " << r;
+    EXPECT_EQ(rec.closed - rec.opened, slow);
+  }
+  // Six lags (1, 1, 3, 1, 1, 3 s): usual 1.15 s, patient 2.3 s.
+  const LearnedDeadline learned = job_->learned_deadline();
+  EXPECT_EQ(learned.usual, absl::Milliseconds(1150));
+  EXPECT_EQ(learned.patient, absl::Milliseconds(2300));
+  // Rounds 3, 4: c is not (yet) a straggler: waited for until patient.
+  for (RoundId r = 3; r <= 4; ++r) {
+    const RoundRecord rec = round(r, on_time, slow);
+    EXPECT_EQ(rec.contributors, (Names{"a", "b"})) << "round " << r;
+    EXPECT_EQ(rec.timed_out, Names{"c"});
+    EXPECT_EQ(rec.reason, CloseReason::kDeadline);
+    EXPECT_EQ(rec.closed - rec.opened, absl::Milliseconds(2300));
+  }
+  EXPECT_EQ(job_->Status(0).stragglers, Names{"c"});
+  // Round 5: c is a persistent straggler: the round closes at usual.
+  RoundRecord rec = round(5, on_time, slow);
+  EXPECT_EQ(rec.contributors, (Names{"a", "b"}));
+  EXPECT_EQ(rec.closed - rec.opened, absl::Milliseconds(1150));
+  // Round 6: b is delayed once (2 s, within patient): it still counts.
+  rec = round(6, absl::Seconds(2), slow);
+  EXPECT_EQ(rec.contributors, (Names{"a", "b"}));
+  EXPECT_EQ(rec.closed - rec.opened, absl::Seconds(2));
+  // Round 7: c is on time again: it counts, and is no straggler any more.
+  rec = round(7, on_time, on_time);
+  EXPECT_EQ(rec.contributors, (Names{"a", "b", "c"}));
+  EXPECT_EQ(rec.reason, CloseReason::kComplete);
+  EXPECT_TRUE(job_->Status(0).stragglers.empty());
+}
+
 }  // namespace
 }  // namespace localsgd

@@ -227,6 +227,78 @@ TEST(GatheringTest, Active_ReseedRegatherEndsWhenTheMembersAreBack) {
   EXPECT_FALSE(g.Active(1, kOpened + absl::Seconds(1)));
 }
 
+// The adaptive deadline's statistics: nothing before kMinLags lags; then
+// median + 3 MAD, the MAD floored at 5% of the median; patient twice that;
+// the window keeps the last kMaxLags.
+TEST(LagHistoryTest, Learn_MedianPlusThreeMadWithFloor_AfterSixLags) {
+  LagHistory h;
+  for (int i = 0; i < 5; ++i) h.Add(absl::Seconds(1));
+  EXPECT_FALSE(h.Learn().learned());
+  h.Add(absl::Seconds(3));  // one slow contribution: the median ignores it
+  LearnedDeadline l = h.Learn();
+  ASSERT_TRUE(l.learned());
+  EXPECT_EQ(l.usual, absl::Milliseconds(1150));  // MAD 0 -> floor 50 ms
+  EXPECT_EQ(l.patient, absl::Milliseconds(2300));
+  // Spread: 1.0, 1.2, 1.4, 1.6, 1.8, 2.0 s: median (1.4 + 1.6) / 2 = 1.5,
+  // deviations 0.5 0.3 0.1 0.1 0.3 0.5 -> MAD 0.3: usual 2.4 s.
+  LagHistory spread;
+  for (int i = 0; i < 6; ++i) spread.Add(absl::Milliseconds(1000 + 200 * i));
+  EXPECT_EQ(spread.Learn().usual, absl::Milliseconds(2400));
+  // Old lags leave the window.
+  for (size_t i = 0; i < LagHistory::kMaxLags; ++i) {
+    spread.Add(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(spread.size(), LagHistory::kMaxLags);
+  EXPECT_EQ(spread.Learn().usual, absl::Milliseconds(115));
+}
+
+// With a learned deadline: a round that waits only for persistent
+// stragglers closes at `usual`; one that waits for a member usually on time
+// at `patient`; never without the quorum, nor while gathering.
+TEST(DecideCloseTest, LearnedDeadline_UsualForStragglersPatientOtherwise) {
+  LearnedDeadline learned;
+  learned.usual = absl::Seconds(1);
+  learned.patient = absl::Seconds(2);
+  CloseRules rules;
+  Participant straggler = P("s", 1);
+  straggler.straggler = true;
+  const Participants one_straggler = Of({P("a", 2), straggler});
+  CloseDecision d = DecideClose(one_straggler, kOpened, Gathering(), rules,
+                                kOpened + absl::Milliseconds(999), learned);
+  EXPECT_FALSE(d.close);
+  EXPECT_EQ(d.deadline, kOpened + absl::Seconds(1));
+  EXPECT_THAT(d.why_open, HasSubstr("learned deadline (stragglers)"));
+  d = DecideClose(one_straggler, kOpened, Gathering(), rules,
+                  kOpened + absl::Seconds(1), learned);
+  EXPECT_TRUE(d.close);
+  EXPECT_EQ(d.reason, CloseReason::kDeadline);
+  // b is usually on time: waited for until `patient`.
+  const Participants usual = Of({P("a", 2), P("b", 1), straggler});
+  d = DecideClose(usual, kOpened, Gathering(), rules,
+                  kOpened + absl::Milliseconds(1999), learned);
+  EXPECT_FALSE(d.close);
+  EXPECT_EQ(d.deadline, kOpened + absl::Seconds(2));
+  EXPECT_THAT(d.why_open, HasSubstr("learned deadline"));
+  EXPECT_TRUE(DecideClose(usual, kOpened, Gathering(), rules,
+                          kOpened + absl::Seconds(2), learned)
+                  .close);
+  // No quorum: open however late.
+  rules.min_quorum = 2;
+  EXPECT_FALSE(DecideClose(one_straggler, kOpened, Gathering(), rules,
+                           kOpened + absl::Hours(1), learned)
+                   .close);
+  rules.min_quorum = 1;
+  // Gathering: open.
+  EXPECT_FALSE(DecideClose(one_straggler, kOpened, Rendezvous(3), rules,
+                           kOpened + absl::Hours(1), learned)
+                   .close);
+  // A fixed deadline earlier than the learned one closes first.
+  rules.round_deadline = absl::Milliseconds(500);
+  d = DecideClose(usual, kOpened, Gathering(), rules,
+                  kOpened + absl::Milliseconds(500), learned);
+  EXPECT_TRUE(d.close);
+}
+
 // The accumulator and the mean rule against an independent computation:
 // members i = 0..N-1 with weight i+1 send value i+1 + e/8 for element e; a
 // chunk no one contributed to keeps the previous state.
@@ -364,6 +436,7 @@ JobSettings Complete() {
   s.mode = AveragingMode::kMean;
   s.nonfinite_policy = NonFinitePolicy::kReject;
   s.contribution = Contribution::kParameters;
+  s.deadline_mode = DeadlineMode::kFixed;
   return s;
 }
 

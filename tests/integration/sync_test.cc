@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/background_sync.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
@@ -359,6 +360,62 @@ TEST(LateJoinerTest, FetchState_EqualsWhatTheOthersHold) {
   ASSERT_TRUE(late->Initialize(absl::MakeSpan(mine)).ok());
   EXPECT_EQ(mine, params[0]);
   EXPECT_EQ(late->state_round(), 4u);
+}
+
+// BackgroundSync (overlap): a's round runs while a trains on; its result
+// is merged as the round's result plus a's progress since the snapshot, bit
+// for bit what b holds plus that progress. Over several rounds, with b
+// syncing plainly, both stay consistent with the job's state.
+TEST(BackgroundSyncTest, Finish_IsTheRoundsResultPlusProgressSinceSnapshot) {
+  auto server = StartServer(64);
+  const Layout layout = LayoutOfSizes({200, 57});
+  const size_t n = 257;
+  auto a = MakeClient(server->port(), "overlap", "a");
+  auto b = MakeClient(server->port(), "overlap", "b");
+  std::vector<float> pa(n), pb(n);
+  for (size_t j = 0; j < n; ++j) pa[j] = Value(0, j, 0);
+  ASSERT_TRUE(a->Join(layout).ok());
+  ASSERT_TRUE(a->Initialize(absl::MakeSpan(pa)).ok());
+  ASSERT_TRUE(b->Join(layout).ok());
+  ASSERT_TRUE(b->Initialize(absl::MakeSpan(pb)).ok());
+  BackgroundSync background(a.get());
+  // Refusals that change nothing.
+  EXPECT_EQ(background.Finish(absl::MakeSpan(pa)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::vector<float> wrong(n + 1);
+  EXPECT_EQ(background.Start(wrong).code(), absl::StatusCode::kInvalidArgument);
+  for (int round = 1; round <= 3; ++round) {
+    for (size_t j = 0; j < n; ++j) {
+      pa[j] += Value(0, j, round);
+      pb[j] += Value(1, j, round);
+    }
+    const std::vector<float> snapshot = pa;
+    ASSERT_TRUE(background.Start(pa).ok());
+    EXPECT_EQ(background.Start(pa).code(),
+              absl::StatusCode::kFailedPrecondition);
+    // a trains on while its round runs.
+    for (size_t j = 0; j < n; ++j) pa[j] += 0.125f * static_cast<float>(j % 7);
+    const std::vector<float> progressed = pa;
+    std::vector<float> b_before = pb;
+    absl::StatusOr<SyncOutcome> ob = b->Sync(absl::MakeSpan(pb));
+    ASSERT_TRUE(ob.ok()) << ob.status();
+    absl::StatusOr<SyncOutcome> oa = background.Finish(absl::MakeSpan(pa));
+    ASSERT_TRUE(oa.ok()) << oa.status();
+    EXPECT_TRUE(oa->contributed);
+    EXPECT_EQ(oa->round, static_cast<RoundId>(round));
+    EXPECT_EQ(oa->contributors, 2u);
+    EXPECT_FALSE(background.in_flight());
+    for (size_t j = 0; j < n; ++j) {
+      // b holds the round's result.
+      const float global = pb[j];
+      ASSERT_EQ(pa[j], global + (progressed[j] - snapshot[j])) << j;
+      // The result is the mean of what a contributed (the snapshot, not
+      // its later progress) and what b did (an independent computation).
+      ASSERT_NEAR(global, 0.5 * (double(snapshot[j]) + double(b_before[j])),
+                  1e-5)
+          << j;
+    }
+  }
 }
 
 TEST(LeaveTest, Leave_OpenRoundStopsWaitingForTheLeaver) {

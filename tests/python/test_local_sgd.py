@@ -320,6 +320,82 @@ def test_a_leader_failure_at_start_raises_on_every_rank(tmp_path):
                 p.kill()
 
 
+def test_overlap_merges_the_result_plus_the_progress_since_the_snapshot(
+        coordinator):
+    """overlap=True: the sync runs while training goes on; each merge is the
+    round's result (what a plain member holds) plus the local progress made
+    since the snapshot; on exit the in-flight round is merged and the final
+    sync leaves both members equal."""
+    c = coordinator()
+    ma, mb = W(0.0), W(0.0)
+    la, lb = threads(
+        lambda: LocalSGD(ma, coordinator=c.target, job="ov",
+                         local_sgd_steps=2, member_name="a", overlap=True),
+        lambda: LocalSGD(mb, coordinator=c.target, job="ov",
+                         local_sgd_steps=2, member_name="b"))
+    assert torch.equal(params(ma), params(mb))
+
+    def run_a():
+        with torch.no_grad():
+            ma.w += 1.0
+            la.step()
+            ma.w += 1.0
+            la.step()  # step 2: round 1 starts in the background
+            assert la._client.sync_in_flight
+            snapshot = ma.w.detach().clone()
+            ma.w += 0.5  # trains on while the round runs
+            progress = ma.w.detach().clone() - snapshot
+            # Wait for the result, then the next step merges it.
+            deadline = time.monotonic() + 60
+            while not la._client.sync_ready:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            la.step()
+            assert la.num_merges == 1 and la.num_syncs == 1
+            return snapshot, progress
+
+    def run_b():
+        with torch.no_grad():
+            mb.w += 3.0
+        lb.sync_now()
+        return mb.w.detach().clone()
+    (snapshot, progress), global_ = threads(run_a, run_b)
+    # b holds the round's result: the mean of a's snapshot (2) and b's 3.
+    assert torch.all(global_ == 2.5)
+    assert torch.equal(ma.w.detach(), global_ + progress)
+    threads(la.close, lb.close)
+    assert la.num_merges == 1
+    assert torch.equal(params(ma), params(mb))
+    with pytest.raises(ValueError, match="overlap"):
+        LocalSGD(W(), coordinator=c.target, job="ov2", overlap=True,
+                 process_group=object())
+
+
+def test_start_sync_keeps_the_client_for_itself(coordinator):
+    """While start_sync's round runs, the client takes no other call."""
+    c = coordinator()
+    cl = localsgd.Client(target=c.target, job="ss", member_name="only")
+    cl.join([("w", [N], "float32")])
+    p = np.zeros(N, dtype=np.float32)
+    cl.initialize(p)
+    with pytest.raises(localsgd.Error) as e:
+        cl.finish_sync(p)
+    assert e.value.code == "FAILED_PRECONDITION"
+    p += 2.0
+    cl.start_sync(p)
+    for call in (lambda: cl.sync(p), lambda: cl.start_sync(p),
+                 lambda: cl.fetch_state(p)):
+        with pytest.raises(localsgd.Error) as e:
+            call()
+        assert e.value.code == "FAILED_PRECONDITION"
+        assert "in flight" in e.value.message
+    p += 1.0  # progress since the snapshot
+    out = cl.finish_sync(p)
+    assert out["contributed"] and out["contributors"] == 1
+    assert np.all(p == 3.0)  # the result (2: alone) plus the progress (1)
+    cl.close()
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="local_sgd_steps"):
         LocalSGD(Small(1), coordinator="127.0.0.1:1", job="j",

@@ -1,0 +1,101 @@
+#include "client/background_sync.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace localsgd {
+
+BackgroundSync::BackgroundSync(Client* client) : client_(client) {
+  const size_t n = client_->info().num_elements;
+  buffer_.assign(n, 0.0f);
+  snapshot_.assign(n, 0.0f);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+BackgroundSync::~BackgroundSync() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void BackgroundSync::Loop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](BackgroundSync* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+            return self->work_ || self->stop_;
+          },
+          this));
+      // A sync in flight finishes before the thread stops (the destructor
+      // waits for it).
+      if (!work_) return;
+    }
+    absl::StatusOr<SyncOutcome> outcome =
+        client_->Sync(absl::MakeSpan(buffer_));
+    absl::MutexLock lock(&mu_);
+    work_ = false;
+    result_ = std::move(outcome);
+  }
+}
+
+absl::Status BackgroundSync::Start(absl::Span<const float> params) {
+  if (in_flight_) {
+    return absl::FailedPreconditionError(
+        "BackgroundSync::Start with a sync in flight; Finish it first");
+  }
+  if (params.size() != buffer_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BackgroundSync::Start with ", params.size(),
+                     " parameters; the job has ", buffer_.size()));
+  }
+  std::copy(params.begin(), params.end(), snapshot_.begin());
+  std::copy(params.begin(), params.end(), buffer_.begin());
+  in_flight_ = true;
+  absl::MutexLock lock(&mu_);
+  result_.reset();
+  work_ = true;
+  return absl::OkStatus();
+}
+
+bool BackgroundSync::Ready() const {
+  absl::MutexLock lock(&mu_);
+  return result_.has_value();
+}
+
+absl::StatusOr<SyncOutcome> BackgroundSync::Finish(absl::Span<float> params) {
+  if (!in_flight_) {
+    return absl::FailedPreconditionError(
+        "BackgroundSync::Finish with no sync in flight");
+  }
+  if (params.size() != buffer_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BackgroundSync::Finish with ", params.size(),
+                     " parameters; the job has ", buffer_.size()));
+  }
+  absl::StatusOr<SyncOutcome> outcome;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::optional<absl::StatusOr<SyncOutcome>>* r) {
+          return r->has_value();
+        },
+        &result_));
+    outcome = *std::move(result_);
+    result_.reset();
+  }
+  in_flight_ = false;
+  if (!outcome.ok()) return outcome;
+  // theta_r + (theta_now - theta_snapshot): the local progress since the
+  // snapshot on top of the round's result.
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i] = buffer_[i] + (params[i] - snapshot_[i]);
+  }
+  return outcome;
+}
+
+}  // namespace localsgd
