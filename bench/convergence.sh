@@ -13,6 +13,11 @@
 #   bench/convergence.sh --check    # the ctest: K=8 vs K=1 vs none; fails
 #                                   # unless loss(K=8) <= loss(K=1) + MARGIN
 #                                   # and loss(K=8) < loss(none)
+#   bench/convergence.sh --overlap  # K=$OVERLAP_K with and without the
+#                                   # worker's --overlap, for each seed in
+#                                   # $SEEDS ("1 2 3"): the accuracies side
+#                                   # by side, their means and the gap
+#                                   # (target: within 0.5 points)
 # Environment: BUILD_DIR (build), WORKERS (4), EPOCHS (1), SEED (1),
 #   KS ("1 4 16 64"; --check: "1 8"), MARGIN (0.07 test loss: the gap seen
 #   here is 0.02-0.03 with run-to-run noise up to 0.015, while no averaging
@@ -21,7 +26,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CHECK=0
+OVERLAP=0
 if [[ ${1:-} == --check ]]; then CHECK=1; fi
+if [[ ${1:-} == --overlap ]]; then OVERLAP=1; fi
+SEEDS=${SEEDS:-1 2 3}
+OVERLAP_K=${OVERLAP_K:-16}
 BUILD_DIR=${BUILD_DIR:-build}
 WORKERS=${WORKERS:-4}
 EPOCHS=${EPOCHS:-1}
@@ -106,6 +115,29 @@ $(awk -v us=$((end - start)) 'BEGIN { printf "%.1f", us / 1e6 }') $((bytes / WOR
 }
 
 declare -A ACC LOSS SECS BYTES
+if ((OVERLAP)); then
+  rows=()
+  for SEED in $SEEDS; do
+    run "s$SEED-blocking" --k="$OVERLAP_K"
+    read -r a1 l1 t1 _ <<< "$RESULT"
+    run "s$SEED-overlap" --k="$OVERLAP_K" --overlap
+    read -r a2 l2 t2 _ <<< "$RESULT"
+    rows+=("$SEED $a1 $a2 $l1 $l2 $t1 $t2")
+  done
+  echo "| seed | accuracy, blocking | accuracy, overlap | loss, blocking | loss, overlap | wall s, blocking | wall s, overlap |"
+  echo "|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}" | awk '{
+    printf "| %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7
+    n++; a1 += $2; a2 += $3; l1 += $4; l2 += $5 }
+    END {
+      printf "| mean | %.4f | %.4f | %.4f | %.4f | | |\n", a1 / n, a2 / n, l1 / n, l2 / n
+      gap = (a2 - a1) / n * 100
+      printf "\noverlap - blocking: %+.2f points of test accuracy (target: within 0.5 points): %s\n", gap, (gap >= -0.5 ? "met" : "NOT met")
+    }'
+  echo
+  echo "$WORKERS workers, K=$OVERLAP_K, $EPOCHS epoch(s) over each worker's shard, seeds $SEEDS, $(nproc) cores."
+  exit 0
+fi
 names=()
 for k in $KS; do
   run "k$k" --k="$k"
