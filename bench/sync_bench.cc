@@ -645,7 +645,7 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
     const double mean = rank0.empty() ? 0 : sum / rank0.size();
     std::string counted;
     for (int r = 0; r < std::min(config.world, 64); ++r) {
-      absl::StrAppend(&counted, r == 0 ? "" : " ", shared->counted[r]);
+      absl::StrAppend(&counted, r == 0 ? "" : ",", shared->counted[r]);
     }
     std::fprintf(stderr,
                  "sync_bench: free-running K=%d x %.1f ms%s%s: wall per "
