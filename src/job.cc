@@ -820,7 +820,12 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
       record.contributors.push_back(p.name);
       record.contributor_ids.insert(id);
       record.contributor_weight += p.weight;
-      if (adaptive) lags_.Add(p.completed - round->opened);
+      if (adaptive) {
+        lags_.Add(p.completed - round->opened);
+        VLOG(1) << "job " << id_ << ": round " << round->id << ": " << p.name
+                << " complete after "
+                << absl::FormatDuration(p.completed - round->opened);
+      }
       if (member != members_.end()) member->second.missed_rounds = 0;
     } else if (p.gone) {
       record.dropped.push_back(p.name);

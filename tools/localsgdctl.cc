@@ -165,6 +165,19 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
       out << "still open: " << job.open_round_why() << "\n";
     }
   }
+  if (s.deadline_mode() == v1::DEADLINE_MODE_ADAPTIVE) {
+    out << "\nadaptive deadline: ";
+    if (job.learned_deadline_ms() == 0) {
+      out << "not learned yet";
+    } else {
+      out << "usual " << Millis(job.learned_deadline_ms()) << ", patient "
+          << Millis(job.learned_patient_deadline_ms());
+    }
+    out << "; persistent stragglers ["
+        << (job.stragglers().empty() ? std::string("none")
+                                     : Names(job.stragglers()))
+        << "]\n";
+  }
   out << "\nmembers\n";
   if (job.members().empty()) {
     out << "(none)\n";
@@ -358,6 +371,18 @@ void WatchJob(const v1::JobStatus& job, absl::Time now, int round_rows,
     absl::StrAppend(out, "\n");
   } else {
     absl::StrAppend(out, "  no round open\n");
+  }
+  if (s.deadline_mode() == v1::DEADLINE_MODE_ADAPTIVE) {
+    absl::StrAppend(
+        out, "  adaptive deadline: ",
+        job.learned_deadline_ms() == 0
+            ? std::string("not learned yet")
+            : absl::StrCat(Millis(job.learned_deadline_ms()), " (patient ",
+                           Millis(job.learned_patient_deadline_ms()), ")"),
+        job.stragglers().empty()
+            ? std::string()
+            : absl::StrCat("; stragglers ", Names(job.stragglers())),
+        "\n");
   }
   // Averaging rounds shown (not seeds): their rate, mean and worst time,
   // and who fell out of them.
