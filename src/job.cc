@@ -468,7 +468,8 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
   }
   const bool owner = seed_->owner == member.id;
   const uint64_t waiter_id = next_waiter_id_++;
-  seed_->waiters.emplace(waiter_id, Waiter{member.id, std::move(done), owner});
+  seed_->waiters.emplace(waiter_id,
+                         Waiter{member.id, std::move(done), owner, nullptr});
   return NewSession(
       member.id, 0,
       owner ? SyncSession::Role::kSeed : SyncSession::Role::kAdopt, waiter_id);
