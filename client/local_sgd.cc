@@ -478,11 +478,13 @@ absl::Status LocalSGD::MergeBackgroundSync() {
   } catch (const c10::Error& e) {
     status = FromTorch("LocalSGD: copying parameters to the host", e);
   }
+  // Without the current parameters on the host the result stays in flight
+  // (merging it into stale values would lose the steps since).
+  if (!status.ok()) return status;
   absl::StatusOr<SyncOutcome> outcome = background_->Finish(
       absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
   // The time this process waited for it, and the merge.
   sync_seconds_total_ += SecondsSince(start);
-  if (!status.ok()) return status;
   if (!outcome.ok()) {
     if ((absl::IsUnavailable(outcome.status()) ||
          absl::IsDeadlineExceeded(outcome.status())) &&

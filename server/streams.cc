@@ -392,8 +392,13 @@ std::optional<SyncServerStream::Finish> SyncServerStream::AdvanceLocked() {
   // The result header waits for an early chunk's write in flight.
   if (writing_) return std::nullopt;
   if (!result_->ok()) return FinishLocked(result_->status());
+  // Early chunks went out of wire_: the result's state in the delta form
+  // (the cache may hold another state's by now: it keeps one per job).
   std::shared_ptr<const StateWire> wire =
-      wires_->For(*job_, (*result_)->state, (*result_)->delta);
+      wire_ != nullptr && wire_->state() == (*result_)->state &&
+              (*result_)->delta
+          ? wire_
+          : wires_->For(*job_, (*result_)->state, (*result_)->delta);
   if (wire_ != nullptr && wire != wire_) {
     // Early chunks went out of another state than the result's: a bug of
     // the core; the member must not apply them.

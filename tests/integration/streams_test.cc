@@ -658,6 +658,42 @@ TEST_F(EarlyResultsTest, MemberDiesAfterSomeChunksFinal_SentChunksNeverChange) {
   EXPECT_EQ(status.recent_rounds[0].dropped, std::vector<std::string>{"c"});
 }
 
+// The wire cache keeps one delta form per job: another stream asking for
+// another state's (a straggler's late result, a retry) in the middle of a
+// round must not void the early chunks already sent (review of issue 14).
+TEST_F(EarlyResultsTest, CacheEntryReplacedMidRound_EarlyStreamsStillEndOk) {
+  const std::string a = JoinPg("a");
+  const std::string b = JoinPg("b");
+  Seed(a);
+  auto sa = Open(a, true);
+  auto sb = Open(b, true);
+  const std::vector<float> da = Values(3), db = Values(6);
+  Send(*sa, da, 0);
+  Send(*sb, db, 0);
+  ASSERT_EQ(sa->reader.chunks.size(), 1u);
+  // Another state's delta form takes the cache's slot.
+  absl::StatusOr<std::shared_ptr<const StateSnapshot>> seed =
+      pg()->GetState(MemberId(a));
+  ASSERT_TRUE(seed.ok());
+  auto other = std::make_shared<StateSnapshot>(**seed);
+  other->delta.assign(
+      WireBytes(DType::kFloat32, pg()->geometry().num_elements()), '\0');
+  std::shared_ptr<const StateWire> held = wires_.For(*pg(), other, true);
+  for (uint32_t k = 1; k < pg()->geometry().num_chunks(); ++k) {
+    Send(*sa, da, k);
+    Send(*sb, db, k);
+  }
+  for (auto* s : {sa.get(), sb.get()}) {
+    s->reader.Pump(*s->machine);
+    ASSERT_TRUE(s->reader.finished);
+    EXPECT_TRUE(s->reader.status.ok()) << s->reader.status;
+  }
+  std::vector<float> mean(23);
+  for (size_t i = 0; i < 23; ++i) mean[i] = (da[i] + db[i]) / 2;
+  EXPECT_EQ(Collect(sa->reader).delta, mean);
+  EXPECT_EQ(Collect(sb->reader).delta, mean);
+}
+
 // A stream that comes after chunks were final gets them at once; one that
 // fails after early chunks finishes only once its write is done.
 TEST_F(EarlyResultsTest, LateStreamGetsFinalChunksAndFailureWaitsForWrite) {
