@@ -259,11 +259,6 @@ absl::StatusOr<ClientOptions> MakeOptions(const Config& config,
   } else if (!absl::GetFlag(FLAGS_deadline_mode).empty()) {
     return absl::InvalidArgumentError("--deadline_mode: fixed or adaptive");
   }
-  if (absl::GetFlag(FLAGS_compute_ms) > 0) {
-    // Free-running: the rounds do not start together; no rendezvous
-    // beyond the first.
-    options.settings.rendezvous_members = static_cast<uint32_t>(config.world);
-  }
   return options;
 }
 
@@ -278,8 +273,11 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
 }
 
 // One worker process. Returns only by _exit.
-[[noreturn]] void RunWorker(const Config& config, int rank, Shared* shared,
-                            double* times) {
+// A worker's start: its network namespace (if any), its client joined and
+// initialized with `params` (rank's values of round 0).
+std::unique_ptr<Client> StartWorker(const Config& config, int rank,
+                                    Shared* shared,
+                                    std::vector<float>& params) {
   const std::string who = absl::StrCat("worker ", rank);
   if (!config.worker_netns.empty()) {
     const std::string path =
@@ -297,15 +295,22 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
   if (!options.ok()) Fail(shared, who, options.status().ToString());
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(*options);
   if (!client.ok()) Fail(shared, who, client.status().ToString());
-  const Layout layout = PeerLayout(config.params);
-  if (absl::Status s = (*client)->Join(layout); !s.ok()) {
+  if (absl::Status s = (*client)->Join(PeerLayout(config.params)); !s.ok()) {
     Fail(shared, who, absl::StrCat("Join: ", s.ToString()));
   }
-  std::vector<float> params(static_cast<size_t>(config.params));
+  params.assign(static_cast<size_t>(config.params), 0.0f);
   Fill(params, rank, 0);
   if (absl::Status s = (*client)->Initialize(absl::MakeSpan(params)); !s.ok()) {
     Fail(shared, who, absl::StrCat("Initialize: ", s.ToString()));
   }
+  return *std::move(client);
+}
+
+[[noreturn]] void RunWorker(const Config& config, int rank, Shared* shared,
+                            double* times) {
+  const std::string who = absl::StrCat("worker ", rank);
+  std::vector<float> params;
+  std::unique_ptr<Client> client = StartWorker(config, rank, shared, params);
   const double tolerance = config.wire == DType::kBFloat16 ? 1.0 / 64 : 1e-5;
   const size_t n = params.size();
   const size_t samples[] = {0, 1, n / 3, n / 2, n - 1};
@@ -313,8 +318,7 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
     Fill(params, rank, r + 1);
     Wait(&shared->workers);
     const auto t0 = Clock::now();
-    absl::StatusOr<SyncOutcome> outcome =
-        (*client)->Sync(absl::MakeSpan(params));
+    absl::StatusOr<SyncOutcome> outcome = client->Sync(absl::MakeSpan(params));
     Wait(&shared->workers);
     const auto t1 = Clock::now();
     if (!outcome.ok()) {
@@ -354,8 +358,8 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
   // Stay a member while the late joiner fetches, then leave.
   Wait(&shared->all);
   Wait(&shared->all);
-  (void)(*client)->Leave();
-  client->reset();
+  (void)client->Leave();
+  client.reset();
   _exit(0);
 }
 
@@ -367,30 +371,8 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
 [[noreturn]] void RunComputeWorker(const Config& config, int rank,
                                    Shared* shared, double* times) {
   const std::string who = absl::StrCat("worker ", rank);
-  if (!config.worker_netns.empty()) {
-    const std::string path =
-        absl::StrCat("/var/run/netns/", config.worker_netns, rank);
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-      Fail(shared, who,
-           absl::StrCat("cannot enter network namespace ", path, ": ",
-                        std::strerror(errno)));
-    }
-    close(fd);
-  }
-  absl::StatusOr<ClientOptions> options =
-      MakeOptions(config, absl::StrCat("bench-w", rank, "/", getpid()));
-  if (!options.ok()) Fail(shared, who, options.status().ToString());
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(*options);
-  if (!client.ok()) Fail(shared, who, client.status().ToString());
-  if (absl::Status s = (*client)->Join(PeerLayout(config.params)); !s.ok()) {
-    Fail(shared, who, absl::StrCat("Join: ", s.ToString()));
-  }
-  std::vector<float> params(static_cast<size_t>(config.params));
-  Fill(params, rank, 0);
-  if (absl::Status s = (*client)->Initialize(absl::MakeSpan(params)); !s.ok()) {
-    Fail(shared, who, absl::StrCat("Initialize: ", s.ToString()));
-  }
+  std::vector<float> params;
+  std::unique_ptr<Client> client = StartWorker(config, rank, shared, params);
   const bool overlap = absl::GetFlag(FLAGS_overlap);
   const int k = absl::GetFlag(FLAGS_local_steps);
   const double factor = rank == absl::GetFlag(FLAGS_straggler_rank)
@@ -398,7 +380,7 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
                             : 1.0;
   const auto step = std::chrono::duration<double, std::milli>(
       absl::GetFlag(FLAGS_compute_ms) * factor);
-  BackgroundSync background(client->get());
+  BackgroundSync background(client.get());
   int counted = 0;
   auto count = [&](const absl::StatusOr<SyncOutcome>& outcome) {
     if (!outcome.ok()) {
@@ -430,7 +412,7 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
         Fail(shared, who, s.ToString());
       }
     } else {
-      count((*client)->Sync(absl::MakeSpan(params)));
+      count(client->Sync(absl::MakeSpan(params)));
     }
     const auto now = Clock::now();
     times[r * config.world + rank] =
@@ -441,8 +423,8 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
   if (rank < 64) shared->counted[rank] = counted;
   Wait(&shared->all);
   Wait(&shared->all);
-  (void)(*client)->Leave();
-  client->reset();
+  (void)client->Leave();
+  client.reset();
   _exit(0);
 }
 
