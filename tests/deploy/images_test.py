@@ -47,8 +47,14 @@ parser.add_argument("--source", required=True)
 parser.add_argument("--no_build", action="store_true")
 parser.add_argument("--tag", default="0.1.0")
 ARGS = parser.parse_args()
-PODMAN = ["podman", "--storage-driver", "vfs", "--runtime", "runc",
-          "--cgroup-manager", "cgroupfs"]
+# scripts/images.sh picks the storage driver (--driver prints it); set in
+# main() before any podman call.
+PODMAN = []
+STORAGE_ROOT = "/var/lib/containers/storage"
+# Disk a build from scratch takes in podman's storage, measured with
+# scripts/images.sh on this project's machine (`du -s` of the storage after
+# both images were built into empty storage), with a margin of a quarter.
+BUILD_BYTES = {"overlay": 12e9, "vfs": 40e9}
 ULIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 HARDENING = ["--user", "65532:65532", "--read-only", "--cap-drop", "ALL",
              "--security-opt", "no-new-privileges", "--network", "host"]
@@ -82,6 +88,39 @@ def fail(msg):
     cleanup()
     log(f"files kept in {TMP}")
     sys.exit(1)
+
+
+def du_bytes(path):
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def check_disk(driver):
+    """Skips, saying what and where, when the disk cannot hold a build from
+    scratch: a full disk fails the build ten minutes in with podman's
+    ENOSPC, and takes the rest of the machine's tests with it. What storage
+    already holds counts as cache the build reuses."""
+    parent = STORAGE_ROOT
+    while not os.path.isdir(parent):
+        parent = os.path.dirname(parent)
+    st = os.statvfs(parent)
+    free = st.f_bavail * st.f_frsize
+    held = du_bytes(STORAGE_ROOT) if os.path.isdir(STORAGE_ROOT) else 0
+    need = max(0, BUILD_BYTES[driver] - held)
+    gb = 1e9
+    log(f"disk: {free / gb:.1f} GB free at {parent}, storage holds "
+        f"{held / gb:.1f} GB, a build from scratch takes "
+        f"{BUILD_BYTES[driver] / gb:.1f} GB ({driver} driver)")
+    if free < need:
+        skip(f"{free / gb:.1f} GB free at {parent}, the images need about "
+             f"{need / gb:.1f} GB more in podman's {driver} storage "
+             f"({STORAGE_ROOT})")
 
 
 def podman(*args, check=True, timeout=120):
@@ -251,14 +290,21 @@ def main():
         if shutil.which(tool) is None:
             skip(f"{tool} is not installed (scripts/install-deps.sh)")
     if os.getuid() != 0:
-        skip("needs root (rootful podman with the vfs driver)")
+        skip("needs root (rootful podman)")
+    driver = subprocess.run(
+        ["bash", os.path.join(ARGS.source, "scripts/images.sh"), "--driver"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    PODMAN[:] = ["podman", "--storage-driver", driver, "--runtime", "runc",
+                 "--cgroup-manager", "cgroupfs"]
     if not ARGS.no_build:
+        check_disk(driver)
         start = time.monotonic()
         r = subprocess.run(["bash", os.path.join(ARGS.source,
                                                  "scripts/images.sh")],
                            cwd=ARGS.source, capture_output=True, text=True,
                            timeout=3600)
-        sizes = [x for x in r.stdout.splitlines() if " MB, built in " in x]
+        sizes = [x for x in r.stdout.splitlines()
+                 if " MB, built in " in x or "storage now holds" in x]
         if r.returncode != 0:
             tail = (r.stdout + r.stderr)[-3000:]
             if "cannot" in tail and "runtime" in tail:
