@@ -80,10 +80,33 @@ enum StatusField : int64_t {
   kCode = 1,          // absl::StatusCode when kError
   kRound = 2,         // SyncOutcome.round
   kContributors = 3,  // SyncOutcome.contributors
-  kFlags = 4,         // bit 0: contributed, bit 1: late, bit 2: rejoined
+  kFlags = 4,         // NodeFlag bits
   kStatusSize = 5,
 };
 enum StatusKind : int64_t { kOk = 0, kSkipped = 1, kError = 2 };
+enum NodeFlag : int64_t {
+  kContributed = 1,
+  kLate = 2,
+  kRejoined = 4,
+  kMerged = 8,    // overlap: a background round's result was merged
+  kStarted = 16,  // overlap: the next round started in the background
+};
+
+// What the node's leader tells its group after its part of a sync.
+struct NodeReport {
+  StatusKind kind = kOk;
+  int64_t code = 0;     // absl::StatusCode when kError
+  SyncOutcome outcome;  // round, contributors and flags when kOk
+  bool merged = false;
+  bool started = false;
+};
+
+// Broadcasts the leader's report through `status` (the int64 tensor of
+// kStatusSize on the group's device); what `mine` holds on the other ranks
+// is ignored. Returns the leader's report on every rank.
+absl::StatusOr<NodeReport> ShareReport(c10d::ProcessGroup& group,
+                                       at::Tensor& status, bool leader,
+                                       const NodeReport& mine);
 
 // Runs a collective and waits for it. A failure (a peer died, a timeout) is
 // ABORTED: the group cannot go on in lockstep.
@@ -128,6 +151,49 @@ absl::Status Broadcast(c10d::ProcessGroup& group, at::Tensor& tensor,
     options.rootTensor = 0;
     return group.broadcast(tensors, options);
   });
+}
+
+absl::StatusOr<NodeReport> ShareReport(c10d::ProcessGroup& group,
+                                       at::Tensor& status, bool leader,
+                                       const NodeReport& mine) {
+  try {
+    std::vector<int64_t> fields(kStatusSize, 0);
+    if (leader) {
+      fields[kKind] = mine.kind;
+      fields[kCode] = mine.code;
+      if (mine.kind == kOk) {
+        fields[kRound] = static_cast<int64_t>(mine.outcome.round);
+        fields[kContributors] = mine.outcome.contributors;
+        fields[kFlags] = (mine.outcome.contributed ? kContributed : 0) |
+                         (mine.outcome.late ? kLate : 0) |
+                         (mine.outcome.rejoined ? kRejoined : 0);
+      }
+      fields[kFlags] |=
+          (mine.merged ? kMerged : 0) | (mine.started ? kStarted : 0);
+    }
+    status.copy_(at::tensor(fields, at::kLong));
+  } catch (const c10::Error& e) {
+    return FromTorch("LocalSGD: status", e);
+  }
+  if (absl::Status s = Broadcast(group, status, "status"); !s.ok()) return s;
+  NodeReport report;
+  try {
+    const at::Tensor fields = status.cpu();
+    report.kind = static_cast<StatusKind>(fields[kKind].item<int64_t>());
+    report.code = fields[kCode].item<int64_t>();
+    const int64_t flags = fields[kFlags].item<int64_t>();
+    report.outcome.round = static_cast<RoundId>(fields[kRound].item<int64_t>());
+    report.outcome.contributors =
+        static_cast<uint32_t>(fields[kContributors].item<int64_t>());
+    report.outcome.contributed = (flags & kContributed) != 0;
+    report.outcome.late = (flags & kLate) != 0;
+    report.outcome.rejoined = (flags & kRejoined) != 0;
+    report.merged = (flags & kMerged) != 0;
+    report.started = (flags & kStarted) != 0;
+  } catch (const c10::Error& e) {
+    return FromTorch("LocalSGD: status", e);
+  }
+  return report;
 }
 
 // Error returned on a follower when the leader's step failed with `code`.
@@ -603,53 +669,32 @@ absl::Status LocalSGD::DoSync() {
   }
   // 3. The leader's outcome and the global mean to the whole node.
   if (group != nullptr) {
-    try {
-      std::vector<int64_t> fields(kStatusSize, 0);
-      if (is_leader()) {
-        if (!status.ok()) {
-          fields[kKind] = kError;
-          fields[kCode] = static_cast<int64_t>(status.code());
-        } else if (skipped) {
-          fields[kKind] = kSkipped;
-        } else {
-          fields[kRound] = static_cast<int64_t>(outcome->round);
-          fields[kContributors] = outcome->contributors;
-          fields[kFlags] = (outcome->contributed ? 1 : 0) |
-                           (outcome->late ? 2 : 0) |
-                           (outcome->rejoined ? 4 : 0);
-        }
+    NodeReport mine;
+    if (is_leader()) {
+      if (!status.ok()) {
+        mine.kind = kError;
+        mine.code = static_cast<int64_t>(status.code());
+      } else if (skipped) {
+        mine.kind = kSkipped;
+      } else {
+        mine.outcome = *outcome;
       }
-      params_->status.copy_(at::tensor(fields, at::kLong));
-    } catch (const c10::Error& e) {
-      sync_seconds_total_ += SecondsSince(start);
-      return FromTorch("LocalSGD: status", e);
     }
-    if (absl::Status s = Broadcast(*group, params_->status, "status");
-        !s.ok()) {
+    absl::StatusOr<NodeReport> leader =
+        ShareReport(*group, params_->status, is_leader(), mine);
+    if (!leader.ok()) {
       sync_seconds_total_ += SecondsSince(start);
-      return s;
+      return leader.status();
     }
-    const at::Tensor leader = params_->status.cpu();
-    const int64_t kind = leader[kKind].item<int64_t>();
     if (!is_leader()) {
-      if (kind == kError) {
+      if (leader->kind == kError) {
         sync_seconds_total_ += SecondsSince(start);
-        return LeaderFailed(leader[kCode].item<int64_t>(), "its sync");
+        return LeaderFailed(leader->code, "its sync");
       }
-      skipped = kind == kSkipped;
-      if (kind == kOk) {
-        SyncOutcome o;
-        o.round = static_cast<RoundId>(leader[kRound].item<int64_t>());
-        o.contributors =
-            static_cast<uint32_t>(leader[kContributors].item<int64_t>());
-        const int64_t flags = leader[kFlags].item<int64_t>();
-        o.contributed = (flags & 1) != 0;
-        o.late = (flags & 2) != 0;
-        o.rejoined = (flags & 4) != 0;
-        outcome = o;
-      }
+      skipped = leader->kind == kSkipped;
+      if (leader->kind == kOk) outcome = leader->outcome;
     }
-    if (kind == kOk) {
+    if (leader->kind == kOk) {
       if (absl::Status s = Broadcast(*group, params_->flat, "broadcast");
           !s.ok()) {
         sync_seconds_total_ += SecondsSince(start);
