@@ -219,11 +219,6 @@ absl::Status LocalSGDOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "LocalSGDOptions.local_sgd_steps must be >= 1, got ", local_sgd_steps));
   }
-  if (overlap && node_group.valid()) {
-    return absl::InvalidArgumentError(
-        "LocalSGDOptions.overlap does not work with a node group yet; sync "
-        "the node without overlap, or run one member per process");
-  }
   return absl::OkStatus();
 }
 
@@ -504,9 +499,14 @@ absl::Status LocalSGD::Step() {
   ++steps_;
   if (!options_.enabled) return absl::OkStatus();
   if (options_.overlap) {
+    const bool due = steps_ % options_.local_sgd_steps == 0;
+    // A node merges in lockstep, at sync points only.
+    if (params_->group != nullptr) {
+      return due ? NodeSyncPointOverlapped(/*start_next=*/true)
+                 : absl::OkStatus();
+    }
     // Merge as soon as the result is there; at the next sync point at the
     // latest, before that round starts.
-    const bool due = steps_ % options_.local_sgd_steps == 0;
     if (background_ != nullptr && background_->in_flight() &&
         (due || background_->Ready())) {
       if (absl::Status s = MergeBackgroundSync(); !s.ok()) return s;
@@ -593,9 +593,119 @@ absl::Status LocalSGD::SyncNow() {
     return absl::FailedPreconditionError("LocalSGD::SyncNow() after Close()");
   }
   if (sync_in_flight()) {
-    if (absl::Status s = MergeBackgroundSync(); !s.ok()) return s;
+    if (absl::Status s = MergeInFlight(); !s.ok()) return s;
   }
   return DoSync();
+}
+
+absl::Status LocalSGD::MergeInFlight() {
+  return params_->group != nullptr
+             ? NodeSyncPointOverlapped(/*start_next=*/false)
+             : MergeBackgroundSync();
+}
+
+absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
+  const auto start = std::chrono::steady_clock::now();
+  c10d::ProcessGroup& group = *params_->group;
+  // 1. The node mean, as in DoSync (a failed Flatten still takes part).
+  absl::Status status = Flatten();
+  if (absl::Status s =
+          Allreduce(group, params_->flat, c10d::ReduceOp::SUM, "all-reduce");
+      !s.ok()) {
+    sync_seconds_total_ += SecondsSince(start);
+    return s;
+  }
+  try {
+    params_->flat.div_(static_cast<double>(group.getSize()));
+  } catch (const c10::Error& e) {
+    if (status.ok()) status = FromTorch("LocalSGD: node mean", e);
+  }
+  // 2. The leader merges the round in flight into the node mean (theta_r +
+  // (mean_now - mean_then): the node's progress since its contribution) and
+  // starts the next round from that.
+  NodeReport mine;
+  double round_seconds = 0;
+  if (is_leader()) {
+    const bool staged = !params_->host.is_same(params_->flat);
+    try {
+      if (status.ok() && staged) params_->host.copy_(params_->flat);
+    } catch (const c10::Error& e) {
+      status = FromTorch("LocalSGD: copying parameters to the host", e);
+    }
+    if (status.ok() && background_ != nullptr && background_->in_flight()) {
+      absl::StatusOr<SyncOutcome> outcome = background_->Finish(
+          absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
+      round_seconds = SecondsSince(background_start_);
+      if (outcome.ok()) {
+        mine.merged = true;
+        mine.outcome = *outcome;
+      } else if ((absl::IsUnavailable(outcome.status()) ||
+                  absl::IsDeadlineExceeded(outcome.status())) &&
+                 options_.keep_training_when_unavailable) {
+        LOCALSGD_LOG(WARNING)
+            << "LocalSGD background sync before step " << steps_
+            << " skipped, training on locally: " << outcome.status();
+        mine.kind = kSkipped;
+      } else {
+        status = outcome.status();
+      }
+    }
+    try {
+      if (status.ok() && mine.merged && staged) {
+        params_->flat.copy_(params_->host);
+      }
+    } catch (const c10::Error& e) {
+      status = FromTorch("LocalSGD: copying merged parameters in", e);
+    }
+    if (status.ok() && start_next) {
+      if (background_ == nullptr) {
+        background_ = std::make_unique<BackgroundSync>(client_);
+      }
+      background_start_ = std::chrono::steady_clock::now();
+      status = background_->Start(
+          absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_));
+      mine.started = status.ok();
+    }
+    if (!status.ok()) {
+      mine.kind = kError;
+      mine.code = static_cast<int64_t>(status.code());
+    }
+  }
+  // 3. The leader's report, then (if it merged) the merged parameters, to
+  // every rank. Otherwise every rank already holds the node mean.
+  absl::StatusOr<NodeReport> leader =
+      ShareReport(group, params_->status, is_leader(), mine);
+  if (!leader.ok()) {
+    sync_seconds_total_ += SecondsSince(start);
+    return leader.status();
+  }
+  node_round_in_flight_ = leader->started;
+  if (leader->kind == kError) {
+    sync_seconds_total_ += SecondsSince(start);
+    return is_leader() ? status
+                       : LeaderFailed(leader->code, "its background sync");
+  }
+  if (leader->merged) {
+    if (absl::Status s = Broadcast(group, params_->flat, "broadcast");
+        !s.ok()) {
+      sync_seconds_total_ += SecondsSince(start);
+      return s;
+    }
+  }
+  // Every rank continues from the node's state: merged, or the node mean.
+  status = Unflatten();
+  sync_seconds_total_ += SecondsSince(start);
+  if (!status.ok()) return status;
+  if (leader->kind == kSkipped) {
+    ++num_skipped_syncs_;
+    last_sync_skipped_ = true;
+  } else if (leader->merged) {
+    last_sync_skipped_ = false;
+    ++num_merges_;
+    CountOutcome(is_leader() ? mine.outcome : leader->outcome,
+                 is_leader() ? round_seconds : SecondsSince(start));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LocalSGD::Close() {
@@ -606,7 +716,7 @@ absl::Status LocalSGD::Close() {
   // synced, so that every member ends on the same parameters whatever its
   // step count modulo K. With overlap, the round in flight first.
   if (sync_in_flight()) {
-    if (absl::Status s = MergeBackgroundSync(); !s.ok()) {
+    if (absl::Status s = MergeInFlight(); !s.ok()) {
       return Annotate(s, "LocalSGD::Close(): the background sync failed: ");
     }
   }

@@ -118,11 +118,17 @@ struct LocalSGDOptions {
   // made during the sync; a sync still in flight at the next K-th step is
   // waited for and merged first. Close() merges the one in flight, then
   // makes the final (blocking) sync. One round of delay: the model trains
-  // from its own state while its round runs. Not with a node group yet
-  // (INVALID_ARGUMENT). Default off.
+  // from its own state while its round runs.
+  // With a node group the merge is in lockstep, at sync points only: every
+  // K-th Step() all-reduces the node mean; the leader waits for the round
+  // in flight (started K steps before) and merges it into the node mean,
+  // theta_r + (mean_now - mean_then), starts the next round from that and
+  // broadcasts it; every rank goes on from it (from the node mean when no
+  // round was merged). Same collectives as a blocking sync; the node
+  // behaves as one member of weight = the group's size. Default off.
   bool overlap = false;
 
-  // INVALID_ARGUMENT if local_sgd_steps < 1, or overlap with a node group.
+  // INVALID_ARGUMENT if local_sgd_steps < 1.
   absl::Status Validate() const;
 };
 
@@ -201,6 +207,7 @@ class LocalSGD {
   // Overlap: whether a sync runs in the background now, and how many
   // results were merged (each also counts in num_syncs()).
   bool sync_in_flight() const {
+    if (options_.node_group.valid()) return node_round_in_flight_;
     return background_ != nullptr && background_->in_flight();
   }
   int64_t num_merges() const { return num_merges_; }
@@ -244,6 +251,14 @@ class LocalSGD {
   // for the one in flight and merges it into the parameters.
   absl::Status StartBackgroundSync();
   absl::Status MergeBackgroundSync();
+  // Overlap with a node group: a sync point in lockstep on every rank (the
+  // node mean; the leader merges the round in flight into it and, if
+  // `start_next`, starts the next round from the result; the result to
+  // every rank). See LocalSGDOptions::overlap.
+  absl::Status NodeSyncPointOverlapped(bool start_next);
+  // The round in flight merged (MergeBackgroundSync, or with a node group
+  // NodeSyncPointOverlapped without starting the next).
+  absl::Status MergeInFlight();
   // Counts a finished sync's outcome (DoSync and the merge).
   void CountOutcome(const SyncOutcome& outcome, double seconds);
   // Create's steps 2-4 once the LocalSGD exists (see Create);
@@ -279,6 +294,9 @@ class LocalSGD {
   std::unique_ptr<BackgroundSync> background_;
   std::chrono::steady_clock::time_point background_start_;
   int64_t num_merges_ = 0;
+  // Overlap with a node group: the leader's round in flight, as every rank
+  // of the node knows it (from the leader's report).
+  bool node_round_in_flight_ = false;
 };
 
 }  // namespace localsgd

@@ -153,7 +153,7 @@ ABSL_FLAG(int32_t, node_timeout_seconds, 300,
 ABSL_FLAG(bool, overlap, false,
           "Train on while a round syncs in the background and merge its "
           "result as global + (now - snapshot) (LocalSGDOptions::overlap; "
-          "not with a node group)");
+          "with a node group, at sync points in lockstep)");
 ABSL_FLAG(std::string, deadline_mode, "",
           "How the job's rounds stop waiting for stragglers: fixed or "
           "adaptive (learned); empty: the coordinator's default");

@@ -33,6 +33,11 @@ group must construct, step(), sync_now() and close() in lockstep, exactly as
 the C++ node groups (client/node_group.h). If the leader skips a sync
 (coordinator unreachable and keep_training_when_unavailable), every rank
 keeps its own parameters; if it fails, every rank raises with its code.
+With overlap=True a node merges in lockstep at sync points only: the node
+mean; the leader merges the round in flight into it (result + (mean_now -
+mean_then)) and starts the next round from that; every rank goes on from
+what the leader broadcasts (the node mean when no round was merged), as
+LocalSGDOptions::overlap does in C++.
 
 Parameters on CUDA are copied through one reused pinned host buffer; CPU
 float32 parameters are copied once into the flat buffer and back.
@@ -53,6 +58,8 @@ _CODES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16",
            torch.float16: "float16", torch.float64: "float64"}
 _OK, _SKIPPED, _FAILED = 0, 1, 2
+# The node's status flags (overlap's sync point).
+_MERGED, _STARTED = 1, 2
 
 
 def _error(code, message):
@@ -92,7 +99,8 @@ class LocalSGD:
         merges it as result + (theta_now - theta_snapshot), keeping the
         local progress made meanwhile; one still in flight at the next
         sync point is waited for first; close() merges it, then makes the
-        final sync. Not with a process_group yet (ValueError).
+        final sync. With a process_group the merge is at sync points, in
+        lockstep (see the module's documentation).
     deadline_mode: "fixed" or "adaptive" (the job's; "": the
         coordinator's default).
     """
@@ -110,12 +118,12 @@ class LocalSGD:
         if not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps={local_sgd_steps!r}: must be "
                              "an int >= 1")
-        if overlap and process_group is not None:
-            raise ValueError("overlap=True does not work with a "
-                             "process_group yet")
         self.model = model
         self.overlap = bool(overlap)
         self.num_merges = 0
+        # Overlap with a process_group: the leader's round in flight, as
+        # every rank of the node knows it (from the leader's status).
+        self._node_in_flight = False
         self.local_sgd_steps = local_sgd_steps
         self.enabled = bool(enabled)
         self.keep_training_when_unavailable = keep_training_when_unavailable
@@ -159,7 +167,7 @@ class LocalSGD:
         if self._group is not None:
             self._node = self._host if device.type == "cpu" else \
                 torch.empty(self._numel, dtype=torch.float32, device=device)
-            self._status = torch.zeros(4, dtype=torch.int64, device=device)
+            self._status = torch.zeros(5, dtype=torch.int64, device=device)
             # Every rank agrees on the sizes, and that only rank 0 was given
             # a client, before anything else (so no rank raises alone).
             self._check_group(device, client is not None and self._rank != 0)
@@ -238,6 +246,10 @@ class LocalSGD:
         if not self.enabled:
             return
         due = self.num_steps % self.local_sgd_steps == 0
+        if self.overlap and self._group is not None:
+            if due:
+                self._node_sync_point(start_next=True)
+            return
         if self.overlap:
             if self._client.sync_in_flight and (due or
                                                 self._client.sync_ready):
@@ -255,7 +267,10 @@ class LocalSGD:
         if not self.enabled or self._closed:
             raise _error("FAILED_PRECONDITION",
                          "sync_now() when disabled or closed")
-        if self.overlap and self._client.sync_in_flight:
+        if self.overlap and self._group is not None:
+            if self._node_in_flight:
+                self._node_sync_point(start_next=False)
+        elif self.overlap and self._client.sync_in_flight:
             self._merge()
         start = time.monotonic()
         try:
@@ -324,13 +339,65 @@ class LocalSGD:
                     return
                 raise
             self._write_back(self._host)
-            self.num_syncs += 1
             self.num_merges += 1
-            self.last_outcome = outcome
-            self.bytes_sent_total += outcome["bytes_sent"]
-            self.bytes_received_total += outcome["bytes_received"]
+            self._count(outcome)
         finally:
             self.sync_seconds_total += time.monotonic() - start
+
+    def _node_sync_point(self, start_next):
+        """Overlap with a process_group, in lockstep on every rank: the
+        node mean; the leader merges the round in flight into it and, if
+        start_next, starts the next round from the result; then the
+        leader's status and (if it merged) the merged values to every
+        rank."""
+        start = time.monotonic()
+        try:
+            self._flatten_into(self._node)
+            try:
+                dist.all_reduce(self._node, group=self._group)
+            except RuntimeError as e:
+                raise _error("ABORTED", f"the node's all-reduce failed (a "
+                             f"process of the node died?): {e}") from e
+            self._node.div_(self._size)
+            kind, error, outcome, started = _OK, None, None, False
+            if self._rank == 0:
+                if self._node is not self._host:
+                    self._host.copy_(self._node)
+                try:
+                    if self._client.sync_in_flight:
+                        try:
+                            outcome = self._client.finish_sync(self._host_np)
+                        except Error as e:
+                            if not (self.keep_training_when_unavailable and
+                                    e.code in ("UNAVAILABLE",
+                                               "DEADLINE_EXCEEDED")):
+                                raise
+                            kind = _SKIPPED
+                            self.num_skipped_syncs += 1
+                    if outcome is not None:
+                        self.num_merges += 1
+                        self._count(outcome)
+                        if self._node is not self._host:
+                            self._node.copy_(self._host)
+                    if start_next:
+                        self._client.start_sync(self._host_np)
+                        started = True
+                except Exception as e:  # noqa: B902 - shared, re-raised
+                    kind, error = _FAILED, e
+            flags = (_MERGED if outcome is not None else 0) | \
+                (_STARTED if started else 0)
+            self._share(kind, error, outcome["round"] if outcome else 0,
+                        outcome["contributors"] if outcome else 0,
+                        flags=flags)
+        finally:
+            self.sync_seconds_total += time.monotonic() - start
+
+    def _count(self, outcome):
+        """A successful sync's outcome (the leader's, or a member's own)."""
+        self.num_syncs += 1
+        self.last_outcome = outcome
+        self.bytes_sent_total += outcome["bytes_sent"]
+        self.bytes_received_total += outcome["bytes_received"]
 
     def _client_sync(self):
         """The leader's sync into self._host; the outcome, or None when
@@ -343,26 +410,30 @@ class LocalSGD:
                 self.num_skipped_syncs += 1
                 return None
             raise
-        self.num_syncs += 1
-        self.last_outcome = outcome
-        self.bytes_sent_total += outcome["bytes_sent"]
-        self.bytes_received_total += outcome["bytes_received"]
+        self._count(outcome)
         return outcome
 
-    def _share(self, kind, error, round_, contributors, initial=False):
+    def _share(self, kind, error, round_, contributors, initial=False,
+               flags=None):
         """Rank 0's status to the group; then, if ok, its values; raises
         the leader's error on every rank. `initial`: the state adopted at
-        construction (not a sync)."""
+        construction (not a sync). `flags` (overlap's sync point): the
+        values go out only if the leader merged a round (_MERGED); every
+        rank holds the node mean otherwise, and goes on from it."""
+        overlap = flags is not None
         if self._rank == 0:
             code = getattr(error, "code", "UNKNOWN")
             code = _CODES.index(code) if code in _CODES else 2
             self._status.copy_(torch.tensor([kind, code, round_,
-                                             contributors]))
+                                             contributors, flags or 0]))
         try:
             dist.broadcast(self._status, src=self._leader_global_rank(),
                            group=self._group)
-            kind, code, round_, contributors = self._status.tolist()
-            if kind == _OK:
+            kind, code, round_, contributors, flags = self._status.tolist()
+            merged = bool(flags & _MERGED)
+            if overlap:
+                self._node_in_flight = bool(flags & _STARTED)
+            if (merged if overlap else kind == _OK):
                 dist.broadcast(self._node, src=self._leader_global_rank(),
                                group=self._group)
         except RuntimeError as e:
@@ -374,15 +445,18 @@ class LocalSGD:
             raise _error(_CODES[code] if code < len(_CODES) else "UNKNOWN",
                          "the node's leader (rank 0 of the process group) "
                          "failed to sync with the coordinator")
-        if kind == _OK:
+        synced = merged if overlap else kind == _OK
+        if synced:
             self._round = round_
             if self._rank != 0 and not initial:
                 self.num_syncs += 1
+                self.num_merges += 1 if overlap else 0
                 self.last_outcome = {"round": round_,
                                      "contributors": contributors}
-            self._write_back(self._node)
-        elif self._rank != 0:
+        elif kind == _SKIPPED and self._rank != 0:
             self.num_skipped_syncs += 1
+        if kind == _OK or overlap:
+            self._write_back(self._node)
 
     def _leader_global_rank(self):
         # torch >= 2.0 has dist.get_global_rank; 1.13 the private one.

@@ -278,6 +278,129 @@ void RunGroup(int size, Body body) {
   for (auto& t : threads) t.join();
 }
 
+// Overlap with node groups (LocalSGDOptions::overlap): a node of 2 ranks
+// and a node of 1, K = 1. Step 1 starts round 1 with each node's mean m1
+// and every rank goes on from its node's m1; each rank then "trains" d_g;
+// step 2 merges round 1 into the node mean of now, theta_1 + (m2 - m1),
+// in lockstep, and starts round 2 from that; Close merges round 2 and
+// makes the final sync. Checked against the closed forms in double:
+// theta_1 = mean over all ranks of Value(g); after step 2, node n holds
+// theta_1 + mean of d over n; at the end every rank holds theta_1 + mean
+// of d over all ranks.
+TEST(NodeGroupTest, Overlap_NodesMergeInLockstep_ProgressOfTheNodeKept) {
+  SKIP_WITHOUT_GLOO();
+  const std::vector<int> node_sizes = {2, 1};
+  const int nodes = 2, world = 3;
+  const std::vector<int> first_rank = {0, 2};
+  auto server = StartServer();
+  const std::vector<std::string> store_paths = {TempPath("ov0"),
+                                                TempPath("ov1")};
+  auto d = [](int g, int64_t j) {
+    return 0.05 * (g + 1) * std::cos(0.3 * static_cast<double>(j));
+  };
+  std::vector<std::unique_ptr<Client>> clients(nodes);
+  std::vector<absl::Status> status(world);
+  std::vector<std::vector<float>> after_step1(world), after_step2(world),
+      final_values(world);
+  std::vector<bool> in_flight_after_step2(world, false),
+      in_flight_after_close(world, true);
+  std::vector<int64_t> merges_after_step2(world, -1), merges(world, -1),
+      syncs(world, -1);
+  std::vector<std::thread> threads;
+  for (int n = 0; n < nodes; ++n) {
+    for (int l = 0; l < node_sizes[n]; ++l) {
+      threads.emplace_back([&, n, l] {
+        const int g = first_rank[n] + l;
+        Model model;
+        SetValues(model, 1000 + g);
+        NodeGroup group = MakeGlooGroup(store_paths[n], l, node_sizes[n]);
+        if (l == 0) {
+          clients[n] = MakeLeaderClient(server->port(), "overlap-nodes", n,
+                                        node_sizes[n], nodes);
+        }
+        LocalSGDOptions options;
+        options.local_sgd_steps = 1;
+        options.node_group = group;
+        options.overlap = true;
+        options.keep_training_when_unavailable = false;
+        auto local_sgd = LocalSGD::Create(
+            model, l == 0 ? clients[n].get() : nullptr, options);
+        if (!local_sgd.ok()) {
+          status[g] = local_sgd.status();
+          return;
+        }
+        SetValues(model, g);
+        status[g] = (*local_sgd)->Step();
+        if (!status[g].ok()) return;
+        after_step1[g] = Flat(model);
+        {
+          torch::NoGradGuard no_grad;
+          int64_t j = 0;
+          for (auto& p : model.parameters()) {
+            auto flat = p.view({-1});
+            for (int64_t i = 0; i < p.numel(); ++i, ++j) {
+              flat[i] += static_cast<float>(d(g, j));
+            }
+          }
+        }
+        status[g] = (*local_sgd)->Step();
+        if (!status[g].ok()) return;
+        after_step2[g] = Flat(model);
+        in_flight_after_step2[g] = (*local_sgd)->sync_in_flight();
+        merges_after_step2[g] = (*local_sgd)->num_merges();
+        status[g] = (*local_sgd)->Close();
+        final_values[g] = Flat(model);
+        in_flight_after_close[g] = (*local_sgd)->sync_in_flight();
+        merges[g] = (*local_sgd)->num_merges();
+        syncs[g] = (*local_sgd)->num_syncs();
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  for (int g = 0; g < world; ++g) {
+    ASSERT_TRUE(status[g].ok()) << "rank " << g << ": " << status[g];
+    EXPECT_TRUE(in_flight_after_step2[g]) << "rank " << g;
+    EXPECT_FALSE(in_flight_after_close[g]) << "rank " << g;
+    EXPECT_EQ(merges_after_step2[g], 1) << "rank " << g;
+    EXPECT_EQ(merges[g], 2) << "rank " << g;
+    EXPECT_EQ(syncs[g], 3) << "rank " << g;  // two merges, Close's sync
+  }
+  const size_t num_elements = 13 * 7 + 5;
+  const double tolerance = 1e-5 + 8 * std::ldexp(1.0, -24) * 1024;
+  for (size_t j = 0; j < num_elements; ++j) {
+    const auto jj = static_cast<int64_t>(j);
+    double theta1 = 0, all_d = 0;
+    for (int g = 0; g < world; ++g) {
+      theta1 += Value(g, jj) / world;
+      all_d += d(g, jj) / world;
+    }
+    for (int n = 0; n < nodes; ++n) {
+      double node_mean1 = 0, node_d = 0;
+      for (int l = 0; l < node_sizes[n]; ++l) {
+        node_mean1 += Value(first_rank[n] + l, jj) / node_sizes[n];
+        node_d += d(first_rank[n] + l, jj) / node_sizes[n];
+      }
+      for (int l = 0; l < node_sizes[n]; ++l) {
+        const int g = first_rank[n] + l;
+        // Step 1: the node mean (no round was in flight to merge).
+        ASSERT_NEAR(after_step1[g][j], node_mean1, tolerance)
+            << "rank " << g << " element " << j;
+        // Step 2: round 1's result plus the node's own progress.
+        ASSERT_NEAR(after_step2[g][j], theta1 + node_d, tolerance)
+            << "rank " << g << " element " << j;
+        ASSERT_EQ(after_step2[g][j], after_step2[first_rank[n]][j])
+            << "rank " << g << " element " << j;
+      }
+    }
+    for (int g = 0; g < world; ++g) {
+      ASSERT_NEAR(final_values[g][j], theta1 + all_d, tolerance)
+          << "rank " << g << " element " << j;
+      ASSERT_EQ(final_values[g][j], final_values[0][j])
+          << "rank " << g << " element " << j;
+    }
+  }
+}
+
 TEST(NodeGroupTest, Create_LeaderWeightNotGroupSize_EveryRankInvalidArgument) {
   SKIP_WITHOUT_GLOO();
   auto server = StartServer();

@@ -366,9 +366,87 @@ def test_overlap_merges_the_result_plus_the_progress_since_the_snapshot(
     threads(la.close, lb.close)
     assert la.num_merges == 1
     assert torch.equal(params(ma), params(mb))
-    with pytest.raises(ValueError, match="overlap"):
-        LocalSGD(W(), coordinator=c.target, job="ov2", overlap=True,
-                 process_group=object())
+
+
+OVERLAP_NODE_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from localsgd import LocalSGD
+rank, store, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://{store}", rank=rank,
+                        world_size=2)
+class W(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(%d))
+model = W()
+ls = LocalSGD(model, coordinator=target if rank == 0 else None, job="ovnode",
+              local_sgd_steps=1, member_name="node0", overlap=True,
+              process_group=dist.group.WORLD)
+def report(what):
+    w = model.w.detach()
+    print(what, ls.num_merges, ls._node_in_flight, w[0].item(),
+          bool(torch.all(w == w[0])), flush=True)
+with torch.no_grad():
+    model.w.fill_([3.0, 5.0][rank])
+ls.step()  # the node mean; round 1 starts with it in the background
+report("step")
+with torch.no_grad():
+    model.w += [1.0, 3.0][rank]  # trains on while round 1 runs
+sys.stdin.readline()
+ls.step()  # merges round 1 into the node mean of now; starts round 2
+report("step")
+ls.close()  # merges round 2, then the final sync
+report("done")
+""" % N
+
+
+def test_overlap_node_group_merges_in_lockstep(coordinator, cpp_member,
+                                               tmp_path):
+    # A node of 2 Python processes with overlap=True and one C++ member
+    # syncing normally; the state starts at 1 (everywhere). Step 1: node
+    # mean 4 starts round 1; with the C++ member's 7 it closes at
+    # 1 + (2*3 + 6) / 3 = 5. The ranks train on by 1 and 3 (node mean 6);
+    # step 2 merges: 5 + (6 - 4) = 7 on both ranks, and starts round 2 from
+    # it; with the C++ member's 8: 5 + (2*2 + 3) / 3.
+    c = coordinator()
+    cpp = cpp_member(c, "ovnode", "cpp", weight=1.0,
+                     extra=["--local_sgd_steps=1"])
+    cpp.do("join")
+    cpp.do("init 1")
+    script = tmp_path / "overlap_node.py"
+    script.write_text(OVERLAP_NODE_SCRIPT)
+    store = f"127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), store,
+                               c.target], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env=os.environ) for r in range(2)]
+    try:
+        for p in procs:  # before round 1 closed: nothing merged yet
+            assert p.stdout.readline().split() == \
+                ["step", "0", "True", "4.0", "True"]
+        reply = cpp.do("sync 7")
+        assert reply["round"] == "1" and reply["contributors"] == "2", reply
+        for p in procs:
+            p.stdin.write("\n")
+            p.stdin.flush()
+        for p in procs:
+            assert p.stdout.readline().split() == \
+                ["step", "1", "True", "7.0", "True"]
+        reply = cpp.do("sync 8")
+        assert reply["round"] == "2" and reply["contributors"] == "2", reply
+        theta2 = float(reply["value"])
+        assert abs(theta2 - (5 + 7 / 3)) < 1e-5
+        cpp.send("sync 8")  # the node's close(): its final sync, round 3
+        for p in procs:
+            line = p.stdout.readline().split()
+            assert line[:3] == ["done", "2", "False"] and line[4] == "True", \
+                line
+            assert p.wait(timeout=60) == 0
+        assert "round=3 " in cpp.reply()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
 
 
 def test_start_sync_keeps_the_client_for_itself(coordinator):
