@@ -12,6 +12,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -230,12 +231,16 @@ class PyClient {
   bool SyncInFlight() {
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(mu_);
+    if (finishing_) return true;
     return background_ != nullptr && background_->in_flight();
   }
 
   bool SyncReady() {
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(mu_);
+    // Ready() takes the BackgroundSync's own lock: safe while another
+    // thread waits in Finish.
+    if (finishing_) return background_->Ready();
     return background_ != nullptr && background_->in_flight() &&
            background_->Ready();
   }
@@ -245,14 +250,30 @@ class PyClient {
     absl::StatusOr<SyncOutcome> outcome;
     {
       py::gil_scoped_release release;
-      std::lock_guard<std::mutex> lock(mu_);
-      if (client_ == nullptr) {
-        outcome = absl::FailedPreconditionError("the client is closed");
-      } else if (background_ == nullptr || !background_->in_flight()) {
-        outcome = absl::FailedPreconditionError(
-            "finish_sync: no sync in flight (start_sync first)");
-      } else {
-        outcome = background_->Finish(SpanOf(info));
+      BackgroundSync* background = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (client_ == nullptr) {
+          outcome = absl::FailedPreconditionError("the client is closed");
+        } else if (finishing_) {
+          outcome = absl::FailedPreconditionError(
+              "finish_sync: another thread is already finishing this sync");
+        } else if (background_ == nullptr || !background_->in_flight()) {
+          outcome = absl::FailedPreconditionError(
+              "finish_sync: no sync in flight (start_sync first)");
+        } else {
+          finishing_ = true;
+          background = background_.get();
+        }
+      }
+      if (background != nullptr) {
+        // The wait (up to a round) runs without mu_, so that sync_ready
+        // and sync_in_flight answer from other threads meanwhile; every
+        // other call is refused while finishing_, and close() waits.
+        outcome = background->Finish(SpanOf(info));
+        std::lock_guard<std::mutex> lock(mu_);
+        finishing_ = false;
+        finished_.notify_all();
       }
     }
     return OutcomeDict(ValueOrRaise(std::move(outcome)));
@@ -327,7 +348,8 @@ class PyClient {
   // Leaves (best effort) and joins the heartbeat thread; call without the
   // GIL (or at finalization).
   void Reset() {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    finished_.wait(lock, [this] { return !finishing_; });
     background_.reset();  // waits for a sync in flight
     client_.reset();
   }
@@ -337,7 +359,7 @@ class PyClient {
     if (client_ == nullptr) {
       return absl::FailedPreconditionError("the client is closed");
     }
-    if (background_ != nullptr && background_->in_flight()) {
+    if (finishing_ || (background_ != nullptr && background_->in_flight())) {
       return absl::FailedPreconditionError(
           "a background sync is in flight (start_sync); finish_sync first");
     }
@@ -347,7 +369,7 @@ class PyClient {
   // once the GIL is back) when closed.
   const Client& Checked() const {
     if (client_ == nullptr) throw py::value_error("the client is closed");
-    if (background_ != nullptr && background_->in_flight()) {
+    if (finishing_ || (background_ != nullptr && background_->in_flight())) {
       throw py::value_error(
           "a background sync is in flight (start_sync); finish_sync first");
     }
@@ -366,6 +388,10 @@ class PyClient {
   std::unique_ptr<Client> client_;  // null once closed
   bool joined_ = false;
   std::unique_ptr<BackgroundSync> background_;  // made by the first start_sync
+  // A finish_sync waits for its result without mu_ (see FinishSync);
+  // close() waits for it on finished_.
+  bool finishing_ = false;
+  std::condition_variable finished_;
 };
 
 ClientOptions MakeOptions(

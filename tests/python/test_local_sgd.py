@@ -474,6 +474,48 @@ def test_start_sync_keeps_the_client_for_itself(coordinator):
     cl.close()
 
 
+def test_finish_sync_waits_without_holding_the_client(coordinator):
+    """finish_sync waits for its round without holding the client: a second
+    finish_sync from another thread is refused at once (before, it waited
+    for the round: here forever, as the round waits for b, which syncs only
+    after the refusal), and sync_in_flight / sync_ready answer meanwhile."""
+    c = coordinator()
+    a = localsgd.Client(target=c.target, job="fw", member_name="a")
+    b = localsgd.Client(target=c.target, job="fw", member_name="b")
+    for cl in (a, b):
+        cl.join([("w", [N], "float32")])
+    pa, pb = np.zeros(N, dtype=np.float32), np.zeros(N, dtype=np.float32)
+    a.initialize(pa)
+    b.initialize(pb)
+    pa += 2.0
+    a.start_sync(pa)
+    refused = threading.Event()
+    errors = []
+
+    def finish():
+        try:
+            return a.finish_sync(pa)
+        except localsgd.Error as e:
+            errors.append(e)
+            refused.set()
+            return None
+
+    def poll_then_b():
+        assert refused.wait(30), "the second finish_sync was not refused"
+        assert a.sync_in_flight and not a.sync_ready
+        np.add(pb, 4.0, out=pb)
+        return b.sync(pb)
+    out = threads(finish, finish, poll_then_b, timeout=60)
+    assert len(errors) == 1 and errors[0].code == "FAILED_PRECONDITION"
+    assert "already finishing" in errors[0].message
+    out_a = out[0] or out[1]
+    assert out_a["round"] == out[2]["round"] == 1
+    assert np.all(pa == 3.0) and np.all(pb == 3.0)  # mean of 2 and 4
+    assert not a.sync_in_flight
+    a.close()
+    b.close()
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="local_sgd_steps"):
         LocalSGD(Small(1), coordinator="127.0.0.1:1", job="j",
