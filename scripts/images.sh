@@ -99,4 +99,4 @@ for target in "${targets[@]}"; do
   size=$("${PODMAN[@]}" image inspect --format '{{.Size}}' "localsgd/$target:$IMAGE_TAG")
   log "localsgd/$target:$IMAGE_TAG: $((size / 1000000)) MB, built in $((SECONDS - start)) s"
 done
-log "podman storage now holds $(du -sh "$STORAGE_ROOT" 2>/dev/null | cut -f1)"
+log "podman storage now holds $(du -shx "$STORAGE_ROOT" 2>/dev/null | cut -f1)"
