@@ -727,6 +727,10 @@ void Job::DropNonFinite(SyncSession& session, uint32_t index, int64_t bad) {
         it->second.gone = true;
         it->second.nonfinite = true;
         MaybeCloseRoundLocked(now, deferred);
+        // Chunks only it had not given are final now.
+        if (open_ != nullptr && open_->id == session.round_) {
+          FinalizeGivenChunksLocked(now, deferred);
+        }
       }
     }
   }
@@ -777,7 +781,12 @@ void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
     auto p = open_->participants.find(member);
     if (p != open_->participants.end() && !p->second.complete()) {
       p->second.gone = true;
+      const RoundId round = open_->id;
       MaybeCloseRoundLocked(clock_->Now(), deferred);
+      // Chunks only it had not given are final now.
+      if (open_ != nullptr && open_->id == round) {
+        FinalizeGivenChunksLocked(clock_->Now(), deferred);
+      }
     }
   }
 }
@@ -918,13 +927,22 @@ void Job::FinalizeChunkLocked(OpenRound& round, uint32_t c) {
   ++round.num_final;
 }
 
+bool Job::ChunkGivenLocked(const OpenRound& round, uint32_t c) const {
+  if (round.chunk_contributions[c] >= round.participants.size()) return true;
+  // A participant that is gone (left, lost its lease, dropped for a
+  // non-finite value) gives nothing more: the chunk is the mean of those
+  // that gave it, as at the close.
+  if (round.chunk_contributions[c] == 0) return false;
+  for (const auto& [id, p] : round.participants) {
+    if (!p.gone && !p.got[c]) return false;
+  }
+  return true;
+}
+
 void Job::MaybeFinalizeChunkLocked(uint32_t c, absl::Time now,
                                    Deferred& deferred) {
   OpenRound& round = *open_;
-  if (round.final[c] ||
-      round.chunk_contributions[c] < round.participants.size()) {
-    return;
-  }
+  if (round.final[c] || !ChunkGivenLocked(round, c)) return;
   // While the round gathers, a member that joins becomes a participant and
   // may still give this chunk.
   if (GatheringLocked().Active(round.participants.size(), now)) {
@@ -936,16 +954,21 @@ void Job::MaybeFinalizeChunkLocked(uint32_t c, absl::Time now,
 }
 
 void Job::FinalizeHeldChunksLocked(absl::Time now, Deferred& deferred) {
-  if (open_ == nullptr || !open_->held ||
-      GatheringLocked().Active(open_->participants.size(), now)) {
+  if (open_ == nullptr || !open_->held) return;
+  FinalizeGivenChunksLocked(now, deferred);
+}
+
+void Job::FinalizeGivenChunksLocked(absl::Time now, Deferred& deferred) {
+  if (open_ == nullptr || open_->next == nullptr) return;
+  if (GatheringLocked().Active(open_->participants.size(), now)) {
+    open_->held = true;
     return;
   }
   OpenRound& round = *open_;
   round.held = false;
   std::vector<uint32_t> indices;
   for (uint32_t c = 0; c < round.final.size(); ++c) {
-    if (!round.final[c] &&
-        round.chunk_contributions[c] >= round.participants.size()) {
+    if (!round.final[c] && ChunkGivenLocked(round, c)) {
       FinalizeChunkLocked(round, c);
       indices.push_back(c);
     }

@@ -525,8 +525,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // round's result computed into it from its sums (the rule's step,
   // encoded with error feedback, the new values in place of the sums);
   // chunk `c` finalized and told to the waiters if it is final (every
-  // participant gave it, no gathering); every chunk that is final after a
-  // gathering ended.
+  // participant not gone gave it, no gathering); every chunk that is final
+  // after a gathering ended.
   std::shared_ptr<StateSnapshot> NewNextStateLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinalizeChunkLocked(OpenRound& round, uint32_t c)
@@ -534,6 +534,13 @@ class Job : public std::enable_shared_from_this<Job> {
   void MaybeFinalizeChunkLocked(uint32_t c, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinalizeHeldChunksLocked(absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every participant that is not gone gave chunk `c` (and someone
+  // did); every such chunk finalized, or held while the round gathers (a
+  // participant went away).
+  bool ChunkGivenLocked(const OpenRound& round, uint32_t c) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinalizeGivenChunksLocked(absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the open round's waiters that asked that `indices` are final.
   void TellFinalLocked(const std::vector<uint32_t>& indices, Deferred& deferred)

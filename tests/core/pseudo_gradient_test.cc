@@ -408,6 +408,56 @@ TEST_F(PseudoGradientTest, Finality_ChunkFinalWhenEveryParticipantGaveIt) {
   EXPECT_EQ(ca.result()->contributors, 2u);
 }
 
+// A participant that goes away gives nothing more: a chunk every other
+// participant gave is final at once (told while the round is still open),
+// and one the others give later is final when they do, not only at the
+// close. Members pacing their upload on the results (ClientOptions::
+// max_lead_chunks) would otherwise wait for a close that waits for them.
+TEST_F(PseudoGradientTest, Finality_ParticipantGone_ChunksTheOthersGaveFinal) {
+  MakeJob(DeltaSettings(DType::kFloat32));
+  const MemberId a = Join("a"), b = Join("b"), c = Join("c");
+  const uint64_t anchor = Seed(a, Ramp(0.0f, 1.0f));
+  FinalLog fa;
+  SyncCapture ca, cb, cc;
+  auto sa = *job_->BeginSync(a, 1, ca.Callback(), {}, anchor, fa.Callback());
+  auto sb = *job_->BeginSync(b, 1, cb.Callback(), {}, anchor);
+  auto sc = *job_->BeginSync(c, 1, cc.Callback(), {}, anchor);
+  const ChunkGeometry& g = job_->geometry();
+  ASSERT_EQ(g.num_chunks(), 3u);
+  const std::vector<float> da(g.num_elements(), 1.0f),
+      db(g.num_elements(), 2.0f), dc(g.num_elements(), 6.0f);
+  auto add = [&](SyncSession& s, const std::vector<float>& d, uint32_t k) {
+    ASSERT_TRUE(
+        s.AddChunk(k, testing_util::EncodeChunk(d, g, k, DType::kFloat32))
+            .ok());
+  };
+  for (uint32_t k : {0u, 2u}) {
+    add(*sa, da, k);
+    add(*sb, db, k);
+  }
+  add(*sc, dc, 0);
+  EXPECT_EQ(fa.told, std::vector<uint32_t>{0});
+  ASSERT_TRUE(job_->Leave(c).ok());
+  EXPECT_EQ(fa.told, (std::vector<uint32_t>{0, 2}));
+  EXPECT_FALSE(ca.fired());
+  add(*sa, da, 1);
+  EXPECT_EQ(fa.told, (std::vector<uint32_t>{0, 2}));
+  add(*sb, db, 1);
+  ASSERT_TRUE(ca.fired());
+  ASSERT_TRUE(ca.result().ok());
+  EXPECT_EQ(ca.result()->contributors, 2u);
+  // Chunk 0: the mean of three deltas, 3; chunks 1 and 2: of two, 1.5.
+  auto state = job_->GetState(a);
+  ASSERT_TRUE(state.ok());
+  const std::vector<float> seed = Ramp(0.0f, 1.0f);
+  for (uint32_t k = 0; k < g.num_chunks(); ++k) {
+    for (uint64_t i = g.Offset(k); i < g.Offset(k) + g.Size(k); ++i) {
+      ASSERT_EQ((*state)->values[i], seed[i] + (k == 0 ? 3.0f : 1.5f))
+          << "element " << i;
+    }
+  }
+}
+
 // While the round gathers members (a rendezvous), no chunk is final: a
 // member that joins may still give it. Once the last one joins, its chunks
 // make them final one by one.
