@@ -87,11 +87,12 @@ ABSL_FLAG(bool, keep_freed_memory, true,
           "reuse instead of returning it to the kernel (glibc mallopt; "
           "src/malloc_tuning.h): no page fault per 4 KiB moved. Peak memory "
           "is the same; memory freed after a peak is kept.");
-ABSL_FLAG(int32_t, stream_window_bytes, 4 << 20,
-          "HTTP/2 flow-control window per stream, fixed, in bytes: bounds "
-          "the memory each worker's stream may hold in the coordinator. 0: "
-          "gRPC's default window, grown by bandwidth probing (more memory "
-          "per worker).");
+ABSL_FLAG(int32_t, stream_window_bytes, 0,
+          "HTTP/2 flow-control window per stream. 0: gRPC's window, grown by "
+          "bandwidth probing (rounds over 1 Gbit/s links 10-15% faster than "
+          "with a fixed window; on loopback ~100 MiB more per worker at 25M "
+          "fp32). > 0: fixed at this many bytes, which bounds the memory "
+          "each worker's stream may hold in the coordinator.");
 ABSL_FLAG(std::string, deadline_mode, "fixed",
           "Default for new jobs of how rounds stop waiting for their slowest "
           "participants: fixed (--round_deadline, if any) or adaptive "
