@@ -20,7 +20,8 @@
 # Environment (defaults in brackets): BUILD_DIR [<repo>/build-bench], WORLD
 #   [4], MILLIONS [25], K [16], STEP_MS [50], ROUNDS [12], FACTOR [3],
 #   DELAY_MS [300], OV_STEP_MS [100], OV_ROUNDS [6], SHARDS [4], RATE
-#   [1gbit], NETNS [1], RUN_TIMEOUT [600].
+#   [1gbit], NETNS [1], RUN_TIMEOUT [600], COORD_FLAGS [] (more flags of the
+#   loopback runs' coordinator).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +40,7 @@ SHARDS=${SHARDS:-4}
 RATE=${RATE:-1gbit}
 NETNS=${NETNS:-1}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
+COORD_FLAGS=${COORD_FLAGS:-}
 
 log() { echo "[overlap_stragglers] $*" >&2; }
 die() { echo "[overlap_stragglers] error: $*" >&2; exit 1; }
@@ -67,7 +69,7 @@ straggler_run() {
   local label=$1
   shift
   rm -f "$tmp/port"
-  "$COORDINATOR" --listen=127.0.0.1:0 --port_file="$tmp/port" \
+  "$COORDINATOR" --listen=127.0.0.1:0 --port_file="$tmp/port" $COORD_FLAGS \
     > "$tmp/coordinator.log" 2>&1 &
   coordinator_pid=$!
   for _ in $(seq 100); do [[ -s $tmp/port ]] && break; sleep 0.1; done
