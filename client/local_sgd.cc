@@ -664,8 +664,11 @@ absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
       background_start_ = std::chrono::steady_clock::now();
       status = background_->Start(
           absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_));
-      mine.started = status.ok();
     }
+    // What is in flight now, whatever failed: a round this sync point could
+    // not finish (an error before Finish) is still the sync thread's, and
+    // every rank must know it (sync_in_flight, Close) to merge it later.
+    mine.started = background_ != nullptr && background_->in_flight();
     if (!status.ok()) {
       mine.kind = kError;
       mine.code = static_cast<int64_t>(status.code());
@@ -692,8 +695,10 @@ absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
       return s;
     }
   }
-  // Every rank continues from the node's state: merged, or the node mean.
-  status = Unflatten();
+  // Every rank continues from the node's state: merged, or the node mean;
+  // a rank whose own part failed (Flatten, the mean) keeps its parameters
+  // and returns its error.
+  if (status.ok()) status = Unflatten();
   sync_seconds_total_ += SecondsSince(start);
   if (!status.ok()) return status;
   if (leader->kind == kSkipped) {

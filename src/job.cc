@@ -726,6 +726,7 @@ void Job::DropNonFinite(SyncSession& session, uint32_t index, int64_t bad) {
         // chunks count, and the rest of its stream is ignored.
         it->second.gone = true;
         it->second.nonfinite = true;
+        ++open_->num_gone;
         MaybeCloseRoundLocked(now, deferred);
         // Chunks only it had not given are final now.
         if (open_ != nullptr && open_->id == session.round_) {
@@ -780,6 +781,7 @@ void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
   if (open_ != nullptr) {
     auto p = open_->participants.find(member);
     if (p != open_->participants.end() && !p->second.complete()) {
+      if (!p->second.gone) ++open_->num_gone;
       p->second.gone = true;
       const RoundId round = open_->id;
       MaybeCloseRoundLocked(clock_->Now(), deferred);
@@ -932,7 +934,7 @@ bool Job::ChunkGivenLocked(const OpenRound& round, uint32_t c) const {
   // A participant that is gone (left, lost its lease, dropped for a
   // non-finite value) gives nothing more: the chunk is the mean of those
   // that gave it, as at the close.
-  if (round.chunk_contributions[c] == 0) return false;
+  if (round.num_gone == 0 || round.chunk_contributions[c] == 0) return false;
   for (const auto& [id, p] : round.participants) {
     if (!p.gone && !p.got[c]) return false;
   }

@@ -413,6 +413,8 @@ class Job : public std::enable_shared_from_this<Job> {
     std::vector<uint32_t> chunk_contributions;
     std::vector<bool> final;
     uint32_t num_final = 0;
+    // Participants marked gone (they give nothing more).
+    uint32_t num_gone = 0;
     bool held = false;
   };
   struct Seed {

@@ -373,22 +373,28 @@ class LocalSGD:
                                                "DEADLINE_EXCEEDED")):
                                 raise
                             kind = _SKIPPED
-                            self.num_skipped_syncs += 1
-                    if outcome is not None:
-                        self.num_merges += 1
-                        self._count(outcome)
-                        if self._node is not self._host:
-                            self._node.copy_(self._host)
+                    if outcome is not None and self._node is not self._host:
+                        self._node.copy_(self._host)
                     if start_next:
                         self._client.start_sync(self._host_np)
-                        started = True
                 except Exception as e:  # noqa: B902 - shared, re-raised
                     kind, error = _FAILED, e
+                # What is in flight now, whatever failed (every rank must
+                # know it to merge it later).
+                started = self._client.sync_in_flight
             flags = (_MERGED if outcome is not None else 0) | \
                 (_STARTED if started else 0)
             self._share(kind, error, outcome["round"] if outcome else 0,
                         outcome["contributors"] if outcome else 0,
                         flags=flags)
+            # The leader counts once the node has the result (_share raises
+            # on every rank when the leader failed).
+            if self._rank == 0:
+                if outcome is not None:
+                    self.num_merges += 1
+                    self._count(outcome)
+                elif kind == _SKIPPED:
+                    self.num_skipped_syncs += 1
         finally:
             self.sync_seconds_total += time.monotonic() - start
 
