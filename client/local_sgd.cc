@@ -196,6 +196,25 @@ absl::StatusOr<NodeReport> ShareReport(c10d::ProcessGroup& group,
   return report;
 }
 
+// `flat` becomes the node mean in place (Gloo has no AVG; SUM then divide
+// works everywhere). A failed all-reduce is returned (ABORTED: the group
+// cannot go on in lockstep); a failed division goes into `local`, this
+// rank's own error, which it reports after the group's collectives.
+absl::Status NodeMean(c10d::ProcessGroup& group, at::Tensor& flat,
+                      absl::Status& local) {
+  if (absl::Status s =
+          Allreduce(group, flat, c10d::ReduceOp::SUM, "all-reduce");
+      !s.ok()) {
+    return s;
+  }
+  try {
+    flat.div_(static_cast<double>(group.getSize()));
+  } catch (const c10::Error& e) {
+    if (local.ok()) local = FromTorch("LocalSGD: node mean", e);
+  }
+  return absl::OkStatus();
+}
+
 // Error returned on a follower when the leader's step failed with `code`.
 absl::Status LeaderFailed(int64_t code, absl::string_view what) {
   return absl::Status(
@@ -609,16 +628,9 @@ absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
   c10d::ProcessGroup& group = *params_->group;
   // 1. The node mean, as in DoSync (a failed Flatten still takes part).
   absl::Status status = Flatten();
-  if (absl::Status s =
-          Allreduce(group, params_->flat, c10d::ReduceOp::SUM, "all-reduce");
-      !s.ok()) {
+  if (absl::Status s = NodeMean(group, params_->flat, status); !s.ok()) {
     sync_seconds_total_ += SecondsSince(start);
     return s;
-  }
-  try {
-    params_->flat.div_(static_cast<double>(group.getSize()));
-  } catch (const c10::Error& e) {
-    if (status.ok()) status = FromTorch("LocalSGD: node mean", e);
   }
   // 2. The leader merges the round in flight into the node mean (theta_r +
   // (mean_now - mean_then): the node's progress since its contribution) and
@@ -738,20 +750,13 @@ absl::Status LocalSGD::DoSync() {
   const auto start = std::chrono::steady_clock::now();
   c10d::ProcessGroup* group = params_->group.get();
   absl::Status status = Flatten();
-  // 1. The node mean. (Gloo has no AVG; SUM then divide works everywhere.)
+  // 1. The node mean.
   if (group != nullptr) {
     // A failed Flatten (LibTorch error, not expected) still takes part, so
     // that the group stays in lockstep; it reports its error at the end.
-    if (absl::Status s =
-            Allreduce(*group, params_->flat, c10d::ReduceOp::SUM, "all-reduce");
-        !s.ok()) {
+    if (absl::Status s = NodeMean(*group, params_->flat, status); !s.ok()) {
       sync_seconds_total_ += SecondsSince(start);
       return s;
-    }
-    try {
-      params_->flat.div_(static_cast<double>(group->getSize()));
-    } catch (const c10::Error& e) {
-      if (status.ok()) status = FromTorch("LocalSGD: node mean", e);
     }
   }
   // 2. The leader exchanges it with the coordinator.

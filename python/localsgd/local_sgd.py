@@ -281,13 +281,7 @@ class LocalSGD:
                     self._write_back(self._host)
                 return
             # The node mean, then the leader's sync, then its result.
-            self._flatten_into(self._node)
-            try:
-                dist.all_reduce(self._node, group=self._group)
-            except RuntimeError as e:
-                raise _error("ABORTED", f"the node's all-reduce failed (a "
-                             f"process of the node died?): {e}") from e
-            self._node.div_(self._size)
+            self._node_mean()
             kind, error, outcome = _OK, None, None
             if self._rank == 0:
                 if self._node is not self._host:
@@ -352,13 +346,7 @@ class LocalSGD:
         rank."""
         start = time.monotonic()
         try:
-            self._flatten_into(self._node)
-            try:
-                dist.all_reduce(self._node, group=self._group)
-            except RuntimeError as e:
-                raise _error("ABORTED", f"the node's all-reduce failed (a "
-                             f"process of the node died?): {e}") from e
-            self._node.div_(self._size)
+            self._node_mean()
             kind, error, outcome, started = _OK, None, None, False
             if self._rank == 0:
                 if self._node is not self._host:
@@ -397,6 +385,16 @@ class LocalSGD:
                     self.num_skipped_syncs += 1
         finally:
             self.sync_seconds_total += time.monotonic() - start
+
+    def _node_mean(self):
+        """The parameters, all-reduced to the node mean, into self._node."""
+        self._flatten_into(self._node)
+        try:
+            dist.all_reduce(self._node, group=self._group)
+        except RuntimeError as e:
+            raise _error("ABORTED", f"the node's all-reduce failed (a "
+                         f"process of the node died?): {e}") from e
+        self._node.div_(self._size)
 
     def _count(self, outcome):
         """A successful sync's outcome (the leader's, or a member's own)."""
