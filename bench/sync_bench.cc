@@ -124,6 +124,10 @@ ABSL_FLAG(double, delay_ms, 0, "See --delay_rank.");
 ABSL_FLAG(std::string, deadline_mode, "",
           "The job's deadline mode: fixed or adaptive (empty: the "
           "coordinator's default).");
+ABSL_FLAG(uint32_t, max_lead_chunks, 4,
+          "With early results: write chunk c only while c < result chunks "
+          "received + this, once the first is back (ClientOptions::"
+          "max_lead_chunks); 0: no limit.");
 ABSL_FLAG(bool, early_results, true,
           "Full duplex: read result chunks while writing "
           "(ClientOptions::early_results).");
@@ -252,6 +256,7 @@ absl::StatusOr<ClientOptions> MakeOptions(const Config& config,
   options.sync_timeout = absl::Minutes(10);
   options.rpc_timeout = absl::Seconds(60);
   options.early_results = absl::GetFlag(FLAGS_early_results);
+  options.max_lead_chunks = absl::GetFlag(FLAGS_max_lead_chunks);
   if (absl::GetFlag(FLAGS_deadline_mode) == "adaptive") {
     options.settings.deadline_mode = localsgd::DeadlineMode::kAdaptive;
   } else if (absl::GetFlag(FLAGS_deadline_mode) == "fixed") {

@@ -687,6 +687,17 @@ class Client::Replica {
           absl::Status error;
           uint32_t next = 0;  // the next chunk to write
           bool writes_done = false;
+          // A paced upload (ClientOptions::max_lead_chunks): the next write
+          // waits for results; the coordinator sends every result chunk
+          // early while this member still writes, also after the round
+          // closed without it.
+          const uint32_t lead = early ? options_.max_lead_chunks : 0;
+          bool write_waiting = false;
+          auto may_write = [&] {
+            return lead == 0 || chunks.received() == 0 ||
+                   next == local_.num_chunks() ||
+                   next < chunks.received() + lead;
+          };
           // Writes chunk `next` (or the end of the writes).
           auto write_next = [&] {
             if (next == local_.num_chunks()) {
@@ -754,7 +765,14 @@ class Client::Replica {
             const BlockingStream::Completion done = stream.Next();
             if (done.op == BlockingStream::Op::kWrite) {
               // A failed write: the call broke; the read ends with it.
-              if (done.ok && !writes_done) write_next();
+              if (done.ok && !writes_done) {
+                if (may_write()) {
+                  write_next();
+                } else {
+                  write_waiting = true;
+                  ++outcome.paced_writes;
+                }
+              }
               if (done.ok && writes_done && !stream.write_pending() &&
                   outcome.upload_time == absl::ZeroDuration()) {
                 outcome.upload_time = absl::Now() - start;
@@ -763,7 +781,12 @@ class Client::Replica {
             }
             if (!done.ok) break;  // the end of the responses
             error = take();
-            if (error.ok()) stream.StartRead(in.buffer());
+            if (!error.ok()) break;
+            stream.StartRead(in.buffer());
+            if (write_waiting && may_write()) {
+              write_waiting = false;
+              write_next();
+            }
           }
           outcome.bytes_received = chunks.bytes();
           outcome.result_time = absl::Now() - start;
@@ -1242,6 +1265,7 @@ absl::StatusOr<SyncOutcome> Client::Sync(absl::Span<float> params) {
     all.first_result_time =
         std::max(all.first_result_time, o.first_result_time);
     all.result_time = std::max(all.result_time, o.result_time);
+    all.paced_writes += o.paced_writes;
   }
   return all;
 }

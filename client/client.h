@@ -79,6 +79,13 @@ struct ClientOptions {
   // overlap. false: the result only after the whole upload, as the
   // protocol before it.
   bool early_results = true;
+  // With early results, once the first result chunk is back, chunk c is
+  // written only while c < result chunks received + max_lead_chunks: the
+  // upload keeps pace with the round's results, so that members that share
+  // the coordinator's link finish their uploads together (a chunk is final
+  // only once the slowest member gave it) instead of one flow taking the
+  // link while the results of the others wait. 0: no limit.
+  uint32_t max_lead_chunks = 4;
   // Deadline of each unary RPC attempt.
   absl::Duration rpc_timeout = absl::Seconds(30);
   // Deadline of one Sync attempt, including the wait for the round to close.
@@ -118,6 +125,9 @@ struct SyncOutcome : RoundOutcome {
   absl::Duration upload_time;
   absl::Duration first_result_time;
   absl::Duration result_time;
+  // Chunk writes of the last attempt that waited for results
+  // (ClientOptions::max_lead_chunks); summed over the replicas.
+  uint32_t paced_writes = 0;
 };
 
 // What Join learnt: JoinInfo (src/types.h).

@@ -321,6 +321,41 @@ void SyncServerStream::WriteEarlyLocked() {
   }
 }
 
+void SyncServerStream::SendRestEarlyLocked() {
+  // Early chunks went out, and the round closed before the member's upload
+  // ended (its deadline, a member gone, or a member that is not one of its
+  // participants): the core tells no more chunks final, but a member may
+  // write chunk c only once results up to about c came back (a paced
+  // upload, ClientOptions::max_lead_chunks). Every chunk of the result is
+  // final now; they go out early, in order, each once, while the member
+  // still writes, and the header after its last chunk as always.
+  if (rest_queued_ || wire_ == nullptr) return;  // or nothing went early
+  if (!EarlyWireFitsLocked()) {
+    FailLocked(EarlyMismatchLocked());
+    return;
+  }
+  rest_queued_ = true;
+  final_queue_.clear();
+  for (uint32_t c = 0; c < sent_.size(); ++c) {
+    if (!sent_[c]) final_queue_.push_back(c);
+  }
+  if (!writing_) WriteEarlyLocked();
+}
+
+bool SyncServerStream::EarlyWireFitsLocked() const {
+  return wire_->state() == (*result_)->state && (*result_)->delta;
+}
+
+absl::Status SyncServerStream::EarlyMismatchLocked() const {
+  // Early chunks went out of another state than the result's: a bug of the
+  // core; the member must not apply them.
+  LOG(DFATAL) << "Sync of job " << job_->id()
+              << ": early result chunks of another state than the result";
+  return absl::InternalError(
+      "the coordinator sent early result chunks of another state than its "
+      "result; retry");
+}
+
 void SyncServerStream::OnCancel() {
   std::optional<Finish> finish;
   {
@@ -379,6 +414,16 @@ std::optional<SyncServerStream::Finish> SyncServerStream::AdvanceLocked() {
     default:
       break;
   }
+  if (error_.ok() && phase_ == Phase::kReceiving && result_.has_value()) {
+    if (!result_->ok()) {
+      // The round failed for this member (the job stops): its remaining
+      // chunks cannot change that, and a member that paces its upload on
+      // the results would wait for them.
+      FailLocked(result_->status());
+    } else {
+      SendRestEarlyLocked();
+    }
+  }
   if (!error_.ok()) {
     if (callback_pending_ || writing_) {
       phase_ = Phase::kDraining;
@@ -395,19 +440,11 @@ std::optional<SyncServerStream::Finish> SyncServerStream::AdvanceLocked() {
   // Early chunks went out of wire_: the result's state in the delta form
   // (the cache may hold another state's by now: it keeps one per job).
   std::shared_ptr<const StateWire> wire =
-      wire_ != nullptr && wire_->state() == (*result_)->state &&
-              (*result_)->delta
+      wire_ != nullptr && EarlyWireFitsLocked()
           ? wire_
           : wires_->For(*job_, (*result_)->state, (*result_)->delta);
-  if (wire_ != nullptr && wire != wire_) {
-    // Early chunks went out of another state than the result's: a bug of
-    // the core; the member must not apply them.
-    LOG(DFATAL) << "Sync of job " << job_->id()
-                << ": early result chunks of another state than the result";
-    return FinishLocked(absl::InternalError(
-        "the coordinator sent early result chunks of another state than its "
-        "result; retry"));
-  }
+  if (wire_ != nullptr && wire != wire_)
+    return FinishLocked(EarlyMismatchLocked());
   phase_ = Phase::kSending;
   if (wire_ == nullptr) sent_.assign(wire->num_chunks(), false);
   wire_ = std::move(wire);

@@ -160,6 +160,13 @@ class SyncServerStream {
   void WriteChunkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the next final chunk queued and not sent, if any.
   void WriteEarlyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The round's result is in while the member still writes: every chunk
+  // not sent yet goes out early (a delta result of the early chunks' state).
+  void SendRestEarlyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The early chunks (wire_, not null) are of the result (result_, OK).
+  bool EarlyWireFitsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INTERNAL, and a DFATAL log: they are not.
+  absl::Status EarlyMismatchLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool result_ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return phase_ == Phase::kAwaitResult && result_.has_value();
   }
@@ -191,6 +198,8 @@ class SyncServerStream {
   std::shared_ptr<FinalLink> link_ ABSL_GUARDED_BY(mu_);
   std::deque<uint32_t> final_queue_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> sent_ ABSL_GUARDED_BY(mu_);
+  // SendRestEarlyLocked queued every chunk not sent.
+  bool rest_queued_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // One FetchState stream: the request, then a StateHeader and every chunk of

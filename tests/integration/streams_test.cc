@@ -658,6 +658,87 @@ TEST_F(EarlyResultsTest, MemberDiesAfterSomeChunksFinal_SentChunksNeverChange) {
   EXPECT_EQ(status.recent_rounds[0].dropped, std::vector<std::string>{"c"});
 }
 
+// The round closes at its deadline while c, whose first chunks were final,
+// still sends: c's stream goes on sending every result chunk early, each
+// once, while it reads c's rest, since a member that paces its upload on
+// the results (ClientOptions::max_lead_chunks) sends no more until they
+// come; the header follows c's last chunk, and c adopts as a late member.
+TEST_F(EarlyResultsTest, RoundClosesWhileMemberSends_RestSentEarly) {
+  const std::string a = JoinPg("a");
+  const std::string b = JoinPg("b");
+  const std::string c = JoinPg("c");
+  Seed(a);
+  auto sa = Open(a, true);
+  auto sb = Open(b, true);
+  auto sc = Open(c, true);
+  const std::vector<float> da = Values(3), db = Values(6), dc = Values(9);
+  const uint32_t n = pg()->geometry().num_chunks();
+  for (uint32_t k = 0; k < 3; ++k) {
+    Send(*sa, da, k);
+    Send(*sb, db, k);
+    Send(*sc, dc, k);
+    for (auto* s : {sa.get(), sb.get(), sc.get()}) s->reader.Pump(*s->machine);
+  }
+  for (uint32_t k = 3; k < n; ++k) {
+    Send(*sa, da, k);
+    Send(*sb, db, k);
+  }
+  ASSERT_EQ(sc->reader.chunks.size(), 3u);
+  clock_.Advance(absl::Seconds(6));
+  coordinator_->Tick();
+  // c sends nothing more: the rest still comes, before any header.
+  sc->reader.Pump(*sc->machine);
+  EXPECT_EQ(sc->reader.chunks.size(), n);
+  EXPECT_TRUE(sc->reader.messages.empty()) << "header before c's last chunk";
+  EXPECT_EQ(sc->machine->phase(), SyncServerStream::Phase::kReceiving);
+  for (uint32_t k = 3; k < n; ++k) Send(*sc, dc, k);
+  for (auto* s : {sa.get(), sb.get(), sc.get()}) {
+    s->reader.Pump(*s->machine);
+    ASSERT_TRUE(s->reader.finished);
+    ASSERT_TRUE(s->reader.status.ok()) << s->reader.status;
+  }
+  const ChunkGeometry& g = pg()->geometry();
+  std::vector<float> want(23);
+  for (size_t i = 0; i < 23; ++i) {
+    const bool all_three = i < g.Offset(3);
+    want[i] = all_three ? (da[i] + db[i] + dc[i]) / 3 : (da[i] + db[i]) / 2;
+  }
+  const Got gc = Collect(sc->reader);
+  EXPECT_EQ(gc.delta, want);
+  EXPECT_EQ(gc.result.payload(), v1::RESULT_PAYLOAD_DELTA);
+  EXPECT_FALSE(gc.result.contributed());
+  for (uint32_t k = 0; k < n; ++k) EXPECT_EQ(gc.position[k], int(k));
+  EXPECT_EQ(Collect(sa->reader).delta, want);
+  auto state = pg()->GetState(MemberId(a));
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ((*state)->values, want);
+}
+
+// The job stops while members that got early chunks still send: their
+// streams end at once with the job's status (a paced member would wait for
+// results that never come), after the write in flight.
+TEST_F(EarlyResultsTest, JobStopsWhileMembersSend_StreamsEndAtOnce) {
+  const std::string a = JoinPg("a");
+  const std::string b = JoinPg("b");
+  Seed(a);
+  auto sa = Open(a, true);
+  auto sb = Open(b, true);
+  Send(*sa, Values(3), 0);
+  Send(*sb, Values(6), 0);
+  ASSERT_TRUE(sa->reader.write.has_value());
+  sb->reader.Pump(*sb->machine);
+  pg()->Stop();
+  EXPECT_TRUE(sb->reader.finished);
+  EXPECT_EQ(sb->reader.status.code(), absl::StatusCode::kUnavailable)
+      << sb->reader.status;
+  EXPECT_FALSE(sa->reader.finished) << "finished with a write in flight";
+  sa->reader.Pump(*sa->machine);
+  ASSERT_TRUE(sa->reader.finished);
+  EXPECT_EQ(sa->reader.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(sa->reader.actions_after_finish, 0);
+  EXPECT_EQ(sb->reader.actions_after_finish, 0);
+}
+
 // The wire cache keeps one delta form per job: another stream asking for
 // another state's (a straggler's late result, a retry) in the middle of a
 // round must not void the early chunks already sent (review of issue 14).

@@ -418,6 +418,122 @@ TEST(BackgroundSyncTest, Finish_IsTheRoundsResultPlusProgressSinceSnapshot) {
   }
 }
 
+// A paced upload (ClientOptions::max_lead_chunks = 1) against a raw member
+// b that sends chunk k only once it has read k result chunks: a may write
+// chunk c only once c results came back, so both go in lockstep, a's writes
+// wait for results (and resume: a broken resume ends a's Sync at its
+// deadline), and both get the exact mean.
+TEST(PacedUploadTest, LeadLimit_WritesWaitForResultsAndResume) {
+  constexpr uint32_t kChunkElements = 64 * 1024;
+  constexpr uint32_t kChunks = 32;
+  constexpr size_t n = size_t{kChunkElements} * kChunks;
+  auto server = StartServer(kChunkElements);
+  const Layout layout = LayoutOfSizes({static_cast<int64_t>(n)});
+  ClientOptions options;
+  options.target = absl::StrCat("127.0.0.1:", server->port());
+  options.job_id = "paced";
+  options.member_name = "a";
+  options.settings.rendezvous_members = 2;  // round 1 waits for both
+  options.max_lead_chunks = 1;
+  options.sync_timeout = absl::Seconds(20);
+  options.max_retry_time = absl::Seconds(1);
+  auto a = Client::Create(options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->Join(layout).ok());
+  std::vector<float> pa(n);
+  for (size_t j = 0; j < n; ++j) pa[j] = 0.5f * static_cast<float>(j % 8);
+  const std::vector<float> seed = pa;
+  ASSERT_TRUE((*a)->Initialize(absl::MakeSpan(pa)).ok());
+
+  testkit::RawClient raw(testkit::Channel(*server));
+  raw.set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
+  std::string b;
+  ASSERT_TRUE(raw.Join("paced", "b", &b, 7, layout).ok());
+  uint64_t anchor = 0;
+  {
+    v1::FetchStateRequest request;
+    request.set_job_id("paced");
+    request.set_member_id(b);
+    request.set_layout_fingerprint(layout.fingerprint);
+    grpc::ClientContext context;
+    raw.Prepare(&context);
+    auto reader = raw.stub()->FetchState(&context, request);
+    v1::FetchStateResponse response;
+    while (reader->Read(&response)) {
+      if (response.has_header()) anchor = response.header().state_id();
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  ASSERT_NE(anchor, 0u);
+
+  // a: +1 everywhere; b: +3; the mean of the deltas is 2, exactly.
+  for (float& v : pa) v += 1.0f;
+  absl::StatusOr<SyncOutcome> oa;
+  std::thread ta([&] { oa = (*a)->Sync(absl::MakeSpan(pa)); });
+
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  auto stream = raw.stub()->Sync(&context);
+  v1::SyncRequest request;
+  v1::SyncHeader* header = request.mutable_header();
+  header->set_job_id("paced");
+  header->set_member_id(b);
+  header->set_round(1);
+  header->set_layout_fingerprint(layout.fingerprint);
+  header->set_anchor_state_id(anchor);
+  header->set_early_results(true);
+  ASSERT_TRUE(stream->Write(request));
+  std::string data;
+  EncodeValues(std::vector<float>(kChunkElements, 3.0f), DType::kFloat32,
+               &data);
+  request.mutable_chunk()->set_crc32c(Crc32c(0, data));
+  request.mutable_chunk()->set_data(data);
+  std::vector<bool> got(kChunks, false);
+  uint32_t results = 0;
+  bool have_header = false;
+  bool exact = true;
+  std::vector<float> decoded(kChunkElements);
+  auto read_one = [&]() -> bool {
+    v1::SyncResponse response;
+    if (!stream->Read(&response)) return false;
+    if (response.has_result()) {
+      have_header = true;
+      EXPECT_TRUE(response.result().contributed());
+      EXPECT_EQ(response.result().contributors(), 2u);
+      return true;
+    }
+    const uint32_t c = response.chunk().index();
+    EXPECT_LT(c, kChunks);
+    if (c >= kChunks || got[c]) return true;
+    got[c] = true;
+    ++results;
+    EXPECT_TRUE(DecodeValues(response.chunk().data(), DType::kFloat32,
+                             absl::MakeSpan(decoded))
+                    .ok());
+    for (float v : decoded) exact = exact && v == 2.0f;
+    return true;
+  };
+  for (uint32_t k = 0; k < kChunks; ++k) {
+    while (results < k) ASSERT_TRUE(read_one()) << "stream ended at " << k;
+    EXPECT_FALSE(have_header) << "result header before b's chunk " << k;
+    request.mutable_chunk()->set_index(k);
+    ASSERT_TRUE(stream->Write(request)) << "chunk " << k;
+  }
+  stream->WritesDone();
+  while (read_one()) {
+  }
+  const grpc::Status status = stream->Finish();
+  ta.join();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  ASSERT_TRUE(oa.ok()) << oa.status();
+  EXPECT_TRUE(oa->contributed);
+  EXPECT_GT(oa->paced_writes, 0u) << "a's upload never waited for results";
+  EXPECT_TRUE(have_header);
+  EXPECT_EQ(results, kChunks);
+  EXPECT_TRUE(exact) << "b got a result other than the mean delta 2";
+  for (size_t j = 0; j < n; ++j) ASSERT_EQ(pa[j], seed[j] + 2.0f) << j;
+}
+
 TEST(LeaveTest, Leave_OpenRoundStopsWaitingForTheLeaver) {
   auto server = StartServer(16);
   const Layout layout = LayoutOfSizes({40});
