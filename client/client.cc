@@ -691,7 +691,8 @@ class Client::Replica {
           // waits for results; the coordinator sends every result chunk
           // early while this member still writes, also after the round
           // closed without it.
-          const uint32_t lead = early ? options_.max_lead_chunks : 0;
+          const uint32_t lead =
+              early && info_.paced_uploads ? options_.max_lead_chunks : 0;
           bool write_waiting = false;
           auto may_write = [&] {
             return lead == 0 || chunks.received() == 0 ||

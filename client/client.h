@@ -84,7 +84,10 @@ struct ClientOptions {
   // upload keeps pace with the round's results, so that members that share
   // the coordinator's link finish their uploads together (a chunk is final
   // only once the slowest member gave it) instead of one flow taking the
-  // link while the results of the others wait. 0: no limit.
+  // link while the results of the others wait. 0: no limit. Only against a
+  // coordinator that says it keeps sending results while a member writes
+  // (CoordinatorPolicy.paced_uploads); an older one gets the upload as fast
+  // as it goes.
   uint32_t max_lead_chunks = 4;
   // Deadline of each unary RPC attempt.
   absl::Duration rpc_timeout = absl::Seconds(30);

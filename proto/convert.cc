@@ -257,6 +257,7 @@ void JoinInfoToProto(const JoinInfo& info, v1::JoinResponse* proto) {
   policy->set_round_deadline_ms(absl::ToInt64Milliseconds(info.round_deadline));
   policy->set_min_quorum(info.min_quorum);
   policy->set_max_message_bytes(info.max_message_bytes);
+  policy->set_paced_uploads(info.paced_uploads);
   proto->set_has_state(info.has_state);
   proto->set_state_round(info.state_round);
   proto->set_state_id(info.state_id);
@@ -278,6 +279,7 @@ absl::StatusOr<JoinInfo> JoinInfoFromProto(const v1::JoinResponse& proto) {
   info.round_deadline = absl::Milliseconds(proto.policy().round_deadline_ms());
   info.min_quorum = proto.policy().min_quorum();
   info.max_message_bytes = proto.policy().max_message_bytes();
+  info.paced_uploads = proto.policy().paced_uploads();
   info.has_state = proto.has_state();
   info.state_round = proto.state_round();
   info.state_id = proto.state_id();

@@ -100,6 +100,7 @@ absl::Status HandleJoin(Coordinator& coordinator,
   info.round_deadline = options.policy.round_deadline;
   info.min_quorum = options.policy.min_quorum;
   info.max_message_bytes = max_message_bytes;
+  info.paced_uploads = true;  // server/streams.cc SendRestEarlyLocked
   info.has_state = result->has_state;
   info.state_round = result->state_round;
   info.state_id = result->state_id;

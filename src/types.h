@@ -165,6 +165,9 @@ struct JoinInfo {
   absl::Duration round_deadline;  // zero: none
   uint32_t min_quorum = 1;
   uint64_t max_message_bytes = 0;
+  // CoordinatorPolicy.paced_uploads: a member may pace its upload on the
+  // early results (ClientOptions::max_lead_chunks).
+  bool paced_uploads = false;
   bool has_state = false;   // whether the job had global state at Join
   RoundId state_round = 0;  // round of that state
   uint64_t state_id = 0;    // and its id (pseudo-gradient jobs)

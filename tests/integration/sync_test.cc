@@ -699,6 +699,7 @@ TEST_F(ProtocolTest, Join_ReportsTheCoordinatorsPolicy) {
   EXPECT_EQ(response.policy().max_message_bytes(), 17u << 20);
   EXPECT_EQ(response.policy().lease_ttl_ms(), 30000u);
   EXPECT_EQ(response.policy().min_quorum(), 1u);
+  EXPECT_TRUE(response.policy().paced_uploads());
   EXPECT_EQ(response.num_chunks(), 3u);
   EXPECT_EQ(response.num_elements(), 75u);
 }
