@@ -838,13 +838,18 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                 << " complete after "
                 << absl::FormatDuration(p.completed - round->opened);
       }
-      if (member != members_.end()) member->second.missed_rounds = 0;
+      if (member != members_.end() && member->second.missed_rounds > 0) {
+        --member->second.missed_rounds;
+      }
     } else if (p.gone) {
       record.dropped.push_back(p.name);
       if (p.nonfinite) refused.insert(id);
     } else {
       record.timed_out.push_back(p.name);
-      if (member != members_.end()) ++member->second.missed_rounds;
+      if (member != members_.end() &&
+          member->second.missed_rounds < kStragglerMisses) {
+        ++member->second.missed_rounds;
+      }
     }
   }
   if (adaptive) {

@@ -128,8 +128,9 @@ struct MemberInfo {
   absl::Time joined_at;
   absl::Time last_seen;
   RoundId first_round = 1;
-  // Rounds in a row it took part in and timed out of (the adaptive
-  // deadline's persistent stragglers, src/round.h).
+  // Rounds it took part in and timed out of, net of those it contributed
+  // to, at most kStragglerMisses (the adaptive deadline's persistent
+  // stragglers, src/round.h).
   uint32_t missed_rounds = 0;
   // The credentials the member joined with (JoinRequestParams::principal);
   // later calls naming the member must present the same. Not secret.

@@ -90,8 +90,11 @@ struct LearnedDeadline {
   bool learned() const { return usual > absl::ZeroDuration(); }
 };
 
-// Rounds a member missed (timed out) in a row before it counts as a
-// persistent straggler; contributing once clears it.
+// Missed rounds (timed out) net of contributions that make a member a
+// persistent straggler: each miss adds one, up to this; each contribution
+// takes one off. Two misses in a row make one; a straggler that is on time
+// once is waited for patiently in its next round, and is one again if it
+// misses that.
 inline constexpr uint32_t kStragglerMisses = 2;
 
 // The recent completion lags of a job's contributors, and what they teach.
@@ -100,7 +103,7 @@ class LagHistory {
  public:
   // Lags kept (the most recent), and the fewest that teach a deadline.
   static constexpr size_t kMaxLags = 64;
-  static constexpr size_t kMinLags = 6;
+  static constexpr size_t kMinLags = 4;
 
   void Add(absl::Duration lag);
   LearnedDeadline Learn() const;

@@ -568,10 +568,10 @@ RoundRecord RunRound(
 }
 
 // A member 3x slower than the others is waited for while the job learns
-// (and once more, patiently), then counts as a persistent straggler: its
+// (and twice more, patiently), then counts as a persistent straggler: its
 // rounds close at the learned `usual` deadline without it. A member delayed
 // once, within `patient`, still counts; the straggler counts again as soon
-// as it is on time.
+// as it is on time, and is waited for patiently once after that.
 TEST_F(PseudoGradientTest, AdaptiveDeadline_StragglerAdoptsOneOffDelayCounts) {
   JobSettings settings = DeltaSettings(DType::kFloat32);
   settings.deadline_mode = DeadlineMode::kAdaptive;
@@ -616,6 +616,16 @@ TEST_F(PseudoGradientTest, AdaptiveDeadline_StragglerAdoptsOneOffDelayCounts) {
   EXPECT_EQ(rec.contributors, (Names{"a", "b", "c"}));
   EXPECT_EQ(rec.reason, CloseReason::kComplete);
   EXPECT_TRUE(job_->Status(0).stragglers.empty());
+  // Round 8: c is slow again: waited for patiently, once; one contribution
+  // took only one of its misses off, so it is a straggler again at once and
+  // round 9 closes at usual.
+  rec = round(8, on_time, slow);
+  EXPECT_EQ(rec.timed_out, Names{"c"});
+  EXPECT_EQ(rec.closed - rec.opened, absl::Milliseconds(2300));
+  EXPECT_EQ(job_->Status(0).stragglers, Names{"c"});
+  rec = round(9, on_time, slow);
+  EXPECT_EQ(rec.timed_out, Names{"c"});
+  EXPECT_EQ(rec.closed - rec.opened, absl::Milliseconds(1150));
 }
 
 }  // namespace

@@ -230,9 +230,10 @@ TEST(GatheringTest, Active_ReseedRegatherEndsWhenTheMembersAreBack) {
 // The adaptive deadline's statistics: nothing before kMinLags lags; then
 // median + 3 MAD, the MAD floored at 5% of the median; patient twice that;
 // the window keeps the last kMaxLags.
-TEST(LagHistoryTest, Learn_MedianPlusThreeMadWithFloor_AfterSixLags) {
+TEST(LagHistoryTest, Learn_MedianPlusThreeMadWithFloor_AfterFourLags) {
+  ASSERT_EQ(LagHistory::kMinLags, 4u);
   LagHistory h;
-  for (int i = 0; i < 5; ++i) h.Add(absl::Seconds(1));
+  for (int i = 0; i < 3; ++i) h.Add(absl::Seconds(1));
   EXPECT_FALSE(h.Learn().learned());
   h.Add(absl::Seconds(3));  // one slow contribution: the median ignores it
   LearnedDeadline l = h.Learn();
