@@ -59,7 +59,7 @@ ABSL_FLAG(absl::Duration, round_deadline, absl::ZeroDuration(),
           "wait for every participant, or its lease).");
 ABSL_FLAG(uint32_t, min_quorum, 1,
           "Complete contributions a round needs to close at its deadline.");
-ABSL_FLAG(uint32_t, chunk_elements, 256 * 1024,
+ABSL_FLAG(uint32_t, chunk_elements, 128 * 1024,
           "Default elements per chunk for new jobs (a job's first member may "
           "ask for another size).");
 ABSL_FLAG(std::string, wire_dtype, "float32",

@@ -35,7 +35,7 @@ struct CoordinatorOptions {
   JobPolicy policy;
   // Settings a job gets where its first member asks for none.
   JobSettings default_settings{/*local_sgd_steps=*/0,
-                               /*chunk_elements=*/256 * 1024,
+                               /*chunk_elements=*/128 * 1024,
                                /*wire_dtype=*/DType::kFloat32,
                                /*mode=*/AveragingMode::kMean,
                                /*rendezvous_members=*/0,
