@@ -690,14 +690,21 @@ class Client::Replica {
           // A paced upload (ClientOptions::max_lead_chunks): the next write
           // waits for results; the coordinator sends every result chunk
           // early while this member still writes, also after the round
-          // closed without it.
-          const uint32_t lead =
-              early && info_.paced_uploads ? options_.max_lead_chunks : 0;
+          // closed without it. Only where the round waits for every
+          // participant anyway (no deadline): a paced member completes
+          // its upload only as the slowest participant gives its chunks,
+          // so a deadline, which needs complete members, could not close
+          // the round without a slow or dead one.
+          const bool pace =
+              early && info_.paced_uploads &&
+              info_.round_deadline == absl::ZeroDuration() &&
+              info_.settings.deadline_mode != DeadlineMode::kAdaptive;
+          const uint64_t lead = pace ? options_.max_lead_chunks : 0;
           bool write_waiting = false;
           auto may_write = [&] {
             return lead == 0 || chunks.received() == 0 ||
                    next == local_.num_chunks() ||
-                   next < chunks.received() + lead;
+                   next < uint64_t{chunks.received()} + lead;
           };
           // Writes chunk `next` (or the end of the writes).
           auto write_next = [&] {

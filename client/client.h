@@ -86,8 +86,12 @@ struct ClientOptions {
   // only once the slowest member gave it) instead of one flow taking the
   // link while the results of the others wait. 0: no limit. Only against a
   // coordinator that says it keeps sending results while a member writes
-  // (CoordinatorPolicy.paced_uploads); an older one gets the upload as fast
-  // as it goes.
+  // (CoordinatorPolicy.paced_uploads; an older one gets the upload as fast
+  // as it goes), and only in jobs whose rounds have no deadline (neither
+  // the coordinator's --round_deadline nor deadline_mode adaptive): a paced
+  // member completes only as the slowest participant gives its chunks, so
+  // a deadline, which closes a round once enough members are complete,
+  // could not leave a slow or dead member out.
   uint32_t max_lead_chunks = 4;
   // Deadline of each unary RPC attempt.
   absl::Duration rpc_timeout = absl::Seconds(30);

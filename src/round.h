@@ -35,9 +35,9 @@ struct Participant {
   bool nonfinite = false;
   // When its last chunk arrived (complete()).
   absl::Time completed = absl::InfiniteFuture();
-  // A persistent straggler (JobSettings.adaptive_deadline): it missed its
-  // last kStragglerMisses rounds (timed out); a learned deadline does not
-  // wait long for it.
+  // A persistent straggler (JobSettings.deadline_mode adaptive): its misses
+  // reached kStragglerMisses (MemberInfo::missed_rounds); a learned
+  // deadline does not wait long for it.
   bool straggler = false;
   bool complete() const { return received == got.size(); }
 };

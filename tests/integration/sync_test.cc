@@ -424,8 +424,8 @@ TEST(BackgroundSyncTest, Finish_IsTheRoundsResultPlusProgressSinceSnapshot) {
 // wait for results (and resume: a broken resume ends a's Sync at its
 // deadline), and both get the exact mean.
 TEST(PacedUploadTest, LeadLimit_WritesWaitForResultsAndResume) {
-  constexpr uint32_t kChunkElements = 64 * 1024;
-  constexpr uint32_t kChunks = 32;
+  constexpr uint32_t kChunkElements = 16 * 1024;
+  constexpr uint32_t kChunks = 128;
   constexpr size_t n = size_t{kChunkElements} * kChunks;
   auto server = StartServer(kChunkElements);
   const Layout layout = LayoutOfSizes({static_cast<int64_t>(n)});
@@ -466,17 +466,146 @@ TEST(PacedUploadTest, LeadLimit_WritesWaitForResultsAndResume) {
   }
   ASSERT_NE(anchor, 0u);
 
-  // a: +1 everywhere; b: +3; the mean of the deltas is 2, exactly.
-  for (float& v : pa) v += 1.0f;
-  absl::StatusOr<SyncOutcome> oa;
-  std::thread ta([&] { oa = (*a)->Sync(absl::MakeSpan(pa)); });
+  // Each round a adds 1 everywhere and b sends +3: the mean delta is 2,
+  // exactly. Whether a's writes get ahead of its first result is up to the
+  // scheduler (gRPC accepts writes before they reach the wire): rounds go
+  // on until one paced a (at most kRounds; every one is checked).
+  constexpr int kRounds = 5;
+  std::string data;
+  EncodeValues(std::vector<float>(kChunkElements, 3.0f), DType::kFloat32,
+               &data);
+  uint32_t paced = 0;
+  for (int round = 1; round <= kRounds && paced == 0; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    for (float& v : pa) v += 1.0f;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    auto stream = raw.stub()->Sync(&context);
+    v1::SyncRequest request;
+    v1::SyncHeader* header = request.mutable_header();
+    header->set_job_id("paced");
+    header->set_member_id(b);
+    header->set_round(round);
+    header->set_layout_fingerprint(layout.fingerprint);
+    header->set_anchor_state_id(anchor);
+    header->set_early_results(true);
+    ASSERT_TRUE(stream->Write(request));
+    request.mutable_chunk()->set_crc32c(Crc32c(0, data));
+    request.mutable_chunk()->set_data(data);
+    // b's chunk 0 goes first (it needs no result), then a starts.
+    request.mutable_chunk()->set_index(0);
+    ASSERT_TRUE(stream->Write(request));
+    absl::StatusOr<SyncOutcome> oa;
+    std::thread ta([&] { oa = (*a)->Sync(absl::MakeSpan(pa)); });
+    std::vector<bool> got(kChunks, false);
+    uint32_t results = 0;
+    bool have_header = false;
+    bool exact = true;
+    std::vector<float> decoded(kChunkElements);
+    auto read_one = [&]() -> bool {
+      v1::SyncResponse response;
+      if (!stream->Read(&response)) return false;
+      if (response.has_result()) {
+        have_header = true;
+        EXPECT_TRUE(response.result().contributed());
+        EXPECT_EQ(response.result().contributors(), 2u);
+        anchor = response.result().state_id();
+        return true;
+      }
+      const uint32_t c = response.chunk().index();
+      EXPECT_LT(c, kChunks);
+      if (c >= kChunks || got[c]) return true;
+      got[c] = true;
+      ++results;
+      EXPECT_TRUE(DecodeValues(response.chunk().data(), DType::kFloat32,
+                               absl::MakeSpan(decoded))
+                      .ok());
+      for (float v : decoded) exact = exact && v == 2.0f;
+      return true;
+    };
+    bool ended = false;
+    for (uint32_t k = 1; k < kChunks && !ended; ++k) {
+      while (results < k && !ended) ended = !read_one();
+      EXPECT_FALSE(have_header) << "result header before b's chunk " << k;
+      request.mutable_chunk()->set_index(k);
+      ended = ended || !stream->Write(request);
+    }
+    EXPECT_FALSE(ended) << "b's stream ended before its last chunk";
+    stream->WritesDone();
+    while (read_one()) {
+    }
+    const grpc::Status status = stream->Finish();
+    ta.join();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_TRUE(oa.ok()) << oa.status();
+    EXPECT_TRUE(oa->contributed);
+    EXPECT_TRUE(have_header);
+    EXPECT_EQ(results, kChunks);
+    EXPECT_TRUE(exact) << "b got a result other than the mean delta 2";
+    for (size_t j = 0; j < n; ++j) {
+      ASSERT_EQ(pa[j], seed[j] + 2.0f * round) << j;
+    }
+    paced = oa->paced_writes;
+  }
+  EXPECT_GT(paced, 0u) << "a's upload never waited for results in " << kRounds
+                       << " rounds";
+}
 
+// With a round deadline the clients do not pace: a member that stops after
+// its first chunk (its process hung; its lease still runs) must not hold
+// the others' uploads, or the deadline, which closes a round once a member
+// is complete, could not close it without that member.
+TEST(PacedUploadTest,
+     RoundDeadline_NoPacing_DeadlineClosesWithoutAStalledMember) {
+  constexpr uint32_t kChunkElements = 16 * 1024;
+  constexpr uint32_t kChunks = 128;
+  constexpr size_t n = size_t{kChunkElements} * kChunks;
+  ServerOptions server_options = testkit::BaseServerOptions(kChunkElements);
+  server_options.coordinator.policy.round_deadline = absl::Milliseconds(300);
+  server_options.coordinator.policy.lease_ttl = absl::Seconds(120);
+  auto server = testkit::StartServer(std::move(server_options));
+  const Layout layout = LayoutOfSizes({static_cast<int64_t>(n)});
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<float>> params(2, std::vector<float>(n, 1.0f));
+  for (int i = 0; i < 2; ++i) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", server->port());
+    options.job_id = "deadline";
+    options.member_name = absl::StrCat("m", i);
+    options.sync_timeout = absl::Seconds(20);
+    options.max_retry_time = absl::Seconds(1);
+    auto client = Client::Create(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    clients.push_back(*std::move(client));
+    ASSERT_TRUE(clients[i]->Join(layout).ok());
+    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
+  }
+  testkit::RawClient raw(testkit::Channel(*server));
+  raw.set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
+  std::string b;
+  ASSERT_TRUE(raw.Join("deadline", "stalled", &b, 7, layout).ok());
+  uint64_t anchor = 0;
+  {
+    v1::FetchStateRequest request;
+    request.set_job_id("deadline");
+    request.set_member_id(b);
+    request.set_layout_fingerprint(layout.fingerprint);
+    grpc::ClientContext context;
+    raw.Prepare(&context);
+    auto reader = raw.stub()->FetchState(&context, request);
+    v1::FetchStateResponse response;
+    while (reader->Read(&response)) {
+      if (response.has_header()) anchor = response.header().state_id();
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  // The stalled member opens round 1 and gives chunk 0 only.
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
   auto stream = raw.stub()->Sync(&context);
   v1::SyncRequest request;
   v1::SyncHeader* header = request.mutable_header();
-  header->set_job_id("paced");
+  header->set_job_id("deadline");
   header->set_member_id(b);
   header->set_round(1);
   header->set_layout_fingerprint(layout.fingerprint);
@@ -484,54 +613,33 @@ TEST(PacedUploadTest, LeadLimit_WritesWaitForResultsAndResume) {
   header->set_early_results(true);
   ASSERT_TRUE(stream->Write(request));
   std::string data;
-  EncodeValues(std::vector<float>(kChunkElements, 3.0f), DType::kFloat32,
+  EncodeValues(std::vector<float>(kChunkElements, 0.0f), DType::kFloat32,
                &data);
+  request.mutable_chunk()->set_index(0);
   request.mutable_chunk()->set_crc32c(Crc32c(0, data));
   request.mutable_chunk()->set_data(data);
-  std::vector<bool> got(kChunks, false);
-  uint32_t results = 0;
-  bool have_header = false;
-  bool exact = true;
-  std::vector<float> decoded(kChunkElements);
-  auto read_one = [&]() -> bool {
-    v1::SyncResponse response;
-    if (!stream->Read(&response)) return false;
-    if (response.has_result()) {
-      have_header = true;
-      EXPECT_TRUE(response.result().contributed());
-      EXPECT_EQ(response.result().contributors(), 2u);
-      return true;
-    }
-    const uint32_t c = response.chunk().index();
-    EXPECT_LT(c, kChunks);
-    if (c >= kChunks || got[c]) return true;
-    got[c] = true;
-    ++results;
-    EXPECT_TRUE(DecodeValues(response.chunk().data(), DType::kFloat32,
-                             absl::MakeSpan(decoded))
-                    .ok());
-    for (float v : decoded) exact = exact && v == 2.0f;
-    return true;
-  };
-  for (uint32_t k = 0; k < kChunks; ++k) {
-    while (results < k) ASSERT_TRUE(read_one()) << "stream ended at " << k;
-    EXPECT_FALSE(have_header) << "result header before b's chunk " << k;
-    request.mutable_chunk()->set_index(k);
-    ASSERT_TRUE(stream->Write(request)) << "chunk " << k;
+  ASSERT_TRUE(stream->Write(request));
+  std::vector<absl::StatusOr<SyncOutcome>> outcomes(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    for (float& v : params[i]) v += 2.0f * static_cast<float>(i + 1);
+    threads.emplace_back(
+        [&, i] { outcomes[i] = clients[i]->Sync(absl::MakeSpan(params[i])); });
   }
-  stream->WritesDone();
-  while (read_one()) {
+  for (auto& t : threads) t.join();
+  context.TryCancel();
+  (void)stream->Finish();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(outcomes[i].ok()) << i << ": " << outcomes[i].status();
+    EXPECT_TRUE(outcomes[i]->contributed) << i;
+    EXPECT_EQ(outcomes[i]->contributors, 2u) << i;
+    EXPECT_EQ(outcomes[i]->paced_writes, 0u) << i;
   }
-  const grpc::Status status = stream->Finish();
-  ta.join();
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  ASSERT_TRUE(oa.ok()) << oa.status();
-  EXPECT_TRUE(oa->contributed);
-  EXPECT_GT(oa->paced_writes, 0u) << "a's upload never waited for results";
-  EXPECT_TRUE(have_header);
-  EXPECT_EQ(results, kChunks);
-  EXPECT_TRUE(exact) << "b got a result other than the mean delta 2";
-  for (size_t j = 0; j < n; ++j) ASSERT_EQ(pa[j], seed[j] + 2.0f) << j;
+  // Chunk 0 is the mean of three (1 + (2 + 4 + 0) / 3 = 3), the rest of
+  // the two that completed (1 + (2 + 4) / 2 = 4).
+  EXPECT_EQ(params[0][0], 3.0f);
+  EXPECT_EQ(params[0][n - 1], 4.0f);
+  EXPECT_EQ(params[0], params[1]);
 }
 
 TEST(LeaveTest, Leave_OpenRoundStopsWaitingForTheLeaver) {
