@@ -501,6 +501,31 @@ class EarlyResultsTest : public StreamsTest {
     ASSERT_TRUE(s.reader.TakeRead()) << "no read asked for chunk " << chunk;
     s.machine->OnMessage(PgChunk(delta, chunk));
   }
+  // Chunks [from, to) from every stream in turn, the writes completed after
+  // each chunk.
+  void SendInStep(const std::vector<Sync*>& streams,
+                  const std::vector<const std::vector<float>*>& deltas,
+                  uint32_t from, uint32_t to) {
+    for (uint32_t k = from; k < to; ++k) {
+      for (size_t i = 0; i < streams.size(); ++i)
+        Send(*streams[i], *deltas[i], k);
+      for (Sync* s : streams) s->reader.Pump(*s->machine);
+    }
+  }
+  // The result when chunks before `three` are the mean of three deltas and
+  // the rest the mean of the first two.
+  std::vector<float> MeanOfThreeThenTwo(const std::vector<float>& da,
+                                        const std::vector<float>& db,
+                                        const std::vector<float>& dc,
+                                        uint32_t three) {
+    const ChunkGeometry& g = pg()->geometry();
+    std::vector<float> want(da.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      want[i] = i < g.Offset(three) ? (da[i] + db[i] + dc[i]) / 3
+                                    : (da[i] + db[i]) / 2;
+    }
+    return want;
+  }
 
   // What a reader got: per chunk index, its position among the chunk
   // writes, each index once; the delta decoded into place; the result.
@@ -616,12 +641,7 @@ TEST_F(EarlyResultsTest, MemberDiesAfterSomeChunksFinal_SentChunksNeverChange) {
   auto sc = Open(c, true);
   const std::vector<float> da = Values(3), db = Values(6), dc = Values(9);
   const uint32_t n = pg()->geometry().num_chunks();
-  for (uint32_t k = 0; k < 3; ++k) {
-    Send(*sa, da, k);
-    Send(*sb, db, k);
-    Send(*sc, dc, k);
-    for (auto* s : {sa.get(), sb.get(), sc.get()}) s->reader.Pump(*s->machine);
-  }
+  SendInStep({sa.get(), sb.get(), sc.get()}, {&da, &db, &dc}, 0, 3);
   ASSERT_EQ(sa->reader.chunks.size(), 3u);
   ASSERT_EQ(sc->reader.chunks.size(), 3u);
   // c's stream breaks and c leaves.
@@ -640,12 +660,7 @@ TEST_F(EarlyResultsTest, MemberDiesAfterSomeChunksFinal_SentChunksNeverChange) {
   EXPECT_EQ(sc->reader.actions_after_finish, 0);
   const Got ga = Collect(sa->reader);
   const Got gb = Collect(sb->reader);
-  const ChunkGeometry& g = pg()->geometry();
-  std::vector<float> want(23);
-  for (size_t i = 0; i < 23; ++i) {
-    const bool all_three = i < g.Offset(3);
-    want[i] = all_three ? (da[i] + db[i] + dc[i]) / 3 : (da[i] + db[i]) / 2;
-  }
+  const std::vector<float> want = MeanOfThreeThenTwo(da, db, dc, 3);
   EXPECT_EQ(ga.delta, want);
   EXPECT_EQ(gb.delta, want);
   EXPECT_EQ(ga.result.contributors(), 2u);
@@ -673,12 +688,7 @@ TEST_F(EarlyResultsTest, RoundClosesWhileMemberSends_RestSentEarly) {
   auto sc = Open(c, true);
   const std::vector<float> da = Values(3), db = Values(6), dc = Values(9);
   const uint32_t n = pg()->geometry().num_chunks();
-  for (uint32_t k = 0; k < 3; ++k) {
-    Send(*sa, da, k);
-    Send(*sb, db, k);
-    Send(*sc, dc, k);
-    for (auto* s : {sa.get(), sb.get(), sc.get()}) s->reader.Pump(*s->machine);
-  }
+  SendInStep({sa.get(), sb.get(), sc.get()}, {&da, &db, &dc}, 0, 3);
   for (uint32_t k = 3; k < n; ++k) {
     Send(*sa, da, k);
     Send(*sb, db, k);
@@ -697,12 +707,7 @@ TEST_F(EarlyResultsTest, RoundClosesWhileMemberSends_RestSentEarly) {
     ASSERT_TRUE(s->reader.finished);
     ASSERT_TRUE(s->reader.status.ok()) << s->reader.status;
   }
-  const ChunkGeometry& g = pg()->geometry();
-  std::vector<float> want(23);
-  for (size_t i = 0; i < 23; ++i) {
-    const bool all_three = i < g.Offset(3);
-    want[i] = all_three ? (da[i] + db[i] + dc[i]) / 3 : (da[i] + db[i]) / 2;
-  }
+  const std::vector<float> want = MeanOfThreeThenTwo(da, db, dc, 3);
   const Got gc = Collect(sc->reader);
   EXPECT_EQ(gc.delta, want);
   EXPECT_EQ(gc.result.payload(), v1::RESULT_PAYLOAD_DELTA);

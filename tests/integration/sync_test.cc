@@ -418,6 +418,40 @@ TEST(BackgroundSyncTest, Finish_IsTheRoundsResultPlusProgressSinceSnapshot) {
   }
 }
 
+// The id of job `job`'s current state, as FetchState's header names it to
+// raw member `member`.
+grpc::Status FetchStateId(testkit::RawClient& raw, const std::string& job,
+                          const std::string& member, const Layout& layout,
+                          uint64_t* state_id) {
+  v1::FetchStateRequest request;
+  request.set_job_id(job);
+  request.set_member_id(member);
+  request.set_layout_fingerprint(layout.fingerprint);
+  grpc::ClientContext context;
+  raw.Prepare(&context);
+  auto reader = raw.stub()->FetchState(&context, request);
+  v1::FetchStateResponse response;
+  while (reader->Read(&response)) {
+    if (response.has_header()) *state_id = response.header().state_id();
+  }
+  return reader->Finish();
+}
+
+// The header of a raw pseudo-gradient Sync asking for early results.
+v1::SyncRequest EarlySyncHeader(const std::string& job,
+                                const std::string& member, uint64_t round,
+                                const Layout& layout, uint64_t anchor) {
+  v1::SyncRequest request;
+  v1::SyncHeader* header = request.mutable_header();
+  header->set_job_id(job);
+  header->set_member_id(member);
+  header->set_round(round);
+  header->set_layout_fingerprint(layout.fingerprint);
+  header->set_anchor_state_id(anchor);
+  header->set_early_results(true);
+  return request;
+}
+
 // A paced upload (ClientOptions::max_lead_chunks = 1) against a raw member
 // b that sends chunk k only once it has read k result chunks: a may write
 // chunk c only once c results came back, so both go in lockstep, a's writes
@@ -450,20 +484,7 @@ TEST(PacedUploadTest, LeadLimit_WritesWaitForResultsAndResume) {
   std::string b;
   ASSERT_TRUE(raw.Join("paced", "b", &b, 7, layout).ok());
   uint64_t anchor = 0;
-  {
-    v1::FetchStateRequest request;
-    request.set_job_id("paced");
-    request.set_member_id(b);
-    request.set_layout_fingerprint(layout.fingerprint);
-    grpc::ClientContext context;
-    raw.Prepare(&context);
-    auto reader = raw.stub()->FetchState(&context, request);
-    v1::FetchStateResponse response;
-    while (reader->Read(&response)) {
-      if (response.has_header()) anchor = response.header().state_id();
-    }
-    ASSERT_TRUE(reader->Finish().ok());
-  }
+  ASSERT_TRUE(FetchStateId(raw, "paced", b, layout, &anchor).ok());
   ASSERT_NE(anchor, 0u);
 
   // Each round a adds 1 everywhere and b sends +3: the mean delta is 2,
@@ -481,14 +502,8 @@ TEST(PacedUploadTest, LeadLimit_WritesWaitForResultsAndResume) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
     auto stream = raw.stub()->Sync(&context);
-    v1::SyncRequest request;
-    v1::SyncHeader* header = request.mutable_header();
-    header->set_job_id("paced");
-    header->set_member_id(b);
-    header->set_round(round);
-    header->set_layout_fingerprint(layout.fingerprint);
-    header->set_anchor_state_id(anchor);
-    header->set_early_results(true);
+    v1::SyncRequest request =
+        EarlySyncHeader("paced", b, round, layout, anchor);
     ASSERT_TRUE(stream->Write(request));
     request.mutable_chunk()->set_crc32c(Crc32c(0, data));
     request.mutable_chunk()->set_data(data);
@@ -585,32 +600,12 @@ TEST(PacedUploadTest,
   std::string b;
   ASSERT_TRUE(raw.Join("deadline", "stalled", &b, 7, layout).ok());
   uint64_t anchor = 0;
-  {
-    v1::FetchStateRequest request;
-    request.set_job_id("deadline");
-    request.set_member_id(b);
-    request.set_layout_fingerprint(layout.fingerprint);
-    grpc::ClientContext context;
-    raw.Prepare(&context);
-    auto reader = raw.stub()->FetchState(&context, request);
-    v1::FetchStateResponse response;
-    while (reader->Read(&response)) {
-      if (response.has_header()) anchor = response.header().state_id();
-    }
-    ASSERT_TRUE(reader->Finish().ok());
-  }
+  ASSERT_TRUE(FetchStateId(raw, "deadline", b, layout, &anchor).ok());
   // The stalled member opens round 1 and gives chunk 0 only.
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
   auto stream = raw.stub()->Sync(&context);
-  v1::SyncRequest request;
-  v1::SyncHeader* header = request.mutable_header();
-  header->set_job_id("deadline");
-  header->set_member_id(b);
-  header->set_round(1);
-  header->set_layout_fingerprint(layout.fingerprint);
-  header->set_anchor_state_id(anchor);
-  header->set_early_results(true);
+  v1::SyncRequest request = EarlySyncHeader("deadline", b, 1, layout, anchor);
   ASSERT_TRUE(stream->Write(request));
   std::string data;
   EncodeValues(std::vector<float>(kChunkElements, 0.0f), DType::kFloat32,
