@@ -111,27 +111,29 @@ void EncodeBlocks(absl::Span<const float> values, DType dtype, char* out) {
   }
 }
 
-// acc[i] = (accumulate ? acc[i] : 0) + weight * decode(i), block by block.
+// acc[i] = (accumulate ? base[i] : 0) + weight * decode(i), block by block
+// (base may be acc itself).
 template <bool kAccumulate>
 #if defined(__GNUC__)
 __attribute__((always_inline))
 #endif
 inline void
-DecodeBlocksImpl(const char* data, DType dtype, float weight, float* acc,
-                 size_t n) {
+DecodeBlocksImpl(const char* data, DType dtype, float weight, const float* base,
+                 float* acc, size_t n) {
   const size_t blocks = NumBlocks(n);
   const char* codes = data + 4 * blocks;
   for (size_t b = 0; b < blocks; ++b) {
     const size_t first = b * kQuantBlock;
     const size_t len = std::min(kQuantBlock, n - first);
     const float scale = weight * ScaleAt(data, b);
+    const float* in = base + first;
     float* a = acc + first;
     if (dtype == DType::kInt8Block) {
       const int8_t* q = reinterpret_cast<const int8_t*>(codes) + first;
       for (size_t i = 0; i < len; ++i) {
         const int c = q[i] < -127 ? -127 : q[i];
         const float v = scale * static_cast<float>(c);
-        a[i] = kAccumulate ? a[i] + v : v;
+        a[i] = kAccumulate ? in[i] + v : v;
       }
     } else {
       // Two elements per byte, sign-extended by shifts (vectorizes).
@@ -145,14 +147,14 @@ DecodeBlocksImpl(const char* data, DType dtype, float weight, float* acc,
         hi = hi < -7 ? -7 : hi;
         const float vlo = scale * static_cast<float>(lo);
         const float vhi = scale * static_cast<float>(hi);
-        a[2 * k] = kAccumulate ? a[2 * k] + vlo : vlo;
-        a[2 * k + 1] = kAccumulate ? a[2 * k + 1] + vhi : vhi;
+        a[2 * k] = kAccumulate ? in[2 * k] + vlo : vlo;
+        a[2 * k + 1] = kAccumulate ? in[2 * k + 1] + vhi : vhi;
       }
       if (len % 2 != 0) {
         int lo = static_cast<int8_t>(static_cast<uint8_t>(q[pairs]) << 4) >> 4;
         lo = lo < -7 ? -7 : lo;
         const float v = scale * static_cast<float>(lo);
-        a[len - 1] = kAccumulate ? a[len - 1] + v : v;
+        a[len - 1] = kAccumulate ? in[len - 1] + v : v;
       }
     }
   }
@@ -192,7 +194,8 @@ absl::Status DecodeValues(absl::string_view data, DType dtype,
   if (IsBlockDType(dtype)) {
     // Decoding is the weight-1 case of accumulating, so that a decoded value
     // is bit for bit the one the coordinator adds.
-    DecodeBlocksImpl<false>(data.data(), dtype, 1.0f, out.data(), out.size());
+    DecodeBlocksImpl<false>(data.data(), dtype, 1.0f, nullptr, out.data(),
+                            out.size());
   } else if (dtype == DType::kBFloat16) {
     for (size_t i = 0; i < out.size(); ++i) {
       uint16_t h;
@@ -201,6 +204,42 @@ absl::Status DecodeValues(absl::string_view data, DType dtype,
     }
   } else if (!data.empty()) {
     std::memcpy(out.data(), data.data(), data.size());
+  }
+  return absl::OkStatus();
+}
+
+LOCALSGD_KERNEL
+absl::Status DecodeOnto(absl::string_view data, DType dtype,
+                        absl::Span<const float> base, absl::Span<float> out) {
+  if (base.size() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "base has ", base.size(), " values; out has ", out.size()));
+  }
+  if (data.size() != WireBytes(dtype, out.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload has ", data.size(), " bytes; expected ",
+                     WireBytes(dtype, out.size()), " (", out.size(), " ",
+                     DTypeName(dtype), " values)"));
+  }
+  const float* b = base.data();
+  float* o = out.data();
+  const size_t n = out.size();
+  const char* p = data.data();
+  if (IsBlockDType(dtype)) {
+    // The weight-1 accumulation: bit for bit base + DecodeValues.
+    DecodeBlocksImpl<true>(p, dtype, 1.0f, b, o, n);
+  } else if (dtype == DType::kBFloat16) {
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      o[i] = b[i] + BFloat16ToFloat(h);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      float d;
+      std::memcpy(&d, p + 4 * i, 4);
+      o[i] = b[i] + d;
+    }
   }
   return absl::OkStatus();
 }
@@ -257,7 +296,7 @@ void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
   float* a = acc.data();
   const size_t n = acc.size();
   if (IsBlockDType(dtype)) {
-    DecodeBlocksImpl<true>(data.data(), dtype, weight, a, n);
+    DecodeBlocksImpl<true>(data.data(), dtype, weight, a, a, n);
     return;
   }
   if (dtype == DType::kBFloat16) {
@@ -393,6 +432,33 @@ absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
   ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
     // The size is right: DecodeValues cannot fail.
     (void)DecodeValues(run, dtype, out.subspan(first, run.size() / size));
+    return true;
+  });
+  return absl::OkStatus();
+}
+
+absl::Status DecodeOntoPieces(absl::Span<const absl::string_view> pieces,
+                              DType dtype, absl::Span<const float> base,
+                              absl::Span<float> out) {
+  if (base.size() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "base has ", base.size(), " values; out has ", out.size()));
+  }
+  const size_t bytes = TotalSize(pieces);
+  if (bytes != WireBytes(dtype, out.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload has ", bytes, " bytes; expected ",
+                     WireBytes(dtype, out.size()), " (", out.size(), " ",
+                     DTypeName(dtype), " values)"));
+  }
+  if (IsBlockDType(dtype)) {
+    return DecodeOnto(Contiguous(pieces), dtype, base, out);
+  }
+  const size_t size = DTypeSize(dtype);
+  ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
+    const size_t n = run.size() / size;
+    // The sizes are right: DecodeOnto cannot fail.
+    (void)DecodeOnto(run, dtype, base.subspan(first, n), out.subspan(first, n));
     return true;
   });
   return absl::OkStatus();

@@ -98,21 +98,32 @@ void EncodeWithFeedback(absl::Span<const float> values,
                         absl::Span<float> residual, DType dtype, char* out,
                         absl::Span<float> decoded);
 
+// out[i] = base[i] + value(data, i) for every i, in one pass: a delta
+// decoded onto the state it is against, bit for bit base + DecodeValues.
+// `out` may be `base`. INVALID_ARGUMENT, changing nothing, if `data` does
+// not hold WireBytes(dtype, out.size()) bytes or the spans differ in size.
+absl::Status DecodeOnto(absl::string_view data, DType dtype,
+                        absl::Span<const float> base, absl::Span<float> out);
+
 // acc[i] += weight * value(data, i) for every i. `data` holds acc.size()
 // elements of wire dtype `dtype`.
 void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
                         absl::Span<float> acc);
 
-// The same three for a payload that arrived in pieces (gRPC's slices; an
+// The same four for a payload that arrived in pieces (gRPC's slices; an
 // element may straddle two pieces). `pieces` hold together exactly the
 // elements the single-buffer version takes.
 int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
                              DType dtype);
 void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
                               DType dtype, float weight, absl::Span<float> acc);
-// INVALID_ARGUMENT if the pieces do not hold WireBytes(dtype, out.size()).
+// These two: INVALID_ARGUMENT, changing nothing, if the pieces do not hold
+// WireBytes(dtype, out.size()) bytes (or base and out differ in size).
 absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
                                 DType dtype, absl::Span<float> out);
+absl::Status DecodeOntoPieces(absl::Span<const absl::string_view> pieces,
+                              DType dtype, absl::Span<const float> base,
+                              absl::Span<float> out);
 
 // acc[i] /= total_weight for every i (total_weight > 0).
 void DivideInPlace(absl::Span<float> acc, double total_weight);

@@ -437,6 +437,78 @@ TEST_P(PiecesTest, DecodeValuesPieces_WrongSize_InvalidArgument) {
   EXPECT_EQ(out, std::vector<float>(4, 7.0f));
 }
 
+// DecodeOnto(Pieces): a delta decoded onto its base, bit for bit what
+// DecodeValues then an add gives, for every wire dtype and every cut.
+class DecodeOntoTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(DecodeOntoTest, EveryCut_BitForBitBasePlusDecoded) {
+  const DType dtype = GetParam();
+  // Two blockwise blocks and a partial one (an odd count for int4).
+  const size_t n = 2 * kQuantBlock + 37;
+  std::vector<float> values(n), base(n);
+  for (size_t i = 0; i < n; ++i) {
+    values[i] = 0.37f * static_cast<float>(i % 101) - 17.0f / 3.0f;
+    base[i] = 1.0f / static_cast<float>(i + 3) - 0.1f * static_cast<float>(i);
+  }
+  std::string bytes;
+  EncodeValues(values, dtype, &bytes);
+  std::vector<float> want(n);
+  ASSERT_TRUE(DecodeValues(bytes, dtype, absl::MakeSpan(want)).ok());
+  for (size_t i = 0; i < n; ++i) want[i] = base[i] + want[i];
+
+  std::vector<float> got(n, 7.0f);
+  ASSERT_TRUE(DecodeOnto(bytes, dtype, base, absl::MakeSpan(got)).ok());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * sizeof(float)));
+  // In place (out is base).
+  std::vector<float> in_place = base;
+  ASSERT_TRUE(
+      DecodeOnto(bytes, dtype, in_place, absl::MakeSpan(in_place)).ok());
+  EXPECT_EQ(0, std::memcmp(in_place.data(), want.data(), n * sizeof(float)));
+
+  std::vector<std::vector<size_t>> cuts = {{}, {1}, {3}, {5, 6, 7}};
+  for (size_t a = 0; a <= bytes.size(); a += 97) cuts.push_back({a, a + 1});
+  for (const std::vector<size_t>& at : cuts) {
+    std::vector<size_t> clipped;
+    for (size_t x : at) clipped.push_back(std::min(x, bytes.size()));
+    std::fill(got.begin(), got.end(), 7.0f);
+    ASSERT_TRUE(
+        DecodeOntoPieces(Cut(bytes, clipped), dtype, base, absl::MakeSpan(got))
+            .ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * sizeof(float)))
+        << "cut at " << (at.empty() ? 0 : at[0]);
+  }
+}
+
+TEST_P(DecodeOntoTest, WrongSizes_InvalidArgumentAndNothingWritten) {
+  const DType dtype = GetParam();
+  std::vector<float> values(8, 1.5f), base(8, 2.0f);
+  std::string bytes;
+  EncodeValues(values, dtype, &bytes);
+  std::vector<float> out(8, 7.0f);
+  const std::string longer = bytes + "x";
+  EXPECT_EQ(DecodeOnto(longer, dtype, base, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeOntoPieces(Cut(longer, {3}), dtype, base, absl::MakeSpan(out))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<float> short_base(7, 2.0f);
+  EXPECT_EQ(DecodeOnto(bytes, dtype, short_base, absl::MakeSpan(out)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      DecodeOntoPieces(Cut(bytes, {3}), dtype, short_base, absl::MakeSpan(out))
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, std::vector<float>(8, 7.0f));
+}
+
+INSTANTIATE_TEST_SUITE_P(WireDTypes, DecodeOntoTest,
+                         ::testing::Values(DType::kFloat32, DType::kBFloat16,
+                                           DType::kInt8Block,
+                                           DType::kInt4Block),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
 INSTANTIATE_TEST_SUITE_P(WireDTypes, PiecesTest,
                          ::testing::Values(DType::kFloat32, DType::kBFloat16),
                          [](const ::testing::TestParamInfo<DType>& info) {
