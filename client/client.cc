@@ -107,40 +107,15 @@ class ChunkReceiver {
       // gRPC's slices into place.
       chunk.CopyTo(reinterpret_cast<char*>(dest.data()));
     } else {
-      absl::string_view data;
-      if (chunk.pieces.size() == 1) {
-        data = chunk.pieces[0];
-      } else {
-        gather_.resize(chunk.size);
-        chunk.CopyTo(gather_.data());
-        data = gather_;
-      }
-      if (base_ != nullptr && wire_ == DType::kFloat32) {
-        // A float32 delta: added to its base as it is read (one pass), as
-        // the coordinator computed its state.
-        const absl::Span<const float> base = base_(i);
-        for (size_t k = 0; k < dest.size(); ++k) {
-          float d;
-          std::memcpy(&d, data.data() + 4 * k, 4);
-          dest[k] = base[k] + d;
-        }
-      } else {
-        // A delta in another dtype is decoded apart and added to its base.
-        absl::Span<float> out = dest;
-        if (base_ != nullptr) {
-          decoded_.resize(dest.size());
-          out = absl::MakeSpan(decoded_);
-        }
-        absl::Status s = DecodeValues(data, wire_, out);
-        if (!s.ok()) {
-          return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
-        }
-        if (base_ != nullptr) {
-          const absl::Span<const float> base = base_(i);
-          for (size_t k = 0; k < dest.size(); ++k) {
-            dest[k] = base[k] + decoded_[k];
-          }
-        }
+      // Decoded from the slices in place (an element cut between two is
+      // assembled apart); a delta onto its base as it is read, in one pass,
+      // as the coordinator computed its state.
+      absl::Status s =
+          base_ == nullptr
+              ? DecodeValuesPieces(chunk.pieces, wire_, dest)
+              : DecodeOntoPieces(chunk.pieces, wire_, base_(i), dest);
+      if (!s.ok()) {
+        return absl::InternalError(absl::StrCat(what_, ": ", s.message()));
       }
     }
     got_[i] = true;
@@ -164,12 +139,9 @@ class ChunkReceiver {
   DType wire_;
   const std::function<absl::Span<float>(uint32_t)> dest_;
   std::function<absl::Span<const float>(uint32_t)> base_;
-  std::vector<float> decoded_;
   std::vector<bool> got_;
   uint32_t received_ = 0;
   uint64_t bytes_ = 0;
-  // A chunk that arrived in several pieces, made contiguous to decode.
-  std::string gather_;
 };
 
 // Reads the messages of a raw stream: a chunk (read in place from gRPC's
@@ -410,6 +382,7 @@ class Client::Replica {
         info.settings.contribution == Contribution::kPseudoGradients;
     if (pseudo_gradients_) {
       anchor_.resize(local_.num_elements());
+      next_.resize(local_.num_elements());
       if (info.settings.wire_dtype != DType::kFloat32) {
         residual_.resize(local_.num_elements(), 0.0f);
       }
@@ -606,27 +579,42 @@ class Client::Replica {
     // (A first seed, origin.round 0, seeds the parameters: there is no
     // state they were trained from that another member could hold.)
     if (pseudo_gradients_ && origin.round > 0) origin.state_id = anchor_id_;
-    absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, 0, params, origin);
+    // A pseudo-gradient job's seed result becomes the anchor only; the
+    // parameters stay this member's until it is known which they get.
+    absl::StatusOr<SyncOutcome> outcome = SyncRound(
+        layout, 0, params, origin, /*result_to_params=*/!pseudo_gradients_);
     if (!outcome.ok()) return outcome;
     if (outcome->round > origin.round ||
         (origin.state_id != 0 && outcome->state_id != origin.state_id)) {
       // Another member re-seeded from a newer state than these parameters
       // grew from (or from another state of that round): they are stale;
       // keep the adopted state (as kAdopt does).
+      if (pseudo_gradients_) CopyAnchorTo(params);
       outcome->contributed = false;
       outcome->late = true;
       return outcome;
     }
-    // The seed's result overwrote them; SyncRound kept them.
-    PutBackContribution(params);
+    // A parameter job's seed result overwrote them; SyncRound kept them.
+    if (!pseudo_gradients_) PutBackContribution(params);
     return SyncRound(layout, state_round_ + 1, params);
   }
 
   // Sends the replica's chunks of `params` for `round` (0: seed, continuing
   // `origin`) and stores the result in them.
+  //
+  // A pseudo-gradient job's result goes into next_ as it arrives and
+  // becomes the anchor once the Sync succeeded; only then is it copied into
+  // `params`, and not at all with `result_to_params` false (a re-seed, whose
+  // caller decides). A parameter job's result goes straight into `params`,
+  // each chunk's contribution kept (kept_) just before it is overwritten.
+  // Either way a failed Sync leaves `params` as they were: a retry, a
+  // re-join or a re-seed then sends this member's contribution, never a mix
+  // of it and a result that the coordinator may have lost (a restart after
+  // the round closed and before its checkpoint).
   absl::StatusOr<SyncOutcome> SyncRound(const Layout& layout, RoundId round,
                                         absl::Span<float> params,
-                                        const SeedOrigin& origin = {}) {
+                                        const SeedOrigin& origin = {},
+                                        bool result_to_params = true) {
     const DType wire = info_.settings.wire_dtype;
     // What the chunks sent are: a pseudo-gradient job's seed (its first, or
     // a re-seed of the anchor) travels in float32, a delta in the wire
@@ -637,13 +625,7 @@ class Client::Replica {
     const DType send_dtype =
         pseudo_gradients_ && round == 0 ? DType::kFloat32 : wire;
     SyncOutcome outcome;
-    // The result goes straight into `params`, with no staging copy; each
-    // chunk's contribution is kept (in `kept_`, reused) just before its
-    // result overwrites it, and put back if the Sync fails after that: a
-    // retry, a re-join or a re-seed then sends this member's contribution,
-    // never a mix of it and a result that the coordinator may have lost (a
-    // restart after the round closed and before its checkpoint).
-    kept_.resize(local_.num_elements());
+    if (!pseudo_gradients_) kept_.resize(local_.num_elements());
     kept_chunk_.assign(local_.num_chunks(), false);
     absl::Status status = WithRetries(
         absl::StrCat("Sync of round ", round), [&]() -> absl::Status {
@@ -671,6 +653,7 @@ class Client::Replica {
           header->set_early_results(early);
           RawReader<v1::SyncResponse> in;
           ChunkReceiver chunks("Sync result", local_, wire, [&](uint32_t j) {
+            if (pseudo_gradients_) return NextSlice(j);
             const absl::Span<float> slice = Slice(params, j);
             if (!kept_chunk_[j]) {
               std::copy(slice.begin(), slice.end(),
@@ -813,7 +796,9 @@ class Client::Replica {
     state_round_ = outcome.round;
     if (round != 0) last_contributors_ = outcome.contributors;
     if (pseudo_gradients_) {
-      HoldAsAnchor(params, outcome.state_id, delta && outcome.contributed);
+      anchor_.swap(next_);
+      SetAnchorId(outcome.state_id, delta && outcome.contributed);
+      if (result_to_params) CopyAnchorTo(params);
     }
     return outcome;
   }
@@ -882,20 +867,36 @@ class Client::Replica {
                        wire, out, absl::MakeSpan(decoded_));
   }
 
-  // The replica's chunk `j` of the anchor.
+  // The replica's chunk `j` of the anchor, and of the result in progress.
   absl::Span<const float> AnchorSlice(uint32_t j) const {
     return absl::MakeConstSpan(anchor_).subspan(local_.Offset(j),
                                                 local_.Size(j));
   }
+  absl::Span<float> NextSlice(uint32_t j) {
+    return absl::MakeSpan(next_).subspan(local_.Offset(j), local_.Size(j));
+  }
 
   // `params` now hold the state `id`: it is the anchor of the next delta.
-  // The error feedback carries on if this member's delta was counted, and
-  // starts over otherwise (the parameters it was about were replaced).
   void HoldAsAnchor(absl::Span<float> params, uint64_t id, bool contributed) {
     for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
       const absl::Span<const float> from = Slice(params, j);
       std::copy(from.begin(), from.end(), anchor_.begin() + local_.Offset(j));
     }
+    SetAnchorId(id, contributed);
+  }
+
+  // The replica's chunks of `params` become the anchor's.
+  void CopyAnchorTo(absl::Span<float> params) const {
+    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+      const absl::Span<const float> from = AnchorSlice(j);
+      std::copy(from.begin(), from.end(), Slice(params, j).begin());
+    }
+  }
+
+  // The anchor now holds the state `id`. The error feedback carries on if
+  // this member's delta was counted, and starts over otherwise (the
+  // parameters it was about were replaced).
+  void SetAnchorId(uint64_t id, bool contributed) {
     anchor_id_ = id;
     if (residual_.empty()) return;
     if (contributed) {
@@ -987,8 +988,10 @@ class Client::Replica {
   const std::string fetch_state_path_ = MethodPath("FetchState");
   grpc::GenericStub generic_;
   StagingPool staging_;
-  // SyncRound: this member's contribution to chunks whose result has been
-  // written over it in the current Sync (one model's worth, reused).
+  // SyncRound of a parameter job: this member's contribution to chunks
+  // whose result has been written over it in the current Sync (one model's
+  // worth, reused; a pseudo-gradient job needs none, its result goes to
+  // next_).
   std::vector<float> kept_;
   std::vector<bool> kept_chunk_;
   // Pseudo-gradient jobs: the state the parameters were trained from (this
@@ -997,6 +1000,9 @@ class Client::Replica {
   // progress (lossy wire dtypes only); scratch for one chunk.
   bool pseudo_gradients_ = false;
   std::vector<float> anchor_;
+  // The result of the Sync in progress (this replica's chunks), the next
+  // anchor; swapped with anchor_ when the Sync succeeds.
+  std::vector<float> next_;
   uint64_t anchor_id_ = 0;
   std::vector<float> residual_;
   std::vector<float> residual_next_;

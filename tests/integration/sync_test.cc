@@ -637,6 +637,96 @@ TEST(PacedUploadTest,
   EXPECT_EQ(params[0], params[1]);
 }
 
+// A Sync that fails after result chunks came back early leaves the
+// parameters exactly as they were (a pseudo-gradient job's result goes to
+// the next anchor, and into the parameters only once the Sync succeeded),
+// and the next Sync gets the round's exact result. The round cannot close:
+// raw member b gives half its chunks and holds its stream, so chunks 0-3
+// are final and sent to both, and a's Sync ends at its deadline.
+TEST(EarlyResultsClientTest, SyncFailsAfterEarlyResults_ParamsAsTheyWere) {
+  constexpr uint32_t kChunkElements = 16;
+  constexpr uint32_t kChunks = 8;
+  constexpr uint32_t kGiven = 4;
+  constexpr size_t n = size_t{kChunkElements} * kChunks;
+  auto server = StartServer(kChunkElements);
+  const Layout layout = LayoutOfSizes({static_cast<int64_t>(n)});
+  ClientOptions options;
+  options.target = absl::StrCat("127.0.0.1:", server->port());
+  options.job_id = "fails-early";
+  options.member_name = "a";
+  options.settings.rendezvous_members = 2;  // round 1 waits for both
+  options.sync_timeout = absl::Seconds(2);
+  options.max_retry_time = absl::ZeroDuration();  // one attempt
+  auto a = Client::Create(options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->Join(layout).ok());
+  std::vector<float> pa(n);
+  for (size_t j = 0; j < n; ++j) pa[j] = 0.5f * static_cast<float>(j % 5);
+  const std::vector<float> seed = pa;
+  ASSERT_TRUE((*a)->Initialize(absl::MakeSpan(pa)).ok());
+
+  testkit::RawClient raw(testkit::Channel(*server));
+  raw.set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
+  std::string b;
+  ASSERT_TRUE(raw.Join("fails-early", "b", &b, 7, layout).ok());
+  uint64_t anchor = 0;
+  ASSERT_TRUE(FetchStateId(raw, "fails-early", b, layout, &anchor).ok());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  auto stream = raw.stub()->Sync(&context);
+  v1::SyncRequest request =
+      EarlySyncHeader("fails-early", b, 1, layout, anchor);
+  ASSERT_TRUE(stream->Write(request));
+  std::string data;
+  EncodeValues(std::vector<float>(kChunkElements, 3.0f), DType::kFloat32,
+               &data);
+  request.mutable_chunk()->set_crc32c(Crc32c(0, data));
+  request.mutable_chunk()->set_data(data);
+  for (uint32_t c = 0; c < kGiven; ++c) {
+    request.mutable_chunk()->set_index(c);
+    ASSERT_TRUE(stream->Write(request));
+  }
+
+  // a's delta is +1, b's +3: the mean delta is 2, exactly.
+  for (float& v : pa) v += 1.0f;
+  const std::vector<float> contribution = pa;
+  absl::StatusOr<SyncOutcome> failed;
+  std::thread ta([&] { failed = (*a)->Sync(absl::MakeSpan(pa)); });
+  // The chunks both gave are final and go to both while a's Sync waits.
+  std::vector<float> decoded(kChunkElements);
+  for (uint32_t k = 0; k < kGiven; ++k) {
+    v1::SyncResponse response;
+    ASSERT_TRUE(stream->Read(&response)) << "early result " << k;
+    ASSERT_TRUE(response.has_chunk()) << "early result " << k;
+    EXPECT_LT(response.chunk().index(), kGiven);
+    ASSERT_TRUE(DecodeValues(response.chunk().data(), DType::kFloat32,
+                             absl::MakeSpan(decoded))
+                    .ok());
+    for (float v : decoded) ASSERT_EQ(v, 2.0f);
+  }
+  ta.join();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << failed.status();
+  for (size_t j = 0; j < n; ++j) ASSERT_EQ(pa[j], contribution[j]) << j;
+
+  // b completes; the round closes; a's next Sync gets its result.
+  for (uint32_t c = kGiven; c < kChunks; ++c) {
+    request.mutable_chunk()->set_index(c);
+    ASSERT_TRUE(stream->Write(request));
+  }
+  stream->WritesDone();
+  v1::SyncResponse response;
+  while (stream->Read(&response)) {
+  }
+  const grpc::Status status = stream->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  absl::StatusOr<SyncOutcome> retried = (*a)->Sync(absl::MakeSpan(pa));
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->round, 1u);
+  for (size_t j = 0; j < n; ++j) ASSERT_EQ(pa[j], seed[j] + 2.0f) << j;
+}
+
 TEST(LeaveTest, Leave_OpenRoundStopsWaitingForTheLeaver) {
   auto server = StartServer(16);
   const Layout layout = LayoutOfSizes({40});
