@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "src/codec.h"
 
 namespace localsgd {
 
@@ -92,9 +93,7 @@ absl::StatusOr<SyncOutcome> BackgroundSync::Finish(absl::Span<float> params) {
   if (!outcome.ok()) return outcome;
   // theta_r + (theta_now - theta_snapshot): the local progress since the
   // snapshot on top of the round's result.
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i] = buffer_[i] + (params[i] - snapshot_[i]);
-  }
+  AddProgress(buffer_, snapshot_, params);
   return outcome;
 }
 

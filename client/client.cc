@@ -848,16 +848,11 @@ class Client::Replica {
     if (wire == DType::kFloat32) {
       // Nothing to round and no residual: the difference straight into the
       // payload (one pass; a float32 payload is the values' bytes).
-      for (size_t k = 0; k < params.size(); ++k) {
-        const float d = params[k] - anchor[k];
-        std::memcpy(out + 4 * k, &d, 4);
-      }
+      SubtractTo(params, anchor, out);
       return;
     }
     delta_.resize(params.size());
-    for (size_t k = 0; k < params.size(); ++k) {
-      delta_[k] = params[k] - anchor[k];
-    }
+    SubtractTo(params, anchor, reinterpret_cast<char*>(delta_.data()));
     decoded_.resize(params.size());
     EncodeWithFeedback(delta_,
                        residual_next_.empty()

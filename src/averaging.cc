@@ -40,13 +40,18 @@ void OuterNesterovRule::Step(absl::Span<float> mean,
   DCHECK_EQ(momentum_in.size(), mean.size());
   DCHECK_EQ(momentum_out.size(), mean.size());
   const float neg_lr = -lr_;
+  const float mu = mu_;
+  // Raw pointers: a Span's hardened operator[] keeps the loop scalar.
+  float* m = mean.data();
+  const float* in = momentum_in.data();
+  float* out = momentum_out.data();
   for (size_t i = 0; i < mean.size(); ++i) {
-    const float g = -mean[i];
+    const float g = -m[i];
     // torch: buf.mul_(mu).add_(g); g = g.add(buf, alpha=mu);
     // p.add_(g, alpha=-lr).
-    const float b = momentum_in[i] * mu_ + g;
-    momentum_out[i] = b;
-    mean[i] = neg_lr * (g + mu_ * b);
+    const float b = in[i] * mu + g;
+    out[i] = b;
+    m[i] = neg_lr * (g + mu * b);
   }
 }
 

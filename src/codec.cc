@@ -472,6 +472,37 @@ void DivideInPlace(absl::Span<float> acc, double total_weight) {
 }
 
 LOCALSGD_KERNEL
+void SubtractTo(absl::Span<const float> a, absl::Span<const float> b,
+                char* out) {
+  const float* __restrict pa = a.data();
+  const float* __restrict pb = b.data();
+  char* __restrict o = out;
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const float d = pa[i] - pb[i];
+    std::memcpy(o + 4 * i, &d, 4);
+  }
+}
+
+LOCALSGD_KERNEL
+void AddInPlace(absl::Span<float> acc, absl::Span<const float> values) {
+  float* __restrict a = acc.data();
+  const float* __restrict v = values.data();
+  const size_t n = std::min(acc.size(), values.size());
+  for (size_t i = 0; i < n; ++i) a[i] += v[i];
+}
+
+LOCALSGD_KERNEL
+void AddProgress(absl::Span<const float> base, absl::Span<const float> snapshot,
+                 absl::Span<float> params) {
+  const float* b = base.data();
+  const float* s = snapshot.data();
+  float* p = params.data();
+  const size_t n = std::min({base.size(), snapshot.size(), params.size()});
+  for (size_t i = 0; i < n; ++i) p[i] = b[i] + (p[i] - s[i]);
+}
+
+LOCALSGD_KERNEL
 void RoundTripInPlace(absl::Span<float> values, DType dtype) {
   if (dtype != DType::kBFloat16) return;
   for (float& v : values) v = BFloat16ToFloat(FloatToBFloat16(v));

@@ -128,6 +128,23 @@ absl::Status DecodeOntoPieces(absl::Span<const absl::string_view> pieces,
 // acc[i] /= total_weight for every i (total_weight > 0).
 void DivideInPlace(absl::Span<float> acc, double total_weight);
 
+// Element-wise kernels of the hot paths, over raw pointers: an
+// absl::Span's operator[] is bounds-checked in Debian's hardened Abseil
+// (ABSL_OPTION_HARDENED), which keeps a loop over it from vectorizing.
+// The spans of one call hold the same number of values.
+//
+// out (WireBytes(kFloat32, a.size()) bytes) = the float32 bytes of
+// a[i] - b[i]: a delta in float32 wire form, in one pass. `out` may not
+// overlap a or b.
+void SubtractTo(absl::Span<const float> a, absl::Span<const float> b,
+                char* out);
+// acc[i] += values[i] (`values` may not overlap acc).
+void AddInPlace(absl::Span<float> acc, absl::Span<const float> values);
+// params[i] = base[i] + (params[i] - snapshot[i]): the progress since
+// `snapshot` on top of `base` (BackgroundSync's merge).
+void AddProgress(absl::Span<const float> base, absl::Span<const float> snapshot,
+                 absl::Span<float> params);
+
 // Replaces every value by the nearest value representable in `dtype`
 // (bfloat16: round to nearest even; float32: no-op).
 void RoundTripInPlace(absl::Span<float> values, DType dtype);

@@ -929,7 +929,7 @@ void Job::FinalizeChunkLocked(OpenRound& round, uint32_t c) {
     EncodeValuesTo(chunk, wire, out);
   }
   const auto previous = absl::MakeConstSpan(old.values).subspan(offset, len);
-  for (size_t i = 0; i < len; ++i) chunk[i] += previous[i];
+  AddInPlace(chunk, previous);
   round.final[c] = true;
   ++round.num_final;
 }

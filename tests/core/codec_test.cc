@@ -346,6 +346,42 @@ TEST(CodecTest, DivideInPlace_DividesByTotalWeight) {
   EXPECT_EQ(acc[3], 0.0f);
 }
 
+// The element-wise kernels, bit for bit the scalar expressions, at sizes
+// around the vector widths (the remainder loops too).
+TEST(CodecTest, ElementwiseKernels_BitForBitTheScalarExpressions) {
+  for (size_t n :
+       {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{17}, size_t{1031}}) {
+    SCOPED_TRACE(n);
+    std::vector<float> a(n), b(n), c(n);
+    for (size_t i = 0; i < n; ++i) {
+      a[i] = 1.0f / static_cast<float>(i + 1) + 1e3f;
+      b[i] = 0.1f * static_cast<float>(i) - 7.0f / 3.0f;
+      c[i] = -static_cast<float>(i % 13) / 11.0f;
+    }
+    std::string bytes(4 * n + 1, 'x');
+    SubtractTo(a, b, bytes.data());
+    EXPECT_EQ(bytes[4 * n], 'x');  // nothing past the values
+    for (size_t i = 0; i < n; ++i) {
+      const float want = a[i] - b[i];
+      float got;
+      std::memcpy(&got, bytes.data() + 4 * i, 4);
+      ASSERT_EQ(ToBits(got), ToBits(want)) << i;
+    }
+    std::vector<float> acc = a;
+    AddInPlace(absl::MakeSpan(acc), b);
+    for (size_t i = 0; i < n; ++i) {
+      const float want = a[i] + b[i];
+      ASSERT_EQ(ToBits(acc[i]), ToBits(want)) << i;
+    }
+    std::vector<float> params = c;
+    AddProgress(a, b, absl::MakeSpan(params));
+    for (size_t i = 0; i < n; ++i) {
+      const float want = a[i] + (c[i] - b[i]);
+      ASSERT_EQ(ToBits(params[i]), ToBits(want)) << i;
+    }
+  }
+}
+
 TEST(CodecTest, RoundTripInPlace_Float32IsNoOp_BFloat16Rounds) {
   std::vector<float> v = {1.0f / 3.0f, 3.14159f, -2.7182818f, 1e-3f};
   const std::vector<float> original = v;
