@@ -539,11 +539,13 @@ void EncodeWithFeedback(absl::Span<const float> values,
   // residual, encoded; residual = e - decode(e's encoding).
   constexpr size_t kStep = 16 * kQuantBlock;  // whole blocks, and bf16 pairs
   float e[kStep];
+  // Raw pointers: a Span's hardened operator[] keeps a loop scalar.
+  const float* v = values.data();
+  float* r = residual.data();
+  const float* d = decoded.data();
   for (size_t first = 0; first < n; first += kStep) {
     const size_t len = std::min(kStep, n - first);
-    for (size_t i = 0; i < len; ++i) {
-      e[i] = values[first + i] + residual[first + i];
-    }
+    for (size_t i = 0; i < len; ++i) e[i] = v[first + i] + r[first + i];
     const size_t offset = WireBytes(dtype, first);  // first: whole blocks
     const size_t bytes = WireBytes(dtype, len);
     char* piece = out + offset;
@@ -565,7 +567,7 @@ void EncodeWithFeedback(absl::Span<const float> values,
                          decoded.subspan(first, len));
     }
     for (size_t i = 0; i < len; ++i) {
-      residual[first + i] = e[i] - decoded[first + i];
+      r[first + i] = e[i] - d[first + i];
     }
   }
 }
