@@ -11,7 +11,11 @@
 namespace localsgd {
 
 // The loops below are written so that GCC vectorizes them at -O2/-O3: plain
-// indexed loops over restrict-free local pointers, memcpy for type punning.
+// indexed loops over local pointers (never an absl::Span's operator[],
+// which hardened Abseil bound-checks), memcpy for type punning; __restrict
+// only where the callers' buffers never overlap. Built with
+// -ffp-contract=off (src/CMakeLists.txt): no a + b * c becomes an FMA, so
+// every decode and step gives the same bits on every machine.
 // The hot ones are also built for AVX2 and picked at load time where the CPU
 // has it (x86-64's baseline is SSE2, which has no 32->16-bit pack: bf16
 // encoding at SSE2 runs at a third of the AVX2 speed).
@@ -162,6 +166,26 @@ DecodeBlocksImpl(const char* data, DType dtype, float weight, const float* base,
 
 }  // namespace
 
+namespace {
+
+// INVALID_ARGUMENT unless a payload of `bytes` holds `out` values of
+// `dtype` and a decode's base (if any) has as many.
+absl::Status CheckDecodeSizes(size_t bytes, DType dtype, size_t base,
+                              size_t out) {
+  if (base != out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("base has ", base, " values; out has ", out));
+  }
+  if (bytes != WireBytes(dtype, out)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "payload has ", bytes, " bytes; expected ", WireBytes(dtype, out), " (",
+        out, " ", DTypeName(dtype), " values)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 LOCALSGD_KERNEL
 void EncodeValuesTo(absl::Span<const float> values, DType dtype, char* out) {
   if (IsBlockDType(dtype)) {
@@ -185,22 +209,24 @@ void EncodeValues(absl::Span<const float> values, DType dtype,
 LOCALSGD_KERNEL
 absl::Status DecodeValues(absl::string_view data, DType dtype,
                           absl::Span<float> out) {
-  if (data.size() != WireBytes(dtype, out.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("payload has ", data.size(), " bytes; expected ",
-                     WireBytes(dtype, out.size()), " (", out.size(), " ",
-                     DTypeName(dtype), " values)"));
+  if (absl::Status s =
+          CheckDecodeSizes(data.size(), dtype, out.size(), out.size());
+      !s.ok()) {
+    return s;
   }
   if (IsBlockDType(dtype)) {
     // Decoding is the weight-1 case of accumulating, so that a decoded value
     // is bit for bit the one the coordinator adds.
-    DecodeBlocksImpl<false>(data.data(), dtype, 1.0f, nullptr, out.data(),
+    // (The base is not read without accumulating; out.data() keeps its
+    // per-block offsets off a null pointer.)
+    DecodeBlocksImpl<false>(data.data(), dtype, 1.0f, out.data(), out.data(),
                             out.size());
   } else if (dtype == DType::kBFloat16) {
+    float* o = out.data();
     for (size_t i = 0; i < out.size(); ++i) {
       uint16_t h;
       std::memcpy(&h, data.data() + 2 * i, 2);
-      out[i] = BFloat16ToFloat(h);
+      o[i] = BFloat16ToFloat(h);
     }
   } else if (!data.empty()) {
     std::memcpy(out.data(), data.data(), data.size());
@@ -211,15 +237,10 @@ absl::Status DecodeValues(absl::string_view data, DType dtype,
 LOCALSGD_KERNEL
 absl::Status DecodeOnto(absl::string_view data, DType dtype,
                         absl::Span<const float> base, absl::Span<float> out) {
-  if (base.size() != out.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "base has ", base.size(), " values; out has ", out.size()));
-  }
-  if (data.size() != WireBytes(dtype, out.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("payload has ", data.size(), " bytes; expected ",
-                     WireBytes(dtype, out.size()), " (", out.size(), " ",
-                     DTypeName(dtype), " values)"));
+  if (absl::Status s =
+          CheckDecodeSizes(data.size(), dtype, base.size(), out.size());
+      !s.ok()) {
+    return s;
   }
   const float* b = base.data();
   float* o = out.data();
@@ -420,12 +441,10 @@ void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
 
 absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
                                 DType dtype, absl::Span<float> out) {
-  const size_t bytes = TotalSize(pieces);
-  if (bytes != WireBytes(dtype, out.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("payload has ", bytes, " bytes; expected ",
-                     WireBytes(dtype, out.size()), " (", out.size(), " ",
-                     DTypeName(dtype), " values)"));
+  if (absl::Status s =
+          CheckDecodeSizes(TotalSize(pieces), dtype, out.size(), out.size());
+      !s.ok()) {
+    return s;
   }
   if (IsBlockDType(dtype)) return DecodeValues(Contiguous(pieces), dtype, out);
   const size_t size = DTypeSize(dtype);
@@ -440,16 +459,10 @@ absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
 absl::Status DecodeOntoPieces(absl::Span<const absl::string_view> pieces,
                               DType dtype, absl::Span<const float> base,
                               absl::Span<float> out) {
-  if (base.size() != out.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "base has ", base.size(), " values; out has ", out.size()));
-  }
-  const size_t bytes = TotalSize(pieces);
-  if (bytes != WireBytes(dtype, out.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("payload has ", bytes, " bytes; expected ",
-                     WireBytes(dtype, out.size()), " (", out.size(), " ",
-                     DTypeName(dtype), " values)"));
+  if (absl::Status s =
+          CheckDecodeSizes(TotalSize(pieces), dtype, base.size(), out.size());
+      !s.ok()) {
+    return s;
   }
   if (IsBlockDType(dtype)) {
     return DecodeOnto(Contiguous(pieces), dtype, base, out);
