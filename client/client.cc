@@ -108,8 +108,10 @@ class ChunkReceiver {
       chunk.CopyTo(reinterpret_cast<char*>(dest.data()));
     } else {
       // Decoded from the slices in place (an element cut between two is
-      // assembled apart); a delta onto its base as it is read, in one pass,
-      // as the coordinator computed its state.
+      // assembled apart; a blockwise payload in several slices is made
+      // contiguous first, its scales sitting apart from its codes); a delta
+      // onto its base as it is read, in one pass, as the coordinator
+      // computed its state.
       absl::Status s =
           base_ == nullptr
               ? DecodeValuesPieces(chunk.pieces, wire_, dest)
@@ -425,9 +427,13 @@ class Client::Replica {
       BlockingStream reader(&generic_, &context, fetch_state_path_);
       if (reader.Write(SerializeMessage(request))) reader.WritesDone();
       RawReader<v1::FetchStateResponse> in;
-      // Straight into `params`: a failed fetch is retried whole.
-      ChunkReceiver chunks("FetchState", local_, StateDType(),
-                           [&](uint32_t j) { return Slice(params, j); });
+      // A pseudo-gradient job's state goes into next_ and becomes the
+      // anchor and the parameters once the fetch succeeded, so a fetch
+      // that fails leaves them as they were; a parameter job's straight
+      // into `params` (a failed fetch is retried whole).
+      ChunkReceiver chunks("FetchState", local_, StateDType(), [&](uint32_t j) {
+        return pseudo_gradients_ ? NextSlice(j) : Slice(params, j);
+      });
       bool header = false;
       absl::Status error;
       while (error.ok() && in.Read(reader)) {
@@ -462,15 +468,17 @@ class Client::Replica {
       return chunks.CheckComplete();
     });
     if (!status.ok()) return status;
-    state_round_ = round;
     if (pseudo_gradients_) {
       if (state_id == 0) {
         return absl::InternalError(absl::StrCat(
             "coordinator ", address_,
             ": FetchState of a pseudo-gradient job names no state id"));
       }
-      HoldAsAnchor(params, state_id, /*contributed=*/false);
+      anchor_.swap(next_);
+      SetAnchorId(state_id, /*contributed=*/false);
+      CopyAnchorTo(params);
     }
+    state_round_ = round;
     return round;
   }
 
@@ -840,7 +848,7 @@ class Client::Replica {
   }
 
   // Chunk `j` of the delta params - anchor, encoded in `wire` with this
-  // member's error feedback (residual_next_, committed by HoldAsAnchor if
+  // member's error feedback (residual_next_, committed by SetAnchorId if
   // the contribution counts).
   void EncodeDelta(uint32_t j, absl::Span<const float> params, DType wire,
                    char* out) {
@@ -869,15 +877,6 @@ class Client::Replica {
   }
   absl::Span<float> NextSlice(uint32_t j) {
     return absl::MakeSpan(next_).subspan(local_.Offset(j), local_.Size(j));
-  }
-
-  // `params` now hold the state `id`: it is the anchor of the next delta.
-  void HoldAsAnchor(absl::Span<float> params, uint64_t id, bool contributed) {
-    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
-      const absl::Span<const float> from = Slice(params, j);
-      std::copy(from.begin(), from.end(), anchor_.begin() + local_.Offset(j));
-    }
-    SetAnchorId(id, contributed);
   }
 
   // The replica's chunks of `params` become the anchor's.
