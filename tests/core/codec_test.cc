@@ -477,7 +477,7 @@ TEST_P(PiecesTest, DecodeValuesPieces_WrongSize_InvalidArgument) {
 // DecodeValues then an add gives, for every wire dtype and every cut.
 class DecodeOntoTest : public ::testing::TestWithParam<DType> {};
 
-TEST_P(DecodeOntoTest, EveryCut_BitForBitBasePlusDecoded) {
+TEST_P(DecodeOntoTest, ManyCuts_BitForBitBasePlusDecoded) {
   const DType dtype = GetParam();
   // Two blockwise blocks and a partial one (an odd count for int4).
   const size_t n = 2 * kQuantBlock + 37;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -640,11 +641,17 @@ TEST(PacedUploadTest,
 // A Sync that fails after result chunks came back early leaves the
 // parameters exactly as they were (a pseudo-gradient job's result goes to
 // the next anchor, and into the parameters only once the Sync succeeded),
-// and the next Sync gets the round's exact result. The round cannot close:
-// raw member b gives half its chunks and holds its stream, so chunks 0-3
-// are final and sent to both, and a's Sync ends at its deadline.
-TEST(EarlyResultsClientTest, SyncFailsAfterEarlyResults_ParamsAsTheyWere) {
-  constexpr uint32_t kChunkElements = 16;
+// and the next Sync gets the round's result, bit for bit what raw member b
+// decodes. The round cannot close: b gives half its chunks and holds its
+// stream, so chunks 0-3 are final and sent to both (b reads them while a's
+// Sync runs), and a's Sync ends at its deadline. In float32 and int8 (the
+// blockwise decode onto the anchor, and the error feedback of a Sync that
+// failed).
+class EarlyResultsClientTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(EarlyResultsClientTest, SyncFailsAfterEarlyResults_ParamsAsTheyWere) {
+  const DType wire = GetParam();
+  constexpr uint32_t kChunkElements = 256;
   constexpr uint32_t kChunks = 8;
   constexpr uint32_t kGiven = 4;
   constexpr size_t n = size_t{kChunkElements} * kChunks;
@@ -655,6 +662,7 @@ TEST(EarlyResultsClientTest, SyncFailsAfterEarlyResults_ParamsAsTheyWere) {
   options.job_id = "fails-early";
   options.member_name = "a";
   options.settings.rendezvous_members = 2;  // round 1 waits for both
+  options.settings.wire_dtype = wire;
   options.sync_timeout = absl::Seconds(2);
   options.max_retry_time = absl::ZeroDuration();  // one attempt
   auto a = Client::Create(options);
@@ -678,8 +686,7 @@ TEST(EarlyResultsClientTest, SyncFailsAfterEarlyResults_ParamsAsTheyWere) {
       EarlySyncHeader("fails-early", b, 1, layout, anchor);
   ASSERT_TRUE(stream->Write(request));
   std::string data;
-  EncodeValues(std::vector<float>(kChunkElements, 3.0f), DType::kFloat32,
-               &data);
+  EncodeValues(std::vector<float>(kChunkElements, 3.0f), wire, &data);
   request.mutable_chunk()->set_crc32c(Crc32c(0, data));
   request.mutable_chunk()->set_data(data);
   for (uint32_t c = 0; c < kGiven; ++c) {
@@ -687,24 +694,36 @@ TEST(EarlyResultsClientTest, SyncFailsAfterEarlyResults_ParamsAsTheyWere) {
     ASSERT_TRUE(stream->Write(request));
   }
 
-  // a's delta is +1, b's +3: the mean delta is 2, exactly.
+  // What b decodes of each result chunk: the round's delta.
+  std::vector<float> delta(n, std::numeric_limits<float>::quiet_NaN());
+  uint32_t results = 0;
+  auto take = [&](const v1::SyncResponse& response) {
+    if (!response.has_chunk()) return;
+    const uint32_t c = response.chunk().index();
+    EXPECT_LT(c, kChunks);
+    if (c >= kChunks) return;
+    EXPECT_TRUE(DecodeValues(response.chunk().data(), wire,
+                             absl::MakeSpan(delta).subspan(c * kChunkElements,
+                                                           kChunkElements))
+                    .ok());
+    ++results;
+  };
+
+  // a's delta is +1, b's +3 (float32: the mean delta is 2, exactly).
   for (float& v : pa) v += 1.0f;
   const std::vector<float> contribution = pa;
   absl::StatusOr<SyncOutcome> failed;
   std::thread ta([&] { failed = (*a)->Sync(absl::MakeSpan(pa)); });
   // The chunks both gave are final and go to both while a's Sync waits.
-  std::vector<float> decoded(kChunkElements);
   for (uint32_t k = 0; k < kGiven; ++k) {
     v1::SyncResponse response;
-    ASSERT_TRUE(stream->Read(&response)) << "early result " << k;
-    ASSERT_TRUE(response.has_chunk()) << "early result " << k;
-    EXPECT_LT(response.chunk().index(), kGiven);
-    ASSERT_TRUE(DecodeValues(response.chunk().data(), DType::kFloat32,
-                             absl::MakeSpan(decoded))
-                    .ok());
-    for (float v : decoded) ASSERT_EQ(v, 2.0f);
+    const bool read = stream->Read(&response);
+    EXPECT_TRUE(read && response.has_chunk()) << "early result " << k;
+    if (!read) break;
+    take(response);
   }
   ta.join();
+  EXPECT_EQ(results, kGiven);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kDeadlineExceeded)
       << failed.status();
@@ -717,15 +736,24 @@ TEST(EarlyResultsClientTest, SyncFailsAfterEarlyResults_ParamsAsTheyWere) {
   }
   stream->WritesDone();
   v1::SyncResponse response;
-  while (stream->Read(&response)) {
-  }
+  while (stream->Read(&response)) take(response);
   const grpc::Status status = stream->Finish();
   ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(results, kChunks);
   absl::StatusOr<SyncOutcome> retried = (*a)->Sync(absl::MakeSpan(pa));
   ASSERT_TRUE(retried.ok()) << retried.status();
   EXPECT_EQ(retried->round, 1u);
-  for (size_t j = 0; j < n; ++j) ASSERT_EQ(pa[j], seed[j] + 2.0f) << j;
+  for (size_t j = 0; j < n; ++j) {
+    ASSERT_EQ(pa[j], seed[j] + delta[j]) << j;
+    if (wire == DType::kFloat32) ASSERT_EQ(delta[j], 2.0f) << j;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Wires, EarlyResultsClientTest,
+                         ::testing::Values(DType::kFloat32, DType::kInt8Block),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
 
 TEST(LeaveTest, Leave_OpenRoundStopsWaitingForTheLeaver) {
   auto server = StartServer(16);
