@@ -438,18 +438,27 @@ grpc::Status FetchStateId(testkit::RawClient& raw, const std::string& job,
   return reader->Finish();
 }
 
+// Joins raw member `name` to pseudo-gradient job `job` and reads the id of
+// the job's current state (the anchor of its first delta).
+grpc::Status JoinPseudoGradientMember(testkit::RawClient& raw,
+                                      const std::string& job,
+                                      const std::string& name,
+                                      const Layout& layout, std::string* member,
+                                      uint64_t* anchor) {
+  raw.set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
+  grpc::Status status = raw.Join(job, name, member, 7, layout);
+  if (!status.ok()) return status;
+  return FetchStateId(raw, job, *member, layout, anchor);
+}
+
 // The header of a raw pseudo-gradient Sync asking for early results.
 v1::SyncRequest EarlySyncHeader(const std::string& job,
                                 const std::string& member, uint64_t round,
                                 const Layout& layout, uint64_t anchor) {
-  v1::SyncRequest request;
-  v1::SyncHeader* header = request.mutable_header();
-  header->set_job_id(job);
-  header->set_member_id(member);
-  header->set_round(round);
-  header->set_layout_fingerprint(layout.fingerprint);
-  header->set_anchor_state_id(anchor);
-  header->set_early_results(true);
+  v1::SyncRequest request =
+      testkit::SyncHeaderRequest(job, member, round, layout);
+  request.mutable_header()->set_anchor_state_id(anchor);
+  request.mutable_header()->set_early_results(true);
   return request;
 }
 
@@ -481,11 +490,10 @@ TEST(PacedUploadTest, LeadLimit_WritesWaitForResultsAndResume) {
   ASSERT_TRUE((*a)->Initialize(absl::MakeSpan(pa)).ok());
 
   testkit::RawClient raw(testkit::Channel(*server));
-  raw.set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
   std::string b;
-  ASSERT_TRUE(raw.Join("paced", "b", &b, 7, layout).ok());
   uint64_t anchor = 0;
-  ASSERT_TRUE(FetchStateId(raw, "paced", b, layout, &anchor).ok());
+  ASSERT_TRUE(
+      JoinPseudoGradientMember(raw, "paced", "b", layout, &b, &anchor).ok());
   ASSERT_NE(anchor, 0u);
 
   // Each round a adds 1 everywhere and b sends +3: the mean delta is 2,
@@ -597,11 +605,11 @@ TEST(PacedUploadTest,
     ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
   }
   testkit::RawClient raw(testkit::Channel(*server));
-  raw.set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
   std::string b;
-  ASSERT_TRUE(raw.Join("deadline", "stalled", &b, 7, layout).ok());
   uint64_t anchor = 0;
-  ASSERT_TRUE(FetchStateId(raw, "deadline", b, layout, &anchor).ok());
+  ASSERT_TRUE(
+      JoinPseudoGradientMember(raw, "deadline", "stalled", layout, &b, &anchor)
+          .ok());
   // The stalled member opens round 1 and gives chunk 0 only.
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
@@ -674,11 +682,11 @@ TEST_P(EarlyResultsClientTest, SyncFailsAfterEarlyResults_ParamsAsTheyWere) {
   ASSERT_TRUE((*a)->Initialize(absl::MakeSpan(pa)).ok());
 
   testkit::RawClient raw(testkit::Channel(*server));
-  raw.set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
   std::string b;
-  ASSERT_TRUE(raw.Join("fails-early", "b", &b, 7, layout).ok());
   uint64_t anchor = 0;
-  ASSERT_TRUE(FetchStateId(raw, "fails-early", b, layout, &anchor).ok());
+  ASSERT_TRUE(
+      JoinPseudoGradientMember(raw, "fails-early", "b", layout, &b, &anchor)
+          .ok());
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
   auto stream = raw.stub()->Sync(&context);

@@ -150,6 +150,19 @@ inline std::shared_ptr<grpc::Channel> Channel(
   return channel.ok() ? *std::move(channel) : nullptr;
 }
 
+// The first message of a raw Sync stream: its header for `round`.
+inline v1::SyncRequest SyncHeaderRequest(const std::string& job,
+                                         const std::string& member,
+                                         uint64_t round, const Layout& layout) {
+  v1::SyncRequest request;
+  v1::SyncHeader* header = request.mutable_header();
+  header->set_job_id(job);
+  header->set_member_id(member);
+  header->set_round(round);
+  header->set_layout_fingerprint(layout.fingerprint);
+  return request;
+}
+
 // The wire protocol, call by call. `authorization` (if not empty) is sent as
 // the call's `authorization` metadata as is, so tests can send any token for
 // any job. Every call has a deadline of 10 s.
@@ -215,12 +228,7 @@ class RawClient {
     grpc::ClientContext context;
     Prepare(&context);
     auto stream = stub_->Sync(&context);
-    v1::SyncRequest request;
-    v1::SyncHeader* header = request.mutable_header();
-    header->set_job_id(job);
-    header->set_member_id(member);
-    header->set_round(round);
-    header->set_layout_fingerprint(layout.fingerprint);
+    v1::SyncRequest request = SyncHeaderRequest(job, member, round, layout);
     bool writing = stream->Write(request);
     for (uint32_t c = 0; writing && c * kChunk < values.size(); ++c) {
       const size_t begin = size_t{c} * kChunk;
