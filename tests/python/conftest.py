@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "deploy"))
 import deploy_lib  # noqa: E402
 
-COORDINATOR = os.environ.get("LOCALSGD_COORDINATOR", "")
+COORDINATOR = os.environ.get("LOCALSGD_COORDINATOR_BINARY", "")
 SCRIPTED_MEMBER = os.environ.get("LOCALSGD_SCRIPTED_MEMBER", "")
 CPP_WORKER = os.environ.get("LOCALSGD_CPP_WORKER", "")
 SOURCE_DIR = os.environ.get("LOCALSGD_SOURCE_DIR", "")
@@ -110,7 +110,8 @@ class CppMember:
 @pytest.fixture
 def coordinator(tmp_path):
     if not COORDINATOR:
-        pytest.fail("LOCALSGD_COORDINATOR is not set (run through ctest)")
+        pytest.fail("LOCALSGD_COORDINATOR_BINARY is not set (run through "
+                    "ctest)")
     started = []
 
     def start(*flags):
