@@ -10,11 +10,23 @@ accelerate. On the wire travel pseudo-gradients (the change since the last
 global state) in float32, bfloat16, or 8- or 4-bit blocks with error
 feedback (wire_dtype).
 
+A script written for accelerate changes its import only; the coordinator
+and the job come from the environment (LOCALSGD_COORDINATOR, LOCALSGD_JOB):
+
+    # from accelerate.local_sgd import LocalSGD
+    from localsgd import LocalSGD
+
+    with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=8,
+                  enabled=True) as local_sgd:
+        for batch in loader:
+            loss = ...; accelerator.backward(loss); optimizer.step()
+            optimizer.zero_grad(); local_sgd.step()
+
+or, naming them:
+
     with LocalSGD(model, coordinator="host:50051", job="run1",
                   local_sgd_steps=16) as local_sgd:
-        for batch in loader:
-            loss = ...; loss.backward(); optimizer.step()
-            optimizer.zero_grad(); local_sgd.step()
+        ...
 
 Construction joins the job and makes the model's parameters its global
 state (the first member seeds the job, later ones, late joiners included,
@@ -24,25 +36,64 @@ leaves at once, without the final sync, so that the other members do not
 wait for this one. enabled=False is a pass-through: nothing is joined, step()
 only counts.
 
+Where accelerate averages over the processes of one torch.distributed world
+(and so does nothing for a single process: its DistributedType.NO), a
+member here averages with every member of the job, on any machine, through
+the coordinator: a single process syncs too. The averaged result is
+accelerate's when every member is in every round (averaging="mean",
+float32 on the wire).
+
+Launched together: under a launcher's environment (WORLD_SIZE, as torchrun
+and `accelerate launch` set it, with LOCAL_WORLD_SIZE), the job's first
+rounds wait until the launched world's members all take part (a rendezvous
+of WORLD_SIZE / node size members: one per node when the processes of a
+node form a node group, one per process otherwise), so that workers which
+start seconds apart average together from the first round, as accelerate's
+ranks do. rendezvous=0 (or LOCALSGD_RENDEZVOUS=0) asks for no wait.
+Without a launcher there is no wait: a member averages with the members
+present when a round opens, and one that joins later takes part from the
+next round (it starts from the job's state); in a short job, a worker that
+starts late may find the first one's rounds over. To wait for N members
+there, pass rendezvous=N or set LOCALSGD_RENDEZVOUS=N. A rendezvous is a
+setting of the job (its first member's): every member must ask for the same
+N, or for none; a round that gathers waits for its members without limit
+unless the coordinator has a --round_deadline.
+
 Node-local averaging (process_group): the processes of a node (torchrun
---nproc-per-node) pass a torch.distributed group (gloo for CPU tensors,
-NCCL for CUDA); at every sync they all-reduce the parameters to the node
-mean, rank 0 of the group alone syncs it with the coordinator (as a member
-of weight = the group's size) and broadcasts the result. Every rank of the
-group must construct, step(), sync_now() and close() in lockstep, exactly as
-the C++ node groups (client/node_group.h). If the leader skips a sync
-(coordinator unreachable and keep_training_when_unavailable), every rank
-keeps its own parameters; if it fails, every rank raises with its code.
+--nproc-per-node, `accelerate launch --num_processes`) average over a
+torch.distributed group (gloo for CPU tensors, NCCL for CUDA); at every
+sync they all-reduce the parameters to the node mean, rank 0 of the group
+alone syncs it with the coordinator (as a member of weight = the group's
+size) and broadcasts the result. The group is formed by itself when the
+accelerator has several processes (accelerator.num_processes > 1, with
+torch.distributed initialised, as accelerate does), or torch.distributed is
+initialised with several processes and no accelerator is given: the
+processes of a node are those with the same process_index -
+local_process_index (accelerate), the same RANK - LOCAL_RANK (torchrun's
+environment) or, without LOCAL_RANK, the same host name; process_group=
+names the group instead. Forming the groups is a collective of the whole
+world: every process constructs its LocalSGD at the same point. Every rank
+of the group must construct, step(), sync_now() and close() in lockstep,
+exactly as the C++ node groups (client/node_group.h). If the leader skips a
+sync (coordinator unreachable and keep_training_when_unavailable), every
+rank keeps its own parameters; if it fails, every rank raises with its code.
 With overlap=True a node merges in lockstep at sync points only: the node
 mean; the leader merges the round in flight into it (result + (mean_now -
 mean_then)) and starts the next round from that; every rank goes on from
 what the leader broadcasts (the node mean when no round was merged), as
-LocalSGDOptions::overlap does in C++.
+LocalSGDOptions::overlap does in C++. A model wrapped in
+DistributedDataParallel (what accelerator.prepare returns for several
+processes) trains inside the `with` block under its no_sync(), as with
+accelerate, so that the ranks do not all-reduce gradients at every step;
+its parameters are named as the wrapped module's.
 
 Parameters on CUDA are copied through one reused pinned host buffer; CPU
 float32 parameters are copied once into the flat buffer and back.
 """
+import os
+import socket
 import time
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -60,6 +111,10 @@ _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16",
 _OK, _SKIPPED, _FAILED = 0, 1, 2
 # The node's status flags (overlap's sync point).
 _MERGED, _STARTED = 1, 2
+# accelerate's DistributedType values that its LocalSGD supports (one
+# process, or data parallel over processes); the others (DEEPSPEED, FSDP,
+# MEGATRON_LM, XLA) raise NotImplementedError there and here.
+_SUPPORTED_DISTRIBUTED_TYPES = ("NO", "MULTI_")
 
 
 def _error(code, message):
@@ -70,24 +125,154 @@ def _error(code, message):
     return e
 
 
+def _env(name, default=None):
+    """The environment variable `name`, or `default` when unset or empty."""
+    value = os.environ.get(name, "")
+    return value if value != "" else default
+
+
+def _env_number(name, kind, default):
+    value = _env(name)
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not "
+                         f"a{'n int' if kind is int else ' number'}") \
+            from None
+
+
+def _distributed_type_name(accelerator):
+    """accelerator.distributed_type as a string ("NO", "MULTI_GPU", ...), or
+    None when the accelerator has none."""
+    t = getattr(accelerator, "distributed_type", None)
+    if t is None:
+        return None
+    return str(getattr(t, "value", t)).upper()
+
+
+def _node_group(accelerator, device):
+    """The torch.distributed group of this process's node, formed from the
+    accelerator or the initialised world (see the module's documentation);
+    None when this process is alone on its node or not distributed."""
+    initialised = dist.is_available() and dist.is_initialized()
+    if accelerator is not None:
+        n = int(accelerator.num_processes)
+        if n <= 1:
+            return None
+        if not initialised:
+            raise ValueError(
+                f"accelerator.num_processes={n} but torch.distributed is not "
+                "initialised (accelerate initialises it for several "
+                "processes); pass process_group= or initialise it")
+        if dist.get_world_size() != n:
+            raise ValueError(
+                f"accelerator.num_processes={n} but the torch.distributed "
+                f"world has {dist.get_world_size()} processes")
+        rank = dist.get_rank()
+        key = rank - int(accelerator.local_process_index)
+    elif initialised and dist.get_world_size() > 1:
+        rank = dist.get_rank()
+        local_rank = _env_number("LOCAL_RANK", int, None)
+        if local_rank is not None:
+            key = rank - local_rank
+        else:
+            # A stable number for the host (not hash(): it is salted).
+            key = -1 - zlib.crc32(socket.gethostname().encode())
+    else:
+        return None
+    world = dist.get_world_size()
+    if dist.get_backend() != "nccl":
+        device = torch.device("cpu")
+    elif device.type != "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    mine = torch.tensor([key], dtype=torch.int64, device=device)
+    keys = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(keys, mine)
+    nodes = {}  # key -> global ranks, in the order of their first rank
+    for r, k in enumerate(t.item() for t in keys):
+        nodes.setdefault(k, []).append(r)
+    group = None
+    # new_group is a collective of the whole world: every process creates
+    # every node's group, in the same order.
+    for ranks in nodes.values():
+        if len(ranks) == 1:
+            continue
+        g = dist.group.WORLD if len(ranks) == world else \
+            dist.new_group(ranks)
+        if rank in ranks:
+            group = g
+    return group
+
+
+def _rendezvous_members(rendezvous, node_size):
+    """The job's rendezvous: `rendezvous` if given, else LOCALSGD_RENDEZVOUS,
+    else the launched world's members (WORLD_SIZE / node size), else 0."""
+    if rendezvous is None:
+        rendezvous = _env_number("LOCALSGD_RENDEZVOUS", int, None)
+    if rendezvous is not None:
+        if isinstance(rendezvous, bool) or not isinstance(rendezvous, int) \
+                or rendezvous < 0:
+            raise ValueError(f"rendezvous={rendezvous!r}: must be an int "
+                             ">= 0 (0: no wait)")
+        return rendezvous
+    world = _env_number("WORLD_SIZE", int, None)
+    if world is None:
+        return 0
+    if world < 1 or world % node_size:
+        raise ValueError(
+            f"WORLD_SIZE={world} is not a multiple of this node's "
+            f"{node_size} processes, so the launched world's members are "
+            "unknown: pass rendezvous=N (or LOCALSGD_RENDEZVOUS=N; 0: no "
+            "wait)")
+    members = world // node_size
+    return members if members > 1 else 0
+
+
 class LocalSGD:
-    """See the module's documentation. Arguments:
+    """See the module's documentation. Arguments (None: from the
+    environment variable named, else the default shown):
 
     model: the torch.nn.Module whose parameters are averaged.
-    coordinator: "host:port" of the coordinator (or replicas=[...] for
-        sharded coordinators).
-    job: the job id; the job is created by its first member.
-    local_sgd_steps: K, optimizer steps between two syncs.
+    accelerator: an accelerate.Accelerator (or any object with its
+        num_processes, local_process_index and distributed_type): its
+        processes form the node group (see the module's documentation);
+        one process (num_processes=1) is a member of its own. accelerate's
+        positional order, LocalSGD(accelerator, model, local_sgd_steps,
+        enabled), is accepted too.
+    coordinator: "host:port" of the coordinator; LOCALSGD_COORDINATOR (a
+        comma-separated list: the replicas of sharded coordinators).
+    replicas: ["host:port", ...] of sharded coordinators, instead.
+    job: the job id (the job is created by its first member); LOCALSGD_JOB.
+    local_sgd_steps: K, optimizer steps between two syncs (8).
     enabled: False makes LocalSGD a pass-through (accelerate's enabled).
     weight: this member's weight in the mean (a node group's leader joins
         with the group's size instead).
-    member_name: shown in the coordinator's status and logs.
-    wire_dtype: "float32", "bfloat16", "int8" or "int4" (the job's).
-    averaging: "mean", "nesterov" or "outer_sgd" (the job's), with
-        outer_lr and outer_momentum (0: the coordinator's defaults).
-    tls_ca, tls_cert, tls_key, tls_server_name, token, token_file: transport
-        security and the job's token (docs/security.md).
-    process_group: a torch.distributed group of this node's processes.
+    member_name: shown in the coordinator's status and logs;
+        LOCALSGD_MEMBER_NAME ("").
+    rendezvous: the job's first rounds wait until this many members take
+        part; LOCALSGD_RENDEZVOUS; else, under a launcher (WORLD_SIZE set),
+        WORLD_SIZE / the node group's size; else 0 (no wait). 0 asks for no
+        wait. See the module's documentation.
+    wire_dtype: "float32", "bfloat16", "int8" or "int4" (the job's);
+        LOCALSGD_WIRE_DTYPE ("float32").
+    averaging: "mean", "nesterov" or "outer_sgd" (the job's);
+        LOCALSGD_AVERAGING ("mean"); with outer_lr and outer_momentum,
+        LOCALSGD_OUTER_LR and LOCALSGD_OUTER_MOMENTUM (0: the coordinator's
+        defaults).
+    deadline_mode: "fixed" or "adaptive" (the job's); LOCALSGD_DEADLINE_MODE
+        ("": the coordinator's default).
+    tls_ca, tls_server_name: the CA of the coordinator's certificate and
+        the name to check in it; LOCALSGD_TLS_CA, LOCALSGD_TLS_SERVER_NAME.
+    tls_cert, tls_key: this member's certificate and key (mutual TLS);
+        LOCALSGD_CLIENT_TLS_CERT, LOCALSGD_CLIENT_TLS_KEY (the coordinator's
+        LOCALSGD_TLS_CERT and LOCALSGD_TLS_KEY are its own).
+    token, token_file: the job's token, or a file holding it
+        (docs/security.md); LOCALSGD_JOB_TOKEN, LOCALSGD_JOB_TOKEN_FILE (the
+        coordinator's LOCALSGD_TOKEN_FILE is its table of tokens).
+    process_group: a torch.distributed group of this node's processes
+        (None: formed from the accelerator or the initialised world).
     keep_training_when_unavailable: when a sync cannot reach the
         coordinator (after the client's retries), keep the local parameters
         and train on; the next sync tries again.
@@ -101,24 +286,47 @@ class LocalSGD:
         sync point is waited for first; close() merges it, then makes the
         final sync. With a process_group the merge is at sync points, in
         lockstep (see the module's documentation).
-    deadline_mode: "fixed" or "adaptive" (the job's; "": the
-        coordinator's default).
+
+    The environment is read by the member that creates the client (a node
+    group's leader), when enabled. Without a coordinator (argument or
+    LOCALSGD_COORDINATOR) or a job (job= or LOCALSGD_JOB), ValueError names
+    what is missing.
     """
 
-    def __init__(self, model, coordinator=None, job=None, local_sgd_steps=8,
-                 enabled=True, *, weight=1.0, member_name="",
-                 wire_dtype="float32", averaging="mean", outer_lr=0.0,
-                 outer_momentum=0.0, contribution="pseudo_gradients",
-                 chunk_elements=0, rendezvous=0, replicas=None, tls_ca="",
-                 tls_cert="", tls_key="", tls_server_name="", token="",
-                 token_file="", process_group=None,
+    def __init__(self, model=None, coordinator=None, job=None,
+                 local_sgd_steps=8, enabled=True, *, accelerator=None,
+                 weight=1.0, member_name=None, wire_dtype=None,
+                 averaging=None, outer_lr=None, outer_momentum=None,
+                 contribution="pseudo_gradients", chunk_elements=0,
+                 rendezvous=None, replicas=None, tls_ca=None, tls_cert=None,
+                 tls_key=None, tls_server_name=None, token=None,
+                 token_file=None, process_group=None,
                  keep_training_when_unavailable=True, rpc_timeout=30.0,
                  sync_timeout=1800.0, max_retry_time=60.0, client=None,
-                 overlap=False, deadline_mode=""):
-        if not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
+                 overlap=False, deadline_mode=None):
+        if accelerator is None and model is not None and \
+                not isinstance(model, torch.nn.Module) and \
+                isinstance(coordinator, torch.nn.Module):
+            # accelerate's positional order: (accelerator, model,
+            # local_sgd_steps, enabled).
+            accelerator, model, coordinator = model, coordinator, None
+            if job is not None:
+                if isinstance(local_sgd_steps, bool):
+                    enabled = local_sgd_steps
+                local_sgd_steps, job = job, None
+        if isinstance(local_sgd_steps, bool) or \
+                not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
             raise ValueError(f"local_sgd_steps={local_sgd_steps!r}: must be "
                              "an int >= 1")
+        if accelerator is not None:
+            kind = _distributed_type_name(accelerator)
+            if kind is not None and not kind.startswith(
+                    _SUPPORTED_DISTRIBUTED_TYPES):
+                raise NotImplementedError(
+                    f"LocalSGD is supported only for CPUs and GPUs, one "
+                    f"process or data parallel (distributed_type {kind})")
         self.model = model
+        self.accelerator = accelerator
         self.overlap = bool(overlap)
         self.num_merges = 0
         # Overlap with a process_group: the leader's round in flight, as
@@ -138,15 +346,19 @@ class LocalSGD:
         self._round = 0
         self._client = None
         self._owns_client = client is None
+        self._no_sync = None
         if not self.enabled:
             return
-        self._group = process_group
-        self._rank = dist.get_rank(process_group) if process_group else 0
-        self._size = dist.get_world_size(process_group) if process_group \
-            else 1
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model={type(model).__name__}: must be a "
+                            "torch.nn.Module")
+        # The parameters of a DistributedDataParallel model are its
+        # module's (the same tensors), named without "module.".
+        inner = model.module if isinstance(
+            model, torch.nn.parallel.DistributedDataParallel) else model
         self._params = []
         layout = []
-        for name, p in model.named_parameters():
+        for name, p in inner.named_parameters():
             if p.dtype not in _DTYPES:
                 raise ValueError(f"parameter {name}: dtype {p.dtype} is not "
                                  "one LocalSGD can average (float32, "
@@ -158,6 +370,12 @@ class LocalSGD:
         self._numel = sum(p.numel() for p in self._params)
         device = self._params[0].device
         cuda = any(p.is_cuda for p in self._params)
+        if process_group is None:
+            process_group = _node_group(accelerator, device)
+        self._group = process_group
+        self._rank = dist.get_rank(process_group) if process_group else 0
+        self._size = dist.get_world_size(process_group) if process_group \
+            else 1
         # The host buffer the client reads and writes (pinned for CUDA).
         self._host = torch.empty(self._numel, dtype=torch.float32,
                                  pin_memory=cuda)
@@ -173,23 +391,17 @@ class LocalSGD:
             self._check_group(device, client is not None and self._rank != 0)
         leader = self._rank == 0
         # Join and adopt the job's state (the first member seeds it). On the
-        # leader any failure (bad arguments, the client, the RPCs) is first
-        # shared with the group, so that no rank waits for it forever.
+        # leader any failure (bad arguments, the environment, the client,
+        # the RPCs) is first shared with the group, so that no rank waits
+        # for it forever.
         error = None
         if leader:
             try:
                 if client is None:
-                    if not coordinator and not replicas:
-                        raise ValueError("coordinator= (host:port) or "
-                                         "replicas= is required when enabled")
-                    if not job:
-                        raise ValueError("job= is required when enabled")
-                    client = Client(
-                        target=coordinator or "", job=job,
+                    client = self._make_client(
+                        coordinator=coordinator, replicas=replicas, job=job,
                         member_name=member_name,
                         weight=float(self._size) if self._group else weight,
-                        replicas=list(replicas or []),
-                        local_sgd_steps=local_sgd_steps,
                         wire_dtype=wire_dtype, averaging=averaging,
                         outer_lr=outer_lr, outer_momentum=outer_momentum,
                         contribution=contribution,
@@ -218,6 +430,57 @@ class LocalSGD:
         self._write_back(self._node if self._group is not None
                          else self._host)
 
+    def _make_client(self, coordinator, replicas, job, rendezvous,
+                     wire_dtype, averaging, outer_lr, outer_momentum,
+                     member_name, tls_ca, tls_cert, tls_key, tls_server_name,
+                     token, token_file, deadline_mode, **rest):
+        """The leader's Client, from the arguments and, for those not
+        given, the environment (see the class's documentation)."""
+        if not coordinator and not replicas:
+            env = _env("LOCALSGD_COORDINATOR")
+            if env is None:
+                raise ValueError(
+                    "no coordinator: pass coordinator='host:port' (or "
+                    "replicas=[...]) or set the environment variable "
+                    "LOCALSGD_COORDINATOR=host:port")
+            targets = [t.strip() for t in env.split(",") if t.strip()]
+            if len(targets) == 1:
+                coordinator = targets[0]
+            else:
+                replicas = targets
+        if not job:
+            job = _env("LOCALSGD_JOB")
+            if job is None:
+                raise ValueError("no job: pass job= or set the environment "
+                                 "variable LOCALSGD_JOB")
+
+        def pick(value, name, default):
+            return value if value is not None else _env(name, default)
+
+        def pick_number(value, name):
+            return value if value is not None else \
+                _env_number(name, float, 0.0)
+        return Client(
+            target=coordinator or "", job=job,
+            member_name=pick(member_name, "LOCALSGD_MEMBER_NAME", ""),
+            replicas=list(replicas or []),
+            local_sgd_steps=self.local_sgd_steps,
+            wire_dtype=pick(wire_dtype, "LOCALSGD_WIRE_DTYPE", "float32"),
+            averaging=pick(averaging, "LOCALSGD_AVERAGING", "mean"),
+            outer_lr=pick_number(outer_lr, "LOCALSGD_OUTER_LR"),
+            outer_momentum=pick_number(outer_momentum,
+                                       "LOCALSGD_OUTER_MOMENTUM"),
+            rendezvous=_rendezvous_members(rendezvous, self._size),
+            tls_ca=pick(tls_ca, "LOCALSGD_TLS_CA", ""),
+            tls_cert=pick(tls_cert, "LOCALSGD_CLIENT_TLS_CERT", ""),
+            tls_key=pick(tls_key, "LOCALSGD_CLIENT_TLS_KEY", ""),
+            tls_server_name=pick(tls_server_name, "LOCALSGD_TLS_SERVER_NAME",
+                                 ""),
+            token=pick(token, "LOCALSGD_JOB_TOKEN", ""),
+            token_file=pick(token_file, "LOCALSGD_JOB_TOKEN_FILE", ""),
+            deadline_mode=pick(deadline_mode, "LOCALSGD_DEADLINE_MODE", ""),
+            **rest)
+
     @property
     def state_round(self):
         """The round of the job's state the parameters hold (0 when
@@ -228,13 +491,24 @@ class LocalSGD:
 
     # --- accelerate's interface -----------------------------------------
     def __enter__(self):
+        # A DistributedDataParallel model does not all-reduce gradients
+        # inside the block (accelerate's LocalSGD does the same).
+        if self.enabled and self._no_sync is None and \
+                hasattr(self.model, "no_sync"):
+            self._no_sync = self.model.no_sync()
+            self._no_sync.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abandon()
+        try:
+            if exc_type is None:
+                self.close()
+            else:
+                self.abandon()
+        finally:
+            if self._no_sync is not None:
+                no_sync, self._no_sync = self._no_sync, None
+                no_sync.__exit__(exc_type, exc, tb)
         return False
 
     def step(self):
