@@ -32,6 +32,10 @@ PKGS=(
   # python/: the Python package (pybind11 over the C++ client) and its
   # tests (pytest, with python3-torch and numpy).
   pybind11-dev python3-dev python3-numpy python3-pytest
+  # `pip install --no-build-isolation .` (pyproject.toml, setup.py) and its
+  # test in tests/install: pip in a venv, with Debian's setuptools and wheel
+  # as the build backend.
+  python3-pip python3-venv python3-setuptools python3-wheel
   # scripts/images.sh and tests/deploy/images_test.py: the images of
   # deploy/Dockerfile built and run here, from a base made from Debian's
   # archive (no registry).
