@@ -139,6 +139,8 @@ struct SyncOutcome : RoundOutcome {
 
 // What Join learnt: JoinInfo (src/types.h).
 
+class Replica;  // one coordinator shard (client/replica.h)
+
 class Client {
  public:
   // Validates options and creates the channel (connects lazily).
@@ -200,7 +202,6 @@ class Client {
   const ClientOptions& options() const { return options_; }
 
  private:
-  class Replica;
   explicit Client(ClientOptions options);
   // Runs `fn` for every replica, in parallel (replica 0 on this thread);
   // returns the first error, naming the replica when there are several.
