@@ -11,7 +11,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "client/client.h"
 #include "glog/logging.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/client_interceptor.h"
@@ -187,11 +186,6 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateSecureChannel(
       std::make_shared<const std::string>(header)));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       target, channel_credentials, args, std::move(interceptors));
-}
-
-absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateCoordinatorChannel(
-    const ClientOptions& options, const grpc::ChannelArguments& args) {
-  return CreateSecureChannel(options.target, options.security, args);
 }
 
 }  // namespace localsgd

@@ -17,8 +17,6 @@
 
 namespace localsgd {
 
-struct ClientOptions;
-
 // TLS credentials from the PEM files (read now), or insecure ones without
 // tls_ca_file. Ignores the token. INVALID_ARGUMENT naming an unreadable or
 // malformed file.
@@ -38,10 +36,6 @@ absl::StatusOr<std::string> ReadBearerToken(const ChannelSecurity& security);
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateSecureChannel(
     const std::string& target, const ChannelSecurity& security,
     grpc::ChannelArguments args);
-
-// CreateSecureChannel(options.target, options.security, args).
-absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateCoordinatorChannel(
-    const ClientOptions& options, const grpc::ChannelArguments& args);
 
 }  // namespace localsgd
 

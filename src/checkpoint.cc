@@ -16,7 +16,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "src/coordinator.h"
 #include "src/crc32c.h"
 
 namespace localsgd {

@@ -9,22 +9,6 @@
 
 namespace localsgd {
 
-absl::Status ValidateJobId(absl::string_view job_id) {
-  if (job_id.empty() || job_id.size() > 128) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job_id must have 1 to 128 characters; got ", job_id.size()));
-  }
-  for (char c : job_id) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          "job_id may contain only letters, digits, '.', '_' and '-'");
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckTensorCount(uint64_t tensors, uint32_t max_tensors) {
   if (tensors <= max_tensors) return absl::OkStatus();
   return absl::ResourceExhaustedError(

@@ -79,11 +79,6 @@ struct CoordinatorOptions {
   SettingsLimits settings_limits() const;
 };
 
-struct JoinRequestCore {
-  std::string job_id;
-  JoinRequestParams params;
-};
-
 class Coordinator {
  public:
   // Validates options and restores checkpointed jobs (a checkpoint that no
@@ -180,9 +175,6 @@ class Coordinator {
   absl::flat_hash_map<std::pair<std::string, std::string>, JoinBucket>
       join_buckets_ ABSL_GUARDED_BY(mu_);
 };
-
-// Whether `job_id` is a valid job id: [A-Za-z0-9._-]{1,128}.
-absl::Status ValidateJobId(absl::string_view job_id);
 
 // RESOURCE_EXHAUSTED if a layout of `tensors` tensors exceeds
 // CoordinatorOptions::max_tensors.

@@ -9,7 +9,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "src/job.h"
+#include "src/round.h"
 #include "src/types.h"
 
 namespace localsgd {

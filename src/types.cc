@@ -97,6 +97,22 @@ bool IsWireDType(DType dtype) {
          IsBlockDType(dtype);
 }
 
+absl::Status ValidateJobId(absl::string_view job_id) {
+  if (job_id.empty() || job_id.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_id must have 1 to 128 characters; got ", job_id.size()));
+  }
+  for (char c : job_id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          "job_id may contain only letters, digits, '.', '_' and '-'");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckNoControlCharacters(absl::string_view value,
                                       absl::string_view what) {
   for (size_t i = 0; i < value.size(); ++i) {

@@ -39,6 +39,9 @@ inline bool IsBlockDType(DType dtype) {
   return dtype == DType::kInt8Block || dtype == DType::kInt4Block;
 }
 
+// Whether `job_id` is a valid job id: [A-Za-z0-9._-]{1,128}.
+absl::Status ValidateJobId(absl::string_view job_id);
+
 // INVALID_ARGUMENT naming `what` if `value` holds a control character (a
 // byte below 0x20, or 0x7f): names reach status and the logs, where a
 // newline or an escape sequence would forge or hide lines.
