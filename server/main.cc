@@ -23,11 +23,22 @@
 #include "glog/logging.h"
 #include "server/server.h"
 #include "src/malloc_tuning.h"
+#include "src/settings.h"
 
 extern char** environ;
 
 // Every flag below can also come from the environment: --foo_bar from
 // LOCALSGD_FOO_BAR (see ApplyEnvironment). Keep flags here, in this file.
+
+// The settings table's row whose coordinator flag is `flag`.
+const localsgd::JobSettingSpec& SettingFlagRow(absl::string_view flag) {
+  for (const localsgd::JobSettingSpec& spec : localsgd::JobSettingSpecs()) {
+    if (spec.flag != nullptr && flag == spec.flag) return spec;
+  }
+  std::fprintf(stderr, "localsgd-coordinator: no job setting has flag --%.*s\n",
+               static_cast<int>(flag.size()), flag.data());
+  std::abort();
+}
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
           "Address to serve gRPC on, host:port. Port 0 picks a free port "
@@ -59,29 +70,22 @@ ABSL_FLAG(absl::Duration, round_deadline, absl::ZeroDuration(),
           "wait for every participant, or its lease).");
 ABSL_FLAG(uint32_t, min_quorum, 1,
           "Complete contributions a round needs to close at its deadline.");
-ABSL_FLAG(uint32_t, chunk_elements, 128 * 1024,
-          "Default elements per chunk for new jobs (a job's first member may "
-          "ask for another size).");
-ABSL_FLAG(std::string, wire_dtype, "float32",
-          "Default wire dtype for new jobs: float32 or bfloat16, and for "
-          "jobs of pseudo-gradients int8 or int4 (blockwise codes with error "
-          "feedback).");
-ABSL_FLAG(std::string, contribution, "pseudo_gradients",
-          "Default for new jobs of what members send: pseudo_gradients (their "
-          "change since the state they trained from; the coordinator keeps "
-          "the float32 state and the outer optimizer) or parameters (the "
-          "protocol before pseudo-gradients: parameters are averaged as they "
-          "are). A Join from a client that predates pseudo-gradients is "
-          "refused by a job of pseudo-gradients.");
-ABSL_FLAG(std::string, averaging, "mean",
-          "Default averaging rule for new jobs: mean, outer_nesterov "
-          "(DiLoCo: torch.optim.SGD(nesterov=True) on the mean "
-          "pseudo-gradient) or outer_sgd.");
-ABSL_FLAG(double, outer_lr, 0.7,
-          "Default outer learning rate for new jobs (outer_nesterov, "
-          "outer_sgd), in (0, 100].");
-ABSL_FLAG(double, outer_momentum, 0.9,
-          "Default outer momentum for new jobs (outer_nesterov), in (0, 1).");
+// The defaults of new jobs' settings: one flag per row of the settings
+// table that has one (src/settings.h: the row gives its name, default,
+// help, and parses its value). A string flag each, read through the row.
+#define LOCALSGD_SETTING_FLAG(flag)                                \
+  ABSL_FLAG(std::string, flag, SettingFlagRow(#flag).flag_default, \
+            SettingFlagRow(#flag).help)
+LOCALSGD_SETTING_FLAG(chunk_elements);
+LOCALSGD_SETTING_FLAG(wire_dtype);
+LOCALSGD_SETTING_FLAG(averaging);
+LOCALSGD_SETTING_FLAG(nonfinite_policy);
+LOCALSGD_SETTING_FLAG(contribution);
+LOCALSGD_SETTING_FLAG(outer_lr);
+LOCALSGD_SETTING_FLAG(outer_momentum);
+LOCALSGD_SETTING_FLAG(deadline_mode);
+#undef LOCALSGD_SETTING_FLAG
+
 ABSL_FLAG(bool, keep_freed_memory, true,
           "Keep memory that gRPC's message buffers free in the heap for "
           "reuse instead of returning it to the kernel (glibc mallopt; "
@@ -93,16 +97,6 @@ ABSL_FLAG(int32_t, stream_window_bytes, 0,
           "with a fixed window; on loopback ~100 MiB more per worker at 25M "
           "fp32). > 0: fixed at this many bytes, which bounds the memory "
           "each worker's stream may hold in the coordinator.");
-ABSL_FLAG(std::string, deadline_mode, "fixed",
-          "Default for new jobs of how rounds stop waiting for their slowest "
-          "participants: fixed (--round_deadline, if any) or adaptive "
-          "(learned from the job's recent rounds: a persistent straggler "
-          "adopts instead of holding the others back; docs/design.md "
-          "\"Rounds\").");
-ABSL_FLAG(std::string, nonfinite_policy, "reject",
-          "Default for new jobs of what a chunk with a NaN or infinity does: "
-          "reject (the Sync fails with INVALID_ARGUMENT) or drop (the member "
-          "is dropped from that round).");
 ABSL_FLAG(uint32_t, shard_count, 1,
           "Sharded coordinators: the number of replicas that share every job "
           "(chunk i of a layout goes to replica i mod shard_count). Clients "
@@ -237,20 +231,23 @@ bool WritePortFile(const std::string& path, int port) {
   return true;
 }
 
-// The value named `value` among `choices` (a flag's words), or
-// INVALID_ARGUMENT naming the flag and every choice.
-template <typename T>
-absl::StatusOr<T> ParseChoice(
-    absl::string_view flag, const std::string& value,
-    std::initializer_list<std::pair<absl::string_view, T>> choices) {
-  std::vector<std::string> names;
-  for (const auto& [name, choice] : choices) {
-    if (value == name) return choice;
-    names.emplace_back(name);
+// The defaults of new jobs' settings from their flags (the rows of the
+// settings table that have one). INVALID_ARGUMENT naming the flag.
+absl::Status SettingDefaultsFromFlags(localsgd::JobSettings* settings) {
+  for (const localsgd::JobSettingSpec& spec : localsgd::JobSettingSpecs()) {
+    if (spec.flag == nullptr) continue;
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(spec.flag);
+    if (flag == nullptr) {
+      return absl::InternalError(
+          absl::StrCat("job setting ", spec.name, " names flag --", spec.flag,
+                       " but no LOCALSGD_SETTING_FLAG declares it"));
+    }
+    if (absl::Status s = spec.parse(flag->CurrentValue(), *settings); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", spec.flag, " ", s.message()));
+    }
   }
-  return absl::InvalidArgumentError(absl::StrCat(flag, " must be one of ",
-                                                 absl::StrJoin(names, ", "),
-                                                 "; got '", value, "'"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
@@ -270,48 +267,10 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   c.policy.min_quorum = absl::GetFlag(FLAGS_min_quorum);
   c.policy.max_members = absl::GetFlag(FLAGS_max_members_per_job);
   c.policy.max_recent_rounds = absl::GetFlag(FLAGS_recent_rounds);
-  c.default_settings.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
-  absl::StatusOr<localsgd::DType> wire = ParseChoice<localsgd::DType>(
-      "--wire_dtype", absl::GetFlag(FLAGS_wire_dtype),
-      {{"float32", localsgd::DType::kFloat32},
-       {"bfloat16", localsgd::DType::kBFloat16},
-       {"int8", localsgd::DType::kInt8Block},
-       {"int4", localsgd::DType::kInt4Block}});
-  if (!wire.ok()) return wire.status();
-  c.default_settings.wire_dtype = *wire;
-  absl::StatusOr<localsgd::Contribution> contribution =
-      ParseChoice<localsgd::Contribution>(
-          "--contribution", absl::GetFlag(FLAGS_contribution),
-          {{"pseudo_gradients", localsgd::Contribution::kPseudoGradients},
-           {"parameters", localsgd::Contribution::kParameters}});
-  if (!contribution.ok()) return contribution.status();
-  c.default_settings.contribution = *contribution;
-  absl::StatusOr<localsgd::AveragingMode> averaging =
-      ParseChoice<localsgd::AveragingMode>(
-          "--averaging", absl::GetFlag(FLAGS_averaging),
-          {{"mean", localsgd::AveragingMode::kMean},
-           {"outer_nesterov", localsgd::AveragingMode::kOuterNesterov},
-           {"outer_sgd", localsgd::AveragingMode::kOuterSgd}});
-  if (!averaging.ok()) return averaging.status();
-  c.default_settings.mode = *averaging;
-  c.default_settings.outer_lr =
-      static_cast<float>(absl::GetFlag(FLAGS_outer_lr));
-  c.default_settings.outer_momentum =
-      static_cast<float>(absl::GetFlag(FLAGS_outer_momentum));
-  absl::StatusOr<localsgd::NonFinitePolicy> nonfinite =
-      ParseChoice<localsgd::NonFinitePolicy>(
-          "--nonfinite_policy", absl::GetFlag(FLAGS_nonfinite_policy),
-          {{"reject", localsgd::NonFinitePolicy::kReject},
-           {"drop", localsgd::NonFinitePolicy::kDrop}});
-  if (!nonfinite.ok()) return nonfinite.status();
-  c.default_settings.nonfinite_policy = *nonfinite;
-  absl::StatusOr<localsgd::DeadlineMode> deadline =
-      ParseChoice<localsgd::DeadlineMode>(
-          "--deadline_mode", absl::GetFlag(FLAGS_deadline_mode),
-          {{"fixed", localsgd::DeadlineMode::kFixed},
-           {"adaptive", localsgd::DeadlineMode::kAdaptive}});
-  if (!deadline.ok()) return deadline.status();
-  c.default_settings.deadline_mode = *deadline;
+  if (absl::Status st = SettingDefaultsFromFlags(&c.default_settings);
+      !st.ok()) {
+    return st;
+  }
   c.shard.count = absl::GetFlag(FLAGS_shard_count);
   {
     std::string index = absl::GetFlag(FLAGS_shard_index);

@@ -1,20 +1,67 @@
 #include "src/settings.h"
 
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace localsgd {
 namespace {
 
-// One row per setting: whether a request sets it, whether two settings agree
-// on it, copying it, and how the job and a member's wish are described.
-struct SettingField {
-  bool (*is_set)(const JobSettings&);
-  bool (*equal)(const JobSettings&, const JobSettings&);
-  void (*copy)(const JobSettings& from, JobSettings& to);
-  // "<the job's value described>; member asks for <the asked value>".
-  std::string (*differs)(const JobSettings& job, const JobSettings& asked);
+// Text forms of the settings' values, as the coordinator's flags take them.
+template <typename E>
+struct Choice {
+  absl::string_view name;
+  E value;
 };
 
+template <typename E, size_t N>
+absl::Status ParseChoice(absl::string_view text, const Choice<E> (&choices)[N],
+                         E& out) {
+  std::vector<absl::string_view> names;
+  for (const Choice<E>& c : choices) {
+    if (text == c.name) {
+      out = c.value;
+      return absl::OkStatus();
+    }
+    names.push_back(c.name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "must be one of ", absl::StrJoin(names, ", "), "; got '", text, "'"));
+}
+
+template <typename T>
+absl::Status ParseNumber(absl::string_view text, T& out) {
+  if (absl::SimpleAtoi(text, &out)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("must be a whole number >= 0; got '", text, "'"));
+}
+
+absl::Status ParseFloat(absl::string_view text, float& out) {
+  if (absl::SimpleAtof(text, &out)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("must be a number; got '", text, "'"));
+}
+
+constexpr Choice<DType> kWireDTypes[] = {{"float32", DType::kFloat32},
+                                         {"bfloat16", DType::kBFloat16},
+                                         {"int8", DType::kInt8Block},
+                                         {"int4", DType::kInt4Block}};
+constexpr Choice<AveragingMode> kModes[] = {
+    {"mean", AveragingMode::kMean},
+    {"outer_nesterov", AveragingMode::kOuterNesterov},
+    {"outer_sgd", AveragingMode::kOuterSgd}};
+constexpr Choice<NonFinitePolicy> kPolicies[] = {
+    {"reject", NonFinitePolicy::kReject}, {"drop", NonFinitePolicy::kDrop}};
+constexpr Choice<Contribution> kContributions[] = {
+    {"pseudo_gradients", Contribution::kPseudoGradients},
+    {"parameters", Contribution::kParameters}};
+constexpr Choice<DeadlineMode> kDeadlineModes[] = {
+    {"fixed", DeadlineMode::kFixed}, {"adaptive", DeadlineMode::kAdaptive}};
+
+// The parts of a row that follow from the field: whether it is set,
+// equality, copy.
 #define LOCALSGD_SETTING(field, unset)                   \
   [](const JobSettings& s) { return s.field != unset; }, \
       [](const JobSettings& a, const JobSettings& b) {   \
@@ -22,67 +69,157 @@ struct SettingField {
       },                                                 \
       [](const JobSettings& from, JobSettings& to) { to.field = from.field; }
 
-const SettingField kSettingFields[] = {
-    {LOCALSGD_SETTING(local_sgd_steps, 0u),
+// A row's text form: a number, or one of `choices` named by `name_of`.
+#define LOCALSGD_NUMBER_TEXT(field, parse_fn)                 \
+  [](const JobSettings& s) { return absl::StrCat(s.field); }, \
+      [](absl::string_view text, JobSettings& s) {            \
+        return parse_fn(text, s.field);                       \
+      }
+#define LOCALSGD_CHOICE_TEXT(field, choices, name_of)                 \
+  [](const JobSettings& s) { return std::string(name_of(s.field)); }, \
+      [](absl::string_view text, JobSettings& s) {                    \
+        return ParseChoice(text, choices, s.field);                   \
+      }
+
+// In the order FirstDifference checks them. Each row: name; flag, its
+// default and help; is_set, equal, copy; differs; format, parse; probe.
+const JobSettingSpec kSpecs[] = {
+    {"local_sgd_steps", nullptr, "",
+     "Local steps between syncs (K); set by the job's first member, shown "
+     "to the others.",
+     LOCALSGD_SETTING(local_sgd_steps, 0u),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat("syncs every ", job.local_sgd_steps,
                            " steps; member asks for ", asked.local_sgd_steps);
-     }},
-    {LOCALSGD_SETTING(chunk_elements, 0u),
+     },
+     LOCALSGD_NUMBER_TEXT(local_sgd_steps, ParseNumber),
+     [](JobSettings& s) { s.local_sgd_steps = 7; }},
+    {"chunk_elements", "chunk_elements", "131072",
+     "Default elements per chunk for new jobs (a job's first member may ask "
+     "for another size).",
+     LOCALSGD_SETTING(chunk_elements, 0u),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat("uses chunks of ", job.chunk_elements,
                            " elements; member asks for ", asked.chunk_elements);
-     }},
-    {LOCALSGD_SETTING(wire_dtype, DType::kUnspecified),
+     },
+     LOCALSGD_NUMBER_TEXT(chunk_elements, ParseNumber),
+     [](JobSettings& s) { s.chunk_elements = 3000; }},
+    {"wire_dtype", "wire_dtype", "float32",
+     "Default wire dtype for new jobs: float32 or bfloat16, and for jobs of "
+     "pseudo-gradients int8 or int4 (blockwise codes with error feedback).",
+     LOCALSGD_SETTING(wire_dtype, DType::kUnspecified),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat("uses wire dtype ", DTypeName(job.wire_dtype),
                            "; member asks for ", DTypeName(asked.wire_dtype));
-     }},
-    {LOCALSGD_SETTING(rendezvous_members, 0u),
+     },
+     LOCALSGD_CHOICE_TEXT(wire_dtype, kWireDTypes, DTypeName),
+     [](JobSettings& s) { s.wire_dtype = DType::kInt8Block; }},
+    {"rendezvous_members", nullptr, "",
+     "Averaging starts once this many members take part (0 or 1: no "
+     "rendezvous); set by the job's first member.",
+     LOCALSGD_SETTING(rendezvous_members, 0u),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat("starts with ", job.rendezvous_members,
                            " members; member asks for ",
                            asked.rendezvous_members);
-     }},
-    {LOCALSGD_SETTING(mode, AveragingMode::kUnspecified),
+     },
+     LOCALSGD_NUMBER_TEXT(rendezvous_members, ParseNumber),
+     [](JobSettings& s) { s.rendezvous_members = 3; }},
+    {"mode", "averaging", "mean",
+     "Default averaging rule for new jobs: mean, outer_nesterov (DiLoCo: "
+     "torch.optim.SGD(nesterov=True) on the mean pseudo-gradient) or "
+     "outer_sgd.",
+     LOCALSGD_SETTING(mode, AveragingMode::kUnspecified),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat("uses averaging mode ", AveragingModeName(job.mode),
                            "; member asks for ", AveragingModeName(asked.mode));
-     }},
-    {LOCALSGD_SETTING(nonfinite_policy, NonFinitePolicy::kUnspecified),
+     },
+     LOCALSGD_CHOICE_TEXT(mode, kModes, AveragingModeName),
+     [](JobSettings& s) { s.mode = AveragingMode::kOuterNesterov; }},
+    {"nonfinite_policy", "nonfinite_policy", "reject",
+     "Default for new jobs of what a chunk with a NaN or infinity does: "
+     "reject (the Sync fails with INVALID_ARGUMENT) or drop (the member is "
+     "dropped from that round).",
+     LOCALSGD_SETTING(nonfinite_policy, NonFinitePolicy::kUnspecified),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat("treats non-finite values with policy '",
                            NonFinitePolicyName(job.nonfinite_policy),
                            "'; member asks for '",
                            NonFinitePolicyName(asked.nonfinite_policy), "'");
-     }},
-    {LOCALSGD_SETTING(contribution, Contribution::kUnspecified),
+     },
+     LOCALSGD_CHOICE_TEXT(nonfinite_policy, kPolicies, NonFinitePolicyName),
+     [](JobSettings& s) { s.nonfinite_policy = NonFinitePolicy::kDrop; }},
+    {"contribution", "contribution", "pseudo_gradients",
+     "Default for new jobs of what members send: pseudo_gradients (their "
+     "change since the state they trained from; the coordinator keeps the "
+     "float32 state and the outer optimizer) or parameters (the protocol "
+     "before pseudo-gradients: parameters are averaged as they are). A Join "
+     "from a client that predates pseudo-gradients is refused by a job of "
+     "pseudo-gradients.",
+     LOCALSGD_SETTING(contribution, Contribution::kUnspecified),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat("takes ", ContributionName(job.contribution),
                            "; member sends ",
                            ContributionName(asked.contribution));
-     }},
-    {LOCALSGD_SETTING(outer_lr, 0.0f),
+     },
+     LOCALSGD_CHOICE_TEXT(contribution, kContributions, ContributionName),
+     [](JobSettings& s) { s.contribution = Contribution::kPseudoGradients; }},
+    {"outer_lr", "outer_lr", "0.7",
+     "Default outer learning rate for new jobs (outer_nesterov, outer_sgd), "
+     "in (0, 100].",
+     LOCALSGD_SETTING(outer_lr, 0.0f),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat("uses outer learning rate ", job.outer_lr,
                            "; member asks for ", asked.outer_lr);
-     }},
-    {LOCALSGD_SETTING(outer_momentum, 0.0f),
+     },
+     LOCALSGD_NUMBER_TEXT(outer_lr, ParseFloat),
+     [](JobSettings& s) { s.outer_lr = 0.25f; }},
+    {"outer_momentum", "outer_momentum", "0.9",
+     "Default outer momentum for new jobs (outer_nesterov), in (0, 1).",
+     LOCALSGD_SETTING(outer_momentum, 0.0f),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat("uses outer momentum ", job.outer_momentum,
                            "; member asks for ", asked.outer_momentum);
-     }},
-    {LOCALSGD_SETTING(deadline_mode, DeadlineMode::kUnspecified),
+     },
+     LOCALSGD_NUMBER_TEXT(outer_momentum, ParseFloat),
+     [](JobSettings& s) { s.outer_momentum = 0.5f; }},
+    {"deadline_mode", "deadline_mode", "fixed",
+     "Default for new jobs of how rounds stop waiting for their slowest "
+     "participants: fixed (--round_deadline, if any) or adaptive (learned "
+     "from the job's recent rounds: a persistent straggler adopts instead "
+     "of holding the others back; docs/design.md \"Rounds\").",
+     LOCALSGD_SETTING(deadline_mode, DeadlineMode::kUnspecified),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat(
            "uses deadline mode ", DeadlineModeName(job.deadline_mode),
            "; member asks for ", DeadlineModeName(asked.deadline_mode));
-     }},
+     },
+     LOCALSGD_CHOICE_TEXT(deadline_mode, kDeadlineModes, DeadlineModeName),
+     [](JobSettings& s) { s.deadline_mode = DeadlineMode::kAdaptive; }},
 };
 
 #undef LOCALSGD_SETTING
+#undef LOCALSGD_NUMBER_TEXT
+#undef LOCALSGD_CHOICE_TEXT
+
+// Does not compile when JobSettings gains or loses a field: give the new
+// one its row in kSpecs (and see settings.h for the other layers).
+[[maybe_unused]] void EveryFieldHasARow(const JobSettings& s) {
+  [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10] = s;
+  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 10,
+                "one row of kSpecs per field of JobSettings");
+}
 
 }  // namespace
+
+absl::Span<const JobSettingSpec> JobSettingSpecs() { return kSpecs; }
+
+const JobSettingSpec* FindJobSetting(absl::string_view name) {
+  for (const JobSettingSpec& spec : kSpecs) {
+    if (name == spec.name) return &spec;
+  }
+  return nullptr;
+}
 
 absl::Status ValidateSetFields(const JobSettings& s,
                                const SettingsLimits& limits,
@@ -209,14 +346,14 @@ absl::Status ValidateComplete(const JobSettings& s,
 JobSettings WithDefaults(const JobSettings& asked,
                          const JobSettings& defaults) {
   JobSettings out = defaults;
-  for (const SettingField& f : kSettingFields) {
+  for (const JobSettingSpec& f : kSpecs) {
     if (f.is_set(asked)) f.copy(asked, out);
   }
   return out;
 }
 
 std::string FirstDifference(const JobSettings& job, const JobSettings& asked) {
-  for (const SettingField& f : kSettingFields) {
+  for (const JobSettingSpec& f : kSpecs) {
     if (f.is_set(asked) && !f.equal(job, asked)) return f.differs(job, asked);
   }
   return "";

@@ -57,6 +57,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
+#include "proto/convert.h"
+#include "src/settings.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051",
           "gRPC target of the coordinator: host:port, or e.g. "
@@ -132,6 +134,21 @@ std::string Millis(uint64_t ms) {
   return absl::FormatDuration(absl::Milliseconds(ms));
 }
 
+// Every job setting as name=value, from the settings table (src/settings.h),
+// so that a setting shows here as soon as it has its row.
+std::string SettingsLine(const v1::JobSettings& proto) {
+  absl::StatusOr<localsgd::JobSettings> settings =
+      localsgd::SettingsFromProto(proto);
+  if (!settings.ok()) {
+    return absl::StrCat("(unreadable: ", settings.status().message(), ")");
+  }
+  std::vector<std::string> parts;
+  for (const localsgd::JobSettingSpec& spec : localsgd::JobSettingSpecs()) {
+    parts.push_back(absl::StrCat(spec.name, "=", spec.format(*settings)));
+  }
+  return absl::StrJoin(parts, " ");
+}
+
 void PrintJob(const v1::JobStatus& job, std::ostream& out) {
   const v1::JobSettings& s = job.settings();
   out << "job " << job.job_id() << "\n";
@@ -155,6 +172,7 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
                      ? absl::StrCat(" mu=", s.outer_momentum())
                      : std::string())});
   out << summary.Render();
+  out << "settings: " << SettingsLine(s) << "\n";
   if (job.round_open()) {
     out << "\nopen round " << job.state_round() + 1 << ": contributed "
         << job.open_round_contributed_size() << " of "

@@ -1,4 +1,5 @@
 #include "src/checkpoint.h"
+#include "src/settings.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -402,6 +403,20 @@ TEST(CheckpointFormatTest, DeadlineMode_KeptAndVersion3ReadsAsFixed) {
   c.settings.deadline_mode = static_cast<DeadlineMode>(7);
   EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(c)).status().code(),
             absl::StatusCode::kDataLoss);
+}
+
+// Every setting of the settings table (src/settings.h) survives a restart:
+// each row's probe value, all at once, comes back from the file.
+TEST(CheckpointFormatTest, EverySetting_RoundTrips) {
+  JobCheckpoint c = FormatCheckpoint();
+  for (const JobSettingSpec& spec : JobSettingSpecs()) spec.probe(c.settings);
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  for (const JobSettingSpec& spec : JobSettingSpecs()) {
+    EXPECT_TRUE(spec.equal(back->settings, c.settings))
+        << spec.name << ": wrote " << spec.format(c.settings) << ", read "
+        << spec.format(back->settings);
+  }
 }
 
 // Checkpoints written before pseudo-gradients restore as parameter jobs.

@@ -128,12 +128,14 @@ class Dom(html.parser.HTMLParser):
         if tag == "section" and "data-job" in a:
             self.job = a["data-job"]
             self.jobs[self.job] = {"members": [], "rounds": {}, "open": None,
-                                   "waiting": ""}
+                                   "waiting": "", "settings": {}}
         if self.job is None:
             return
         j = self.jobs[self.job]
         if tag == "script":
             self.scripts_in_jobs += 1
+        if tag == "span" and "data-setting" in a:
+            j["settings"][a["data-setting"]] = a.get("data-value")
         if tag == "tr" and "data-member" in a:
             j["members"].append(a["data-member"])
         if tag == "tr" and "data-round" in a:
@@ -190,6 +192,11 @@ def check_page(coordinator, rpc):
         names = [m["member_name"] for m in job["members"]]
         ENV.check(shown["members"] == names,
                   f"{job['job_id']}: page members {shown['members']} != {names}")
+        # Every setting GetJobStatus returns, with its value.
+        want_settings = {k: str(v) for k, v in job["settings"].items()}
+        ENV.check(shown["settings"] == want_settings,
+                  f"{job['job_id']}: page settings {shown['settings']} != "
+                  f"{want_settings}")
         # The table shows the 25 most recent rounds.
         rounds = {int(r["round"]): f"{len(r['contributors'])}/"
                   f"{len(r['participants'])}"
