@@ -217,7 +217,9 @@ def main():
         wire_dtype=a.wire_dtype, contribution=a.contribution,
         averaging=a.averaging, outer_lr=a.outer_lr,
         outer_momentum=a.outer_momentum, chunk_elements=a.chunk_elements,
-        rendezvous=a.world if a.rendezvous < 0 else a.rendezvous,
+        # One member per node: a node group's leader alone joins.
+        rendezvous=(a.world // local_size if group is not None else a.world)
+        if a.rendezvous < 0 else a.rendezvous,
         tls_ca=a.tls_ca, tls_cert=a.tls_cert, tls_key=a.tls_key,
         tls_server_name=a.tls_server_name, token_file=a.token_file,
         process_group=group)
