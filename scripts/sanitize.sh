@@ -4,7 +4,8 @@
 # from scripts/test.sh (LOCALSGD_SANITIZE_CI=0 skips it there).
 #
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer, in
-#         build-asan/: the core, integration and security tests (labels),
+#         build-asan/: the core, client, integration and security tests
+#         (labels),
 #         and deploy_health_drain (coordinator, scripted members, localsgdctl
 #         as processes: drain on SIGTERM, restart).
 #   tsan  ThreadSanitizer, in build-tsan/: the core tests (label core): the
@@ -68,10 +69,10 @@ for s in $SANITIZERS; do
     asan)
       dir=${ASAN_BUILD_DIR:-build-asan}
       build "$dir" address,undefined "-Og -g1" tests/core/all \
-        tests/integration/all tests/security/all \
+        tests/client/all tests/integration/all tests/security/all \
         localsgd-coordinator localsgdctl scripted_member
       t1=$SECONDS
-      check "$dir" -L '^(core|integration|security)$' "${EXTRA[@]}"
+      check "$dir" -L '^(core|client|integration|security)$' "${EXTRA[@]}"
       if [[ ${#EXTRA[@]} -eq 0 ]]; then
         check "$dir" -R '^deploy_health_drain$'
       fi
