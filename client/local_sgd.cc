@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/log_bridge.h"
 #include "client/node_group_c10d.h"
+#include "client/sync_schedule.h"
 #include "src/member_ref.h"
 
 namespace localsgd {
@@ -252,6 +253,52 @@ LocalSGD::LocalSGD(Client* client, LocalSGDOptions options,
   }
 }
 
+// The module's parameters, in registration order: their handles, offsets
+// and specs, and the flat, host and status tensors for them.
+absl::Status LocalSGD::ReadParameters(torch::nn::Module& module,
+                                      Params& params,
+                                      std::vector<TensorSpec>& specs) {
+  try {
+    uint64_t offset = 0;
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+      const at::Tensor& tensor = item.value();
+      absl::StatusOr<DType> dtype = ToDType(tensor.scalar_type());
+      if (!dtype.ok()) {
+        return Annotate(
+            dtype.status(),
+            absl::StrCat("LocalSGD::Create: parameter '", item.key(), "': "));
+      }
+      TensorSpec spec;
+      spec.name = item.key();
+      spec.shape = tensor.sizes().vec();
+      spec.dtype = *dtype;
+      params.tensors.push_back(tensor);
+      params.offsets.push_back(offset);
+      offset += static_cast<uint64_t>(tensor.numel());
+      specs.push_back(std::move(spec));
+    }
+    if (!specs.empty()) {
+      const auto on_device = at::TensorOptions()
+                                 .dtype(at::kFloat)
+                                 .device(params.tensors.front().device());
+      params.flat = at::zeros({static_cast<int64_t>(offset)}, on_device);
+      params.host =
+          params.flat.is_cpu()
+              ? params.flat
+              : at::empty(
+                    {static_cast<int64_t>(offset)},
+                    at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+      params.status = at::zeros({kStatusSize}, on_device.dtype(at::kLong));
+    }
+  } catch (const c10::Error& e) {
+    return FromTorch("LocalSGD::Create: reading the module's parameters", e);
+  } catch (const std::exception& e) {
+    return FromException("LocalSGD::Create: reading the module's parameters",
+                         e);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
     torch::nn::Module& module, Client* client, LocalSGDOptions options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
@@ -281,43 +328,8 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
   // 1. The parameters, in registration order, and their layout.
   auto params = std::make_unique<Params>();
   std::vector<TensorSpec> specs;
-  try {
-    uint64_t offset = 0;
-    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-      const at::Tensor& tensor = item.value();
-      absl::StatusOr<DType> dtype = ToDType(tensor.scalar_type());
-      if (!dtype.ok()) {
-        return Annotate(
-            dtype.status(),
-            absl::StrCat("LocalSGD::Create: parameter '", item.key(), "': "));
-      }
-      TensorSpec spec;
-      spec.name = item.key();
-      spec.shape = tensor.sizes().vec();
-      spec.dtype = *dtype;
-      params->tensors.push_back(tensor);
-      params->offsets.push_back(offset);
-      offset += static_cast<uint64_t>(tensor.numel());
-      specs.push_back(std::move(spec));
-    }
-    if (!specs.empty()) {
-      const auto on_device = at::TensorOptions()
-                                 .dtype(at::kFloat)
-                                 .device(params->tensors.front().device());
-      params->flat = at::zeros({static_cast<int64_t>(offset)}, on_device);
-      params->host =
-          params->flat.is_cpu()
-              ? params->flat
-              : at::empty(
-                    {static_cast<int64_t>(offset)},
-                    at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
-      params->status = at::zeros({kStatusSize}, on_device.dtype(at::kLong));
-    }
-  } catch (const c10::Error& e) {
-    return FromTorch("LocalSGD::Create: reading the module's parameters", e);
-  } catch (const std::exception& e) {
-    return FromException("LocalSGD::Create: reading the module's parameters",
-                         e);
+  if (absl::Status s = ReadParameters(module, *params, specs); !s.ok()) {
+    return s;
   }
   if (specs.empty()) {
     return absl::InvalidArgumentError(
@@ -371,130 +383,133 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
   return local_sgd;
 }
 
-absl::Status LocalSGD::Initialize(bool misconfigured) {
+// Checked together, so that a rank with a bad setup fails the whole group
+// instead of leaving the others waiting in a collective.
+absl::Status LocalSGD::CheckNodeGroup(bool misconfigured) {
   c10d::ProcessGroup* group = params_->group.get();
-  if (group != nullptr) {
-    // Checked together, so that a rank with a bad setup fails the whole
-    // group instead of leaving the others waiting in a collective: MAX of
-    // (n, -n, bad) gives max n, -min n and whether any rank is bad.
-    int64_t bad = misconfigured ? 1 : 0;
-    if (misconfigured) {
-      LOCALSGD_LOG(ERROR)
-          << "LocalSGD::Create: local rank " << group->getRank()
-          << " was given a Client; only the node leader (rank 0) "
-             "talks to the coordinator, the others pass nullptr";
-    }
-    if (group->getRank() == 0 &&
-        client_->options().weight != static_cast<double>(group->getSize())) {
-      LOCALSGD_LOG(ERROR) << "LocalSGD::Create: the node leader's "
-                             "ClientOptions.weight is "
-                          << client_->options().weight
-                          << ", not the group size " << group->getSize();
-      bad = 1;
-    }
-    at::Tensor check;
-    try {
-      const int64_t n = static_cast<int64_t>(num_elements_);
-      check = at::tensor(std::vector<int64_t>{n, -n, bad}, at::kLong)
-                  .to(params_->flat.device());
-    } catch (const c10::Error& e) {
-      return FromTorch("LocalSGD::Create: node group check", e);
-    }
-    if (absl::Status s =
-            Allreduce(*group, check, c10d::ReduceOp::MAX, "check at Create");
-        !s.ok()) {
-      return s;
-    }
-    check = check.cpu();
-    const int64_t max_n = check[0].item<int64_t>();
-    const int64_t min_n = -check[1].item<int64_t>();
-    if (check[2].item<int64_t>() != 0) {
-      return absl::InvalidArgumentError(
-          "LocalSGD::Create: node group misconfigured: the leader (local "
-          "rank 0) must pass a Client whose ClientOptions.weight equals the "
-          "group's size, and the other ranks must pass nullptr (see the "
-          "log of the rank at fault)");
-    }
-    if (max_n != min_n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LocalSGD::Create: the node group's ranks have models of different "
-          "sizes (",
-          min_n, " to ", max_n,
-          " parameter elements); every local process must build the same "
-          "model"));
-    }
+  // MAX of (n, -n, bad) gives max n, -min n and whether any rank is bad.
+  int64_t bad = misconfigured ? 1 : 0;
+  if (misconfigured) {
+    LOCALSGD_LOG(ERROR)
+        << "LocalSGD::Create: local rank " << group->getRank()
+        << " was given a Client; only the node leader (rank 0) "
+           "talks to the coordinator, the others pass nullptr";
   }
+  if (group->getRank() == 0 &&
+      client_->options().weight != static_cast<double>(group->getSize())) {
+    LOCALSGD_LOG(ERROR) << "LocalSGD::Create: the node leader's "
+                           "ClientOptions.weight is "
+                        << client_->options().weight
+                        << ", not the group size " << group->getSize();
+    bad = 1;
+  }
+  at::Tensor check;
+  try {
+    const int64_t n = static_cast<int64_t>(num_elements_);
+    check = at::tensor(std::vector<int64_t>{n, -n, bad}, at::kLong)
+                .to(params_->flat.device());
+  } catch (const c10::Error& e) {
+    return FromTorch("LocalSGD::Create: node group check", e);
+  }
+  if (absl::Status s =
+          Allreduce(*group, check, c10d::ReduceOp::MAX, "check at Create");
+      !s.ok()) {
+    return s;
+  }
+  check = check.cpu();
+  const int64_t max_n = check[0].item<int64_t>();
+  const int64_t min_n = -check[1].item<int64_t>();
+  if (check[2].item<int64_t>() != 0) {
+    return absl::InvalidArgumentError(
+        "LocalSGD::Create: node group misconfigured: the leader (local "
+        "rank 0) must pass a Client whose ClientOptions.weight equals the "
+        "group's size, and the other ranks must pass nullptr (see the "
+        "log of the rank at fault)");
+  }
+  if (max_n != min_n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LocalSGD::Create: the node group's ranks have models of different "
+        "sizes (",
+        min_n, " to ", max_n,
+        " parameter elements); every local process must build the same "
+        "model"));
+  }
+  return absl::OkStatus();
+}
 
-  // 2.-4. on the leader: join, seed or fetch.
-  absl::Status status;
-  if (is_leader()) {
-    status = client_->Join(layout_);
-    const JoinInfo& info = client_->info();
-    const uint32_t job_k = info.settings.local_sgd_steps;
-    if (status.ok() && job_k != 0 &&
-        job_k != static_cast<uint32_t>(options_.local_sgd_steps)) {
-      status = absl::FailedPreconditionError(absl::StrCat(
-          "LocalSGD::Create: job '", client_->options().job_id,
-          "' syncs every ", job_k,
-          " steps (its local_sgd_steps) but LocalSGDOptions.local_sgd_steps "
-          "is ",
-          options_.local_sgd_steps,
-          "; set ClientOptions.settings.local_sgd_steps and "
-          "LocalSGDOptions.local_sgd_steps to the job's K"));
-    }
-    if (status.ok() && info.num_elements != 0 &&
-        info.num_elements != num_elements_) {
-      status = absl::InternalError(absl::StrCat(
-          "LocalSGD::Create: the coordinator reports ", info.num_elements,
-          " elements for a layout of ", num_elements_));
-    }
-    if (status.ok()) status = Flatten();
-    try {
-      if (status.ok() && !params_->host.is_same(params_->flat)) {
-        params_->host.copy_(params_->flat);
-      }
-    } catch (const c10::Error& e) {
-      status = FromTorch("LocalSGD: copying parameters to the host", e);
-    }
-    if (status.ok()) {
-      status = client_->Initialize(
-          absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
-    }
-    try {
-      if (status.ok() && !params_->host.is_same(params_->flat)) {
-        params_->flat.copy_(params_->host);
-      }
-    } catch (const c10::Error& e) {
-      status = FromTorch("LocalSGD: copying parameters from the host", e);
-    }
+// The leader: join, then seed or fetch the job's state into the parameters.
+absl::Status LocalSGD::JoinAndInitialize() {
+  absl::Status status = client_->Join(layout_);
+  const JoinInfo& info = client_->info();
+  const uint32_t job_k = info.settings.local_sgd_steps;
+  if (status.ok() && job_k != 0 &&
+      job_k != static_cast<uint32_t>(options_.local_sgd_steps)) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        "LocalSGD::Create: job '", client_->options().job_id,
+        "' syncs every ", job_k,
+        " steps (its local_sgd_steps) but LocalSGDOptions.local_sgd_steps "
+        "is ",
+        options_.local_sgd_steps,
+        "; set ClientOptions.settings.local_sgd_steps and "
+        "LocalSGDOptions.local_sgd_steps to the job's K"));
   }
-  if (group != nullptr) {
-    // The leader's outcome first, then (if ok) its parameters.
-    try {
-      params_->status.zero_();
-      if (is_leader() && !status.ok()) {
-        params_->status.copy_(at::tensor(
-            std::vector<int64_t>{kError, static_cast<int64_t>(status.code()), 0,
-                                 0, 0},
-            at::kLong));
-      }
-    } catch (const c10::Error& e) {
-      return FromTorch("LocalSGD::Create: status", e);
+  if (status.ok() && info.num_elements != 0 &&
+      info.num_elements != num_elements_) {
+    status = absl::InternalError(absl::StrCat(
+        "LocalSGD::Create: the coordinator reports ", info.num_elements,
+        " elements for a layout of ", num_elements_));
+  }
+  if (status.ok()) status = Flatten();
+  if (status.ok()) status = ToHost();
+  if (status.ok()) {
+    status = client_->Initialize(
+        absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
+  }
+  if (status.ok()) status = FromHost("initial");
+  return status;
+}
+
+// A node group: the leader's outcome of `status` to every rank, then (if
+// ok) its parameters.
+absl::Status LocalSGD::ShareInitialState(const absl::Status& status) {
+  c10d::ProcessGroup* group = params_->group.get();
+  try {
+    params_->status.zero_();
+    if (is_leader() && !status.ok()) {
+      params_->status.copy_(at::tensor(
+          std::vector<int64_t>{kError, static_cast<int64_t>(status.code()), 0,
+                               0, 0},
+          at::kLong));
     }
-    if (absl::Status s = Broadcast(*group, params_->status, "status at Create");
-        !s.ok()) {
-      return s;
-    }
-    const at::Tensor leader_status = params_->status.cpu();
-    if (leader_status[kKind].item<int64_t>() != kOk) {
-      return is_leader() ? status
-                         : LeaderFailed(leader_status[kCode].item<int64_t>(),
-                                        "to join and initialize");
-    }
-    if (absl::Status s = Broadcast(*group, params_->flat, "initial state");
-        !s.ok()) {
-      return s;
-    }
+  } catch (const c10::Error& e) {
+    return FromTorch("LocalSGD::Create: status", e);
+  }
+  if (absl::Status s = Broadcast(*group, params_->status, "status at Create");
+      !s.ok()) {
+    return s;
+  }
+  const at::Tensor leader_status = params_->status.cpu();
+  if (leader_status[kKind].item<int64_t>() != kOk) {
+    return is_leader() ? status
+                       : LeaderFailed(leader_status[kCode].item<int64_t>(),
+                                      "to join and initialize");
+  }
+  if (absl::Status s = Broadcast(*group, params_->flat, "initial state");
+      !s.ok()) {
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalSGD::Initialize(bool misconfigured) {
+  const bool grouped = params_->group != nullptr;
+  if (grouped) {
+    if (absl::Status s = CheckNodeGroup(misconfigured); !s.ok()) return s;
+  }
+  // 2.-4. on the leader: join, seed or fetch; then the node shares it.
+  absl::Status status = is_leader() ? JoinAndInitialize() : absl::OkStatus();
+  if (grouped) {
+    if (absl::Status s = ShareInitialState(status); !s.ok()) return s;
   } else if (!status.ok()) {
     return status;
   }
@@ -517,23 +532,31 @@ absl::Status LocalSGD::Step() {
   }
   ++steps_;
   if (!options_.enabled) return absl::OkStatus();
-  if (options_.overlap) {
-    const bool due = steps_ % options_.local_sgd_steps == 0;
-    // A node merges in lockstep, at sync points only.
-    if (params_->group != nullptr) {
-      return due ? NodeSyncPointOverlapped(/*start_next=*/true)
-                 : absl::OkStatus();
-    }
-    // Merge as soon as the result is there; at the next sync point at the
-    // latest, before that round starts.
-    if (background_ != nullptr && background_->in_flight() &&
-        (due || background_->Ready())) {
+  // What this step does: client/sync_schedule.h (the Python LocalSGD
+  // follows the same table through the binding).
+  StepState state;
+  state.steps = static_cast<uint64_t>(steps_);
+  state.local_sgd_steps = static_cast<uint64_t>(options_.local_sgd_steps);
+  state.overlap = options_.overlap;
+  state.node_group = params_->group != nullptr;
+  state.in_flight = background_ != nullptr && background_->in_flight();
+  state.ready = state.in_flight && background_->Ready();
+  switch (DecideStep(state)) {
+    case StepAction::kNone:
+      return absl::OkStatus();
+    case StepAction::kSync:
+      return DoSync();
+    case StepAction::kNodeSyncPoint:
+      return NodeSyncPointOverlapped(/*start_next=*/true);
+    case StepAction::kMerge:
+      return MergeBackgroundSync();
+    case StepAction::kStart:
+      return StartBackgroundSync();
+    case StepAction::kMergeThenStart:
       if (absl::Status s = MergeBackgroundSync(); !s.ok()) return s;
-    }
-    return due ? StartBackgroundSync() : absl::OkStatus();
+      return StartBackgroundSync();
   }
-  if (steps_ % options_.local_sgd_steps != 0) return absl::OkStatus();
-  return DoSync();
+  return absl::OkStatus();
 }
 
 absl::Status LocalSGD::StartBackgroundSync() {
@@ -541,12 +564,7 @@ absl::Status LocalSGD::StartBackgroundSync() {
   if (background_ == nullptr) {
     background_ = std::make_unique<BackgroundSync>(client_);
   }
-  const bool staged = !params_->host.is_same(params_->flat);
-  try {
-    if (staged) params_->host.copy_(params_->flat);
-  } catch (const c10::Error& e) {
-    return FromTorch("LocalSGD: copying parameters to the host", e);
-  }
+  if (absl::Status s = ToHost(); !s.ok()) return s;
   background_start_ = std::chrono::steady_clock::now();
   return background_->Start(
       absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_));
@@ -557,12 +575,7 @@ absl::Status LocalSGD::MergeBackgroundSync() {
   // The parameters as they are now, merged on the host (where the result
   // is), then written back.
   absl::Status status = Flatten();
-  const bool staged = !params_->host.is_same(params_->flat);
-  try {
-    if (status.ok() && staged) params_->host.copy_(params_->flat);
-  } catch (const c10::Error& e) {
-    status = FromTorch("LocalSGD: copying parameters to the host", e);
-  }
+  if (status.ok()) status = ToHost();
   // Without the current parameters on the host the result stays in flight
   // (merging it into stale values would lose the steps since).
   if (!status.ok()) return status;
@@ -583,11 +596,7 @@ absl::Status LocalSGD::MergeBackgroundSync() {
     }
     return outcome.status();
   }
-  try {
-    if (staged) params_->flat.copy_(params_->host);
-  } catch (const c10::Error& e) {
-    return FromTorch("LocalSGD: copying merged parameters in", e);
-  }
+  if (absl::Status s = FromHost("merged"); !s.ok()) return s;
   if (absl::Status s = Unflatten(); !s.ok()) return s;
   last_sync_skipped_ = false;
   ++num_merges_;
@@ -638,12 +647,7 @@ absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
   NodeReport mine;
   double round_seconds = 0;
   if (is_leader()) {
-    const bool staged = !params_->host.is_same(params_->flat);
-    try {
-      if (status.ok() && staged) params_->host.copy_(params_->flat);
-    } catch (const c10::Error& e) {
-      status = FromTorch("LocalSGD: copying parameters to the host", e);
-    }
+    if (status.ok()) status = ToHost();
     if (status.ok() && background_ != nullptr && background_->in_flight()) {
       absl::StatusOr<SyncOutcome> outcome = background_->Finish(
           absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
@@ -662,13 +666,7 @@ absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
         status = outcome.status();
       }
     }
-    try {
-      if (status.ok() && mine.merged && staged) {
-        params_->flat.copy_(params_->host);
-      }
-    } catch (const c10::Error& e) {
-      status = FromTorch("LocalSGD: copying merged parameters in", e);
-    }
+    if (status.ok() && mine.merged) status = FromHost("merged");
     if (status.ok() && start_next) {
       if (background_ == nullptr) {
         background_ = std::make_unique<BackgroundSync>(client_);
@@ -763,22 +761,13 @@ absl::Status LocalSGD::DoSync() {
   absl::StatusOr<SyncOutcome> outcome;
   bool skipped = false;
   if (is_leader()) {
-    const bool staged = !params_->host.is_same(params_->flat);
-    try {
-      if (status.ok() && staged) params_->host.copy_(params_->flat);
-    } catch (const c10::Error& e) {
-      status = FromTorch("LocalSGD: copying parameters to the host", e);
-    }
+    if (status.ok()) status = ToHost();
     if (status.ok()) {
       outcome = client_->Sync(
           absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
       status = outcome.status();
     }
-    try {
-      if (status.ok() && staged) params_->flat.copy_(params_->host);
-    } catch (const c10::Error& e) {
-      status = FromTorch("LocalSGD: copying averaged parameters in", e);
-    }
+    if (status.ok()) status = FromHost("averaged");
     if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) &&
         options_.keep_training_when_unavailable) {
       LOCALSGD_LOG(WARNING) << "LocalSGD sync at step " << steps_
@@ -838,6 +827,27 @@ absl::Status LocalSGD::DoSync() {
   LOCALSGD_VLOG(1) << "LocalSGD sync at step " << steps_ << ": round "
                    << last_outcome_.round << ", " << last_outcome_.contributors
                    << " contributors, " << seconds << " s";
+  return absl::OkStatus();
+}
+
+absl::Status LocalSGD::ToHost() {
+  if (params_->host.is_same(params_->flat)) return absl::OkStatus();
+  try {
+    params_->host.copy_(params_->flat);
+  } catch (const c10::Error& e) {
+    return FromTorch("LocalSGD: copying parameters to the host", e);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalSGD::FromHost(absl::string_view what) {
+  if (params_->host.is_same(params_->flat)) return absl::OkStatus();
+  try {
+    params_->flat.copy_(params_->host);
+  } catch (const c10::Error& e) {
+    return FromTorch(absl::StrCat("LocalSGD: copying ", what, " parameters in"),
+                     e);
+  }
   return absl::OkStatus();
 }
 

@@ -78,6 +78,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "client/background_sync.h"
 #include "client/client.h"
 #include "client/node_group.h"
@@ -241,6 +242,10 @@ class LocalSGD {
   // The module's parameters, the flat buffers and the node group (LibTorch
   // tensors); defined in local_sgd.cc so that this header needs no LibTorch.
   struct Params;
+  // Create's first part: the module's parameters, their layout's specs, and
+  // the tensors LocalSGD keeps for them.
+  static absl::Status ReadParameters(torch::nn::Module& module, Params& params,
+                                     std::vector<TensorSpec>& specs);
 
   LocalSGD(Client* client, LocalSGDOptions options,
            std::unique_ptr<Params> params, Layout layout);
@@ -270,6 +275,16 @@ class LocalSGD {
   absl::Status Flatten();
   // Copies the flat tensor back into the parameters in place.
   absl::Status Unflatten();
+  // The flat tensor to the host buffer the client reads, and back (`what`:
+  // "merged" or "averaged", for the error); nothing where they are one
+  // tensor (CPU parameters).
+  absl::Status ToHost();
+  // Initialize's parts: the node group's agreement on its setup, the
+  // leader's join and seed or fetch, and its outcome shared with the group.
+  absl::Status CheckNodeGroup(bool misconfigured);
+  absl::Status JoinAndInitialize();
+  absl::Status ShareInitialState(const absl::Status& status);
+  absl::Status FromHost(absl::string_view what);
   // Whether this process talks to the coordinator (no group, or rank 0).
   bool is_leader() const { return client_ != nullptr; }
 

@@ -98,7 +98,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from localsgd._localsgd import Client, Error
+from localsgd._localsgd import Client, Error, decide_step
 
 # gRPC status code names by number (for the node group's status broadcast).
 _CODES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
@@ -519,20 +519,21 @@ class LocalSGD:
         self.num_steps += 1
         if not self.enabled:
             return
-        due = self.num_steps % self.local_sgd_steps == 0
-        if self.overlap and self._group is not None:
-            if due:
-                self._node_sync_point(start_next=True)
-            return
-        if self.overlap:
-            if self._client.sync_in_flight and (due or
-                                                self._client.sync_ready):
-                self._merge()
-            if due:
-                self._flatten_into(self._host)
-                self._client.start_sync(self._host_np)
-            return
-        if due:
+        # One table with the C++ LocalSGD (client/sync_schedule.h).
+        in_flight = bool(self._group is None and self.overlap
+                         and self._client.sync_in_flight)
+        action = decide_step(
+            self.num_steps, self.local_sgd_steps, bool(self.overlap),
+            self._group is not None, in_flight,
+            bool(in_flight and self._client.sync_ready))
+        if action in ("merge", "merge_then_start"):
+            self._merge()
+        if action in ("start", "merge_then_start"):
+            self._flatten_into(self._host)
+            self._client.start_sync(self._host_np)
+        elif action == "node_sync_point":
+            self._node_sync_point(start_next=True)
+        elif action == "sync":
             self.sync_now()
 
     def sync_now(self):

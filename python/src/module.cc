@@ -28,6 +28,7 @@
 #include "absl/types/span.h"
 #include "client/background_sync.h"
 #include "client/client.h"
+#include "client/sync_schedule.h"
 #include "glog/logging.h"
 #include "src/layout.h"
 #include "src/types.h"
@@ -475,6 +476,31 @@ PYBIND11_MODULE(_localsgd, m) {
         level != nullptr && std::string(level) == "info" ? 0 : 1;
     google::InitGoogleLogging("localsgd");
   }
+
+  // The C++ LocalSGD's schedule (client/sync_schedule.h), so that the
+  // Python LocalSGD decides each step by the same table.
+  m.def(
+      "decide_step",
+      [](uint64_t steps, uint64_t local_sgd_steps, bool overlap,
+         bool node_group, bool in_flight, bool ready) {
+        if (local_sgd_steps < 1) {
+          throw py::value_error("decide_step: local_sgd_steps must be >= 1");
+        }
+        localsgd::StepState state;
+        state.steps = steps;
+        state.local_sgd_steps = local_sgd_steps;
+        state.overlap = overlap;
+        state.node_group = node_group;
+        state.in_flight = in_flight;
+        state.ready = ready;
+        return std::string(
+            localsgd::StepActionName(localsgd::DecideStep(state)));
+      },
+      py::arg("steps"), py::arg("local_sgd_steps"), py::arg("overlap"),
+      py::arg("node_group"), py::arg("in_flight"), py::arg("ready"),
+      "What LocalSGD does at this optimizer step (steps counted with it): "
+      "'none', 'sync', 'node_sync_point', 'merge', 'start' or "
+      "'merge_then_start' (the table of client/sync_schedule.h).");
 
   static py::exception<StatusError> error(m, "Error", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {

@@ -401,6 +401,89 @@ TEST(NodeGroupTest, Overlap_NodesMergeInLockstep_ProgressOfTheNodeKept) {
   }
 }
 
+// Overlap without node groups (LocalSGDOptions::overlap, the schedule's
+// kStart and kMergeThenStart): two members, K = 1. Step 1 starts round 1
+// with Value(g); each member then "trains" d_g; step 2 waits for round 1,
+// merges it as theta_1 + (now - snapshot) = theta_1 + d_g (the member's own
+// progress kept) and starts round 2 from that; Close merges round 2 and
+// makes the final sync: every member holds theta_1 + mean of d. Closed
+// forms in double.
+TEST(LocalSgdOverlapTest, TwoMembers_MergeKeepsOwnProgress) {
+  const int members = 2;
+  auto server = StartServer();
+  auto d = [](int g, int64_t j) {
+    return 0.03 * (g + 2) * std::sin(0.2 * static_cast<double>(j));
+  };
+  std::vector<absl::Status> status(members);
+  std::vector<std::vector<float>> after_step2(members), final_values(members);
+  std::vector<bool> in_flight_after_step1(members, false);
+  std::vector<int64_t> merges_after_step2(members, -1), syncs(members, -1);
+  std::vector<std::thread> threads;
+  for (int g = 0; g < members; ++g) {
+    threads.emplace_back([&, g] {
+      Model model;
+      SetValues(model, 1000 + g);
+      std::unique_ptr<Client> client =
+          MakeLeaderClient(server->port(), "overlap-members", g, 1, members);
+      LocalSGDOptions options;
+      options.local_sgd_steps = 1;
+      options.overlap = true;
+      options.keep_training_when_unavailable = false;
+      auto local_sgd = LocalSGD::Create(model, client.get(), options);
+      if (!local_sgd.ok()) {
+        status[g] = local_sgd.status();
+        return;
+      }
+      SetValues(model, g);
+      status[g] = (*local_sgd)->Step();  // starts round 1
+      if (!status[g].ok()) return;
+      in_flight_after_step1[g] = (*local_sgd)->sync_in_flight();
+      {
+        torch::NoGradGuard no_grad;
+        int64_t j = 0;
+        for (auto& p : model.parameters()) {
+          auto flat = p.view({-1});
+          for (int64_t i = 0; i < p.numel(); ++i, ++j) {
+            flat[i] += static_cast<float>(d(g, j));
+          }
+        }
+      }
+      status[g] = (*local_sgd)->Step();  // merges round 1, starts round 2
+      if (!status[g].ok()) return;
+      after_step2[g] = Flat(model);
+      merges_after_step2[g] = (*local_sgd)->num_merges();
+      status[g] = (*local_sgd)->Close();
+      final_values[g] = Flat(model);
+      syncs[g] = (*local_sgd)->num_syncs();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int g = 0; g < members; ++g) {
+    ASSERT_TRUE(status[g].ok()) << "member " << g << ": " << status[g];
+    EXPECT_TRUE(in_flight_after_step1[g]) << "member " << g;
+    EXPECT_EQ(merges_after_step2[g], 1) << "member " << g;
+    EXPECT_EQ(syncs[g], 3) << "member " << g;  // two merges, Close's sync
+  }
+  const size_t num_elements = 13 * 7 + 5;
+  const double tolerance = 1e-5 + 8 * std::ldexp(1.0, -24) * 1024;
+  for (size_t j = 0; j < num_elements; ++j) {
+    const auto jj = static_cast<int64_t>(j);
+    double theta1 = 0, all_d = 0;
+    for (int g = 0; g < members; ++g) {
+      theta1 += Value(g, jj) / members;
+      all_d += d(g, jj) / members;
+    }
+    for (int g = 0; g < members; ++g) {
+      ASSERT_NEAR(after_step2[g][j], theta1 + d(g, jj), tolerance)
+          << "member " << g << " element " << j;
+      ASSERT_NEAR(final_values[g][j], theta1 + all_d, tolerance)
+          << "member " << g << " element " << j;
+      ASSERT_EQ(final_values[g][j], final_values[0][j])
+          << "member " << g << " element " << j;
+    }
+  }
+}
+
 TEST(NodeGroupTest, Create_LeaderWeightNotGroupSize_EveryRankInvalidArgument) {
   SKIP_WITHOUT_GLOO();
   auto server = StartServer();
