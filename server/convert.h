@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "localsgd/v1/coordinator.pb.h"
 #include "proto/convert.h"
-#include "src/job.h"
+#include "src/job_types.h"
 
 namespace localsgd {
 
