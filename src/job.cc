@@ -16,12 +16,6 @@
 namespace localsgd {
 namespace {
 
-std::string RandomMemberHex(absl::BitGen& gen) {
-  const uint64_t hi = absl::Uniform<uint64_t>(gen);
-  const uint64_t lo = absl::Uniform<uint64_t>(gen);
-  return absl::StrFormat("%016x%016x", hi, lo);
-}
-
 // to = from[offset, offset + to.size()), or zeros if `from` is empty.
 void CopyOrZero(const std::vector<float>& from, size_t offset,
                 absl::Span<float> to) {
@@ -108,18 +102,15 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       sink_(sink),
       observer_(observer),
       close_rules_{policy.round_deadline, policy.min_quorum},
+      members_(id_, policy.lease_ttl, policy.max_members, clock->Now()),
       rule_(RuleFor(settings)),
-      rendezvous_done_(settings.rendezvous_members <= 1) {
-  empty_since_ = clock_->Now();  // no member yet
-}
+      rendezvous_done_(settings.rendezvous_members <= 1) {}
 
 Job::~Job() = default;
 
 bool Job::RetireIfEmptyFor(absl::Time now, absl::Duration ttl) {
   absl::MutexLock lock(&mu_);
-  if (retired_ || stopped_ || !members_.empty() || now - empty_since_ < ttl) {
-    return false;
-  }
+  if (retired_ || stopped_ || !members_.EmptyFor(now, ttl)) return false;
   retired_ = true;
   return true;
 }
@@ -132,7 +123,7 @@ void Job::RestoreState(RoundId round, std::vector<float> values, uint64_t id,
                        std::vector<float> momentum,
                        std::vector<float> residual) {
   absl::MutexLock lock(&mu_);
-  empty_since_ = clock_->Now();
+  members_.ResetEmptySince(clock_->Now());
   auto state = std::make_shared<StateSnapshot>();
   state->round = round;
   state->values = std::move(values);
@@ -160,22 +151,6 @@ void Job::RunDeferred(Deferred& deferred) {
   deferred.clear();
 }
 
-absl::Status Job::MemberNotFound(const MemberId& member) const {
-  return absl::NotFoundError(absl::StrCat(
-      "member ", MemberRef(member), " is not in job '", id_,
-      "' (it never joined, left, or made no call for the lease of ",
-      absl::FormatDuration(policy_.lease_ttl), "); join again"));
-}
-
-MemberInfo* Job::FindMemberLocked(const MemberId& member, absl::Time now) {
-  auto it = members_.find(member);
-  if (it == members_.end()) return nullptr;
-  // An expired lease is gone even before Tick() removes it.
-  if (now - it->second.last_seen > policy_.lease_ttl) return nullptr;
-  it->second.last_seen = now;
-  return &it->second;
-}
-
 absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
   const absl::Time now = clock_->Now();
   Deferred deferred;
@@ -184,8 +159,7 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckJoinLocked(params); !s.ok()) return s;
-    id = FindJoinedLocked(params, now, deferred);
-    if (id.ok() && id->empty()) id = AddMemberLocked(params, now);
+    id = JoinLocked(params, now, deferred);
     if (id.ok()) {
       result.member_id = *id;
       result.settings = settings_;
@@ -223,109 +197,47 @@ absl::Status Job::CheckJoinLocked(const JoinRequestParams& params) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<MemberId> Job::FindJoinedLocked(const JoinRequestParams& params,
-                                               absl::Time now,
-                                               Deferred& deferred) {
-  // A process is its name plus incarnation: the same pair is a retried
-  // Join, a new incarnation under the same name is a restarted process.
-  if (params.member_name.empty()) return MemberId();
-  for (auto& [mid, m] : members_) {
-    if (m.name != params.member_name) continue;
-    // The name is the client's choice: a Join under another member's name
-    // must not take over (or replace) that member unless it has the
-    // member's credentials.
-    if (m.principal != params.principal) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "member name '", params.member_name, "' of job '", id_,
-          "' is bound to other credentials; join under another name, or "
-          "wait for that member to leave or lose its lease"));
-    }
-    if (m.incarnation == params.incarnation) {
-      // A retried Join. The weight is fixed while the member is one: a
-      // different one is refused, not silently ignored.
-      if (m.weight != params.weight) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "member '", m.name, "' of job '", id_, "' joined with weight ",
-            m.weight, "; this Join of the same name and incarnation asks for ",
-            params.weight,
-            ": a member's weight is fixed while it is a member (Leave and "
-            "Join again, or restart with a new incarnation, to change it)"));
-      }
-      m.last_seen = now;
-      return mid;
-    }
-    const MemberId old = mid;
-    RemoveMemberLocked(old, "replaced by a new incarnation", deferred);
-    return MemberId();
+absl::StatusOr<MemberId> Job::JoinLocked(const JoinRequestParams& params,
+                                         absl::Time now, Deferred& deferred) {
+  absl::StatusOr<Membership::Found> found = members_.FindJoined(params, now);
+  if (!found.ok()) return found.status();
+  if (!found->retried.empty()) return found->retried;
+  if (!found->replaced.empty()) {
+    RemoveMemberLocked(found->replaced, "replaced by a new incarnation",
+                       deferred);
   }
-  return MemberId();
-}
-
-absl::StatusOr<MemberId> Job::AddMemberLocked(const JoinRequestParams& params,
-                                              absl::Time now) {
-  if (members_.size() >= policy_.max_members) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("job '", id_, "' has ", members_.size(),
-                     " members, the limit (--max_members_per_job)"));
-  }
-  MemberId id;
-  do {
-    id = MemberId(RandomMemberHex(bitgen_));
-  } while (members_.contains(id));
-  MemberInfo info;
-  info.id = id;
-  // Coordinator::Join refuses an empty name; a job used directly names such
-  // a member by its reference, never by its id (the member's credential).
-  info.name = params.member_name.empty()
-                  ? absl::StrCat("member-", MemberRef(id))
-                  : params.member_name;
-  info.weight = params.weight;
-  info.incarnation = params.incarnation;
-  info.principal = params.principal;
-  info.joined_at = now;
-  info.last_seen = now;
   // Joining while a round is open: take part from the next one, unless the
   // job is still gathering members; then the open round admits the joiner
-  // (it starts from the same state as the rest).
-  info.first_round = state_ == nullptr  ? 1
-                     : open_ != nullptr ? open_->id + 1
-                                        : state_->round + 1;
-  // (Never once a chunk is final: its result must not change. A Join whose
-  // `now` was read before another call's ended the gathering could find
-  // it still active.)
-  if (open_ != nullptr && open_->num_final == 0 &&
-      GatheringLocked().Active(open_->participants.size(), now)) {
-    info.first_round = open_->id;
-    AddParticipantLocked(id, info);
+  // (it starts from the same state as the rest). (Never once a chunk is
+  // final: its result must not change. A Join whose `now` was read before
+  // another call's ended the gathering could find it still active.)
+  const bool admit = open_ != nullptr && open_->num_final == 0 &&
+                     GatheringLocked().Active(open_->participants.size(), now);
+  const RoundId first_round = admit               ? open_->id
+                              : state_ == nullptr ? 1
+                              : open_ != nullptr  ? open_->id + 1
+                                                  : state_->round + 1;
+  absl::StatusOr<const MemberInfo*> info =
+      members_.Add(params, first_round, now);
+  if (!info.ok()) return info.status();
+  if (admit) {
+    AddParticipantLocked((*info)->id, **info);
     FitScaleLocked();
   }
-  LOG(INFO) << "job " << id_ << ": member " << info.name << " ("
-            << MemberRef(id) << ", weight " << info.weight << ") joined; "
-            << members_.size() + 1 << " members; takes part from round "
-            << info.first_round;
-  members_.emplace(id, std::move(info));
-  return id;
+  return (*info)->id;
 }
 
 absl::Status Job::CheckPrincipal(const MemberId& member,
                                  absl::string_view principal) {
   absl::MutexLock lock(&mu_);
-  auto it = members_.find(member);
-  if (it == members_.end() || it->second.principal == principal) {
-    return absl::OkStatus();
-  }
-  return absl::PermissionDeniedError(
-      absl::StrCat("member ", it->second.name, " of job '", id_,
-                   "' is bound to other credentials than this call's"));
+  return members_.CheckPrincipal(member, principal);
 }
 
 absl::Status Job::Leave(const MemberId& member) {
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    if (members_.contains(member)) {
-      RemoveMemberLocked(member, "left", deferred);
-    }
+    RemoveMemberLocked(member, "left", deferred);
   }
   RunDeferred(deferred);
   return absl::OkStatus();
@@ -334,7 +246,7 @@ absl::Status Job::Leave(const MemberId& member) {
 absl::StatusOr<RoundId> Job::Heartbeat(const MemberId& member) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
-  if (FindMemberLocked(member, now) == nullptr) return MemberNotFound(member);
+  if (members_.Renew(member, now) == nullptr) return members_.NotFound(member);
   return state_ != nullptr ? state_->round : 0;
 }
 
@@ -379,8 +291,8 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return Stopping();
-    const MemberInfo* info = FindMemberLocked(member, now);
-    if (info == nullptr) return MemberNotFound(member);
+    const MemberInfo* info = members_.Renew(member, now);
+    if (info == nullptr) return members_.NotFound(member);
     if (absl::Status s = CheckSeedOrigin(id_, info->name, round, origin);
         !s.ok()) {
       return s;
@@ -542,8 +454,8 @@ void Job::OpenRoundLocked(RoundId round, absl::Time now) {
     open_->chunk_contributions.assign(geometry_.num_chunks(), 0);
     open_->final.assign(geometry_.num_chunks(), false);
   }
-  for (const auto& [id, m] : members_) {
-    if (m.first_round <= round) AddParticipantLocked(id, m);
+  for (const MemberInfo* m : members_.TakingPartIn(round)) {
+    AddParticipantLocked(m->id, *m);
   }
   FitScaleLocked();
   VLOG(1) << "job " << id_ << ": round " << round << " opened with "
@@ -642,8 +554,8 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return Stopping();
-    if (FindMemberLocked(session.member_, now) == nullptr) {
-      return MemberNotFound(session.member_);
+    if (members_.Renew(session.member_, now) == nullptr) {
+      return members_.NotFound(session.member_);
     }
     if (absl::Status s =
             ApplyChunkLocked(session, index, pieces, now, deferred);
@@ -768,13 +680,7 @@ bool Job::CancelWaiter(const SyncSession& session) {
 
 void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
                              Deferred& deferred) {
-  auto it = members_.find(member);
-  if (it == members_.end()) return;
-  LOG(INFO) << "job " << id_ << ": member " << it->second.name << " ("
-            << MemberRef(member) << ") " << why << "; " << members_.size() - 1
-            << " members left";
-  members_.erase(it);
-  if (members_.empty()) empty_since_ = clock_->Now();
+  if (!members_.Remove(member, why, clock_->Now())) return;
   if (seed_ != nullptr && seed_->owner == member) {
     AbortSeedLocked(why, deferred);
   }
@@ -827,7 +733,6 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
   const bool adaptive = settings_.deadline_mode == DeadlineMode::kAdaptive;
   for (const auto& [id, p] : round->participants) {
     record.participants.push_back(p.name);
-    auto member = members_.find(id);
     if (p.complete()) {
       record.contributors.push_back(p.name);
       record.contributor_ids.insert(id);
@@ -838,18 +743,13 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                 << " complete after "
                 << absl::FormatDuration(p.completed - round->opened);
       }
-      if (member != members_.end() && member->second.missed_rounds > 0) {
-        --member->second.missed_rounds;
-      }
+      members_.CountRound(id, /*contributed=*/true);
     } else if (p.gone) {
       record.dropped.push_back(p.name);
       if (p.nonfinite) refused.insert(id);
     } else {
       record.timed_out.push_back(p.name);
-      if (member != members_.end() &&
-          member->second.missed_rounds < kStragglerMisses) {
-        ++member->second.missed_rounds;
-      }
+      members_.CountRound(id, /*contributed=*/false);
     }
   }
   if (adaptive) {
@@ -1041,9 +941,9 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   record.closed = now;
   std::string name = absl::StrCat("member-", MemberRef(seed->owner));
   double weight = 1;
-  if (auto it = members_.find(seed->owner); it != members_.end()) {
-    name = it->second.name;
-    weight = it->second.weight;
+  if (const MemberInfo* owner = members_.Get(seed->owner)) {
+    name = owner->name;
+    weight = owner->weight;
   }
   record.participants = {name};
   record.contributors = {name};
@@ -1204,7 +1104,7 @@ absl::StatusOr<std::shared_ptr<const StateSnapshot>> Job::GetState(
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   if (stopped_) return Stopping();
-  if (FindMemberLocked(member, now) == nullptr) return MemberNotFound(member);
+  if (members_.Renew(member, now) == nullptr) return members_.NotFound(member);
   if (state_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", id_, "' has no global state yet; the first member seeds it"));
@@ -1218,14 +1118,10 @@ void Job::Tick() {
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return;
-    std::vector<MemberId> expired;
-    for (const auto& [id, m] : members_) {
-      if (now - m.last_seen > policy_.lease_ttl) expired.push_back(id);
-    }
-    for (const MemberId& id : expired) {
+    for (const MemberId& id : members_.Expired(now)) {
       if (observer_ != nullptr) {
         deferred.push_back(
-            [observer = observer_, job = id_, name = members_.at(id).name] {
+            [observer = observer_, job = id_, name = members_.Get(id)->name] {
               observer->LeaseExpired(job, name);
             });
       }
@@ -1312,10 +1208,7 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   s.layout = layout_;
   s.geometry = geometry_;
   absl::MutexLock lock(&mu_);
-  for (const auto& [id, m] : members_) s.members.push_back(m);
-  std::sort(
-      s.members.begin(), s.members.end(),
-      [](const MemberInfo& a, const MemberInfo& b) { return a.name < b.name; });
+  s.members = members_.SortedByName();
   s.has_state = state_ != nullptr;
   s.state_round = state_ != nullptr ? state_->round : 0;
   if (open_ != nullptr) {

@@ -65,6 +65,7 @@
 #include "src/clock.h"
 #include "src/job_types.h"
 #include "src/layout.h"
+#include "src/membership.h"
 #include "src/round.h"
 #include "src/types.h"
 
@@ -299,14 +300,11 @@ class Job : public std::enable_shared_from_this<Job> {
   using Deferred = std::vector<std::function<void()>>;
 
   // Join, in steps: the checks that refuse it; the member a repeated Join
-  // names (or none, after replacing an old incarnation); a new member.
+  // names, or a new member (after replacing an old incarnation).
   absl::Status CheckJoinLocked(const JoinRequestParams& params) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<MemberId> FindJoinedLocked(const JoinRequestParams& params,
-                                            absl::Time now, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<MemberId> AddMemberLocked(const JoinRequestParams& params,
-                                           absl::Time now)
+  absl::StatusOr<MemberId> JoinLocked(const JoinRequestParams& params,
+                                      absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // BeginSync, one function per kind: round 0 (seed or adopt the seed), a
@@ -434,9 +432,6 @@ class Job : public std::enable_shared_from_this<Job> {
   // The same for a state's other buffers (momentum, residual: num_elements
   // floats, contents undefined; delta: `bytes`).
   static std::vector<float> Recycled(std::vector<float>& spare, size_t n);
-  MemberInfo* FindMemberLocked(const MemberId& member, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status MemberNotFound(const MemberId& member) const;
   static void RunDeferred(Deferred& deferred);
 
   const std::string id_;
@@ -453,11 +448,11 @@ class Job : public std::enable_shared_from_this<Job> {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool retired_ ABSL_GUARDED_BY(mu_) = false;
-  // When the job last became empty (or was created): RetireIfEmptyFor.
-  absl::Time empty_since_ ABSL_GUARDED_BY(mu_);
   // Sink calls queued (under mu_) but not yet returned.
   int sink_calls_pending_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<MemberId, MemberInfo> members_ ABSL_GUARDED_BY(mu_);
+  // The members and their leases (also when the job last became empty:
+  // RetireIfEmptyFor).
+  Membership members_ ABSL_GUARDED_BY(mu_);
   // Null until seeded. Kept non-const here so that a buffer no stream reads
   // any more can be recycled; handed out as shared_ptr<const>.
   std::shared_ptr<StateSnapshot> state_ ABSL_GUARDED_BY(mu_);
