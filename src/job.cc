@@ -101,10 +101,11 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       clock_(clock),
       sink_(sink),
       observer_(observer),
-      close_rules_{policy.round_deadline, policy.min_quorum},
       members_(id_, policy.lease_ttl, policy.max_members, clock->Now()),
-      rule_(RuleFor(settings)),
-      rendezvous_done_(settings.rendezvous_members <= 1) {}
+      pacing_(id_, settings.rendezvous_members,
+              settings.deadline_mode == DeadlineMode::kAdaptive,
+              CloseRules{policy.round_deadline, policy.min_quorum}),
+      rule_(RuleFor(settings)) {}
 
 Job::~Job() = default;
 
@@ -131,19 +132,9 @@ void Job::RestoreState(RoundId round, std::vector<float> values, uint64_t id,
   state->momentum = std::move(momentum);
   state->residual = std::move(residual);
   state_ = std::move(state);
-  if (round > 0) rendezvous_done_ = true;
   // The members are not checkpointed: give them one lease to come back, so
   // that the first one to return does not close the next round alone.
-  regather_until_ = clock_->Now() + policy_.lease_ttl;
-}
-
-Gathering Job::GatheringLocked() const {
-  Gathering g;
-  g.rendezvous_pending = !rendezvous_done_;
-  g.rendezvous_members = settings_.rendezvous_members;
-  g.regather_until = regather_until_;
-  g.regather_members = regather_members_;
-  return g;
+  pacing_.Restored(round, clock_->Now() + policy_.lease_ttl);
 }
 
 void Job::RunDeferred(Deferred& deferred) {
@@ -211,18 +202,18 @@ absl::StatusOr<MemberId> Job::JoinLocked(const JoinRequestParams& params,
   // (it starts from the same state as the rest). (Never once a chunk is
   // final: its result must not change. A Join whose `now` was read before
   // another call's ended the gathering could find it still active.)
-  const bool admit = open_ != nullptr && open_->num_final == 0 &&
-                     GatheringLocked().Active(open_->participants.size(), now);
-  const RoundId first_round = admit               ? open_->id
+  const bool admit = open_ != nullptr && open_->round.num_final() == 0 &&
+                     pacing_.Gathers(open_->round, now);
+  const RoundId first_round = admit               ? open_->round.id()
                               : state_ == nullptr ? 1
-                              : open_ != nullptr  ? open_->id + 1
+                              : open_ != nullptr  ? open_->round.id() + 1
                                                   : state_->round + 1;
   absl::StatusOr<const MemberInfo*> info =
       members_.Add(params, first_round, now);
   if (!info.ok()) return info.status();
   if (admit) {
-    AddParticipantLocked((*info)->id, **info);
-    FitScaleLocked();
+    open_->round.AddParticipant(**info);
+    open_->round.FitScale();
   }
   return (*info)->id;
 }
@@ -421,17 +412,13 @@ std::unique_ptr<SyncSession> Job::BeginRoundLocked(
     const MemberInfo& member, RoundId round, SyncCallback done,
     FinalChunksCallback on_final, absl::Time now, Deferred& deferred) {
   if (open_ == nullptr) OpenRoundLocked(round, now);
-  const bool participant = open_->participants.contains(member.id);
+  const bool participant = open_->round.Find(member.id) != nullptr;
   const uint64_t waiter_id = next_waiter_id_++;
-  if (on_final != nullptr && open_->next != nullptr && open_->num_final > 0) {
+  if (on_final != nullptr && open_->next != nullptr &&
+      open_->round.num_final() > 0) {
     // Chunks final before this stream came (a retry, an adopting member).
-    std::vector<uint32_t> indices;
-    indices.reserve(open_->num_final);
-    for (uint32_t c = 0; c < open_->final.size(); ++c) {
-      if (open_->final[c]) indices.push_back(c);
-    }
     deferred.push_back(
-        [on_final, indices = std::move(indices),
+        [on_final, indices = open_->round.FinalChunks(),
          next = std::shared_ptr<const StateSnapshot>(open_->next)]() mutable {
           on_final(std::move(indices), std::move(next));
         });
@@ -445,39 +432,16 @@ std::unique_ptr<SyncSession> Job::BeginRoundLocked(
 }
 
 void Job::OpenRoundLocked(RoundId round, absl::Time now) {
-  open_ = std::make_unique<OpenRound>();
-  open_->id = round;
-  open_->opened = now;
-  open_->sums = RoundAccumulator(TakeBufferLocked(), geometry_);
-  if (pseudo_gradients()) {
-    open_->next = NewNextStateLocked();
-    open_->chunk_contributions.assign(geometry_.num_chunks(), 0);
-    open_->final.assign(geometry_.num_chunks(), false);
-  }
+  open_ = std::make_unique<OpenRound>(
+      RoundState(round, now, geometry_, TakeBufferLocked(), pseudo_gradients(),
+                 settings_.deadline_mode == DeadlineMode::kAdaptive));
+  if (pseudo_gradients()) open_->next = NewNextStateLocked();
   for (const MemberInfo* m : members_.TakingPartIn(round)) {
-    AddParticipantLocked(m->id, *m);
+    open_->round.AddParticipant(*m);
   }
-  FitScaleLocked();
+  open_->round.FitScale();
   VLOG(1) << "job " << id_ << ": round " << round << " opened with "
-          << open_->participants.size() << " participants";
-}
-
-void Job::AddParticipantLocked(const MemberId& id, const MemberInfo& member) {
-  Participant p;
-  p.name = member.name;
-  p.weight = static_cast<float>(member.weight);
-  p.got.assign(geometry_.num_chunks(), false);
-  p.straggler = settings_.deadline_mode == DeadlineMode::kAdaptive &&
-                member.missed_rounds >= kStragglerMisses;
-  open_->participants.emplace(id, std::move(p));
-}
-
-void Job::FitScaleLocked() {
-  // Rescaling would scale the chunks that hold results already.
-  CHECK_EQ(open_->num_final, 0u) << "participants changed after finality";
-  double total = 0;
-  for (const auto& [pid, p] : open_->participants) total += p.weight;
-  open_->sums.FitScale(total);
+          << open_->round.participants().size() << " participants";
 }
 
 absl::Status Job::ValidateChunk(const SyncSession& session, uint32_t index,
@@ -591,25 +555,18 @@ absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
       return absl::OkStatus();
     }
     case SyncSession::Role::kContribute: {
-      if (open_ == nullptr || open_->id != session.round_) {
+      if (open_ == nullptr || open_->round.id() != session.round_) {
         return absl::OkStatus();
       }
-      auto it = open_->participants.find(session.member_);
-      if (it == open_->participants.end() || it->second.gone ||
-          it->second.got[index]) {
-        return absl::OkStatus();
-      }
-      Participant& p = it->second;
       // The whole chunk goes in under the lock: simple and, at a few
       // hundred KiB per chunk and ~17 GB/s, short.
-      open_->sums.Add(index, pieces, ChunkDType(session), p.weight);
-      p.got[index] = true;
+      const RoundState::Added added = open_->round.Add(
+          session.member_, index, pieces, ChunkDType(session), now);
+      if (added == RoundState::Added::kIgnored) return absl::OkStatus();
       if (open_->next != nullptr) {
-        ++open_->chunk_contributions[index];
         MaybeFinalizeChunkLocked(index, now, deferred);
       }
-      if (++p.received == n) {
-        p.completed = now;
+      if (added == RoundState::Added::kCompleted) {
         MaybeCloseRoundLocked(now, deferred);
       }
       return absl::OkStatus();
@@ -625,25 +582,23 @@ void Job::DropNonFinite(SyncSession& session, uint32_t index, int64_t bad) {
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    if (open_ != nullptr && open_->id == session.round_) {
-      auto it = open_->participants.find(session.member_);
-      if (it != open_->participants.end() && !it->second.complete() &&
-          !it->second.gone) {
-        LOG(WARNING) << "job " << id_ << ": member " << it->second.name
-                     << " sent a non-finite value in chunk " << index
-                     << " (element " << bad << ") of round " << session.round_
-                     << "; dropped from the round (policy drop), its "
-                     << it->second.received << " chunks so far stay counted";
-        // As if it had left: the round stops waiting for it, its complete
-        // chunks count, and the rest of its stream is ignored.
-        it->second.gone = true;
-        it->second.nonfinite = true;
-        ++open_->num_gone;
-        MaybeCloseRoundLocked(now, deferred);
-        // Chunks only it had not given are final now.
-        if (open_ != nullptr && open_->id == session.round_) {
-          FinalizeGivenChunksLocked(now, deferred);
-        }
+    const Participant* p =
+        open_ != nullptr && open_->round.id() == session.round_
+            ? open_->round.Find(session.member_)
+            : nullptr;
+    if (p != nullptr && !p->complete() && !p->gone) {
+      LOG(WARNING) << "job " << id_ << ": member " << p->name
+                   << " sent a non-finite value in chunk " << index
+                   << " (element " << bad << ") of round " << session.round_
+                   << "; dropped from the round (policy drop), its "
+                   << p->received << " chunks so far stay counted";
+      // As if it had left: the round stops waiting for it, its complete
+      // chunks count, and the rest of its stream is ignored.
+      open_->round.MarkGone(session.member_, /*nonfinite=*/true);
+      MaybeCloseRoundLocked(now, deferred);
+      // Chunks only it had not given are final now.
+      if (open_ != nullptr && open_->round.id() == session.round_) {
+        FinalizeGivenChunksLocked(now, deferred);
       }
     }
   }
@@ -662,7 +617,7 @@ bool Job::CancelWaiter(const SyncSession& session) {
   bool removed = false;
   {
     absl::MutexLock lock(&mu_);
-    if (open_ != nullptr && open_->id == session.round_ &&
+    if (open_ != nullptr && open_->round.id() == session.round_ &&
         session.round_ != 0) {
       removed = open_->waiters.erase(session.waiter_id_) > 0;
     }
@@ -684,29 +639,19 @@ void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
   if (seed_ != nullptr && seed_->owner == member) {
     AbortSeedLocked(why, deferred);
   }
-  if (open_ != nullptr) {
-    auto p = open_->participants.find(member);
-    if (p != open_->participants.end() && !p->second.complete()) {
-      if (!p->second.gone) ++open_->num_gone;
-      p->second.gone = true;
-      const RoundId round = open_->id;
-      MaybeCloseRoundLocked(clock_->Now(), deferred);
-      // Chunks only it had not given are final now.
-      if (open_ != nullptr && open_->id == round) {
-        FinalizeGivenChunksLocked(clock_->Now(), deferred);
-      }
+  if (open_ != nullptr && open_->round.MarkGone(member, /*nonfinite=*/false)) {
+    const RoundId round = open_->round.id();
+    MaybeCloseRoundLocked(clock_->Now(), deferred);
+    // Chunks only it had not given are final now.
+    if (open_ != nullptr && open_->round.id() == round) {
+      FinalizeGivenChunksLocked(clock_->Now(), deferred);
     }
   }
 }
 
-CloseDecision Job::DecideCloseLocked(absl::Time now) const {
-  return DecideClose(open_->participants, open_->opened, GatheringLocked(),
-                     close_rules_, now, learned_);
-}
-
 void Job::MaybeCloseRoundLocked(absl::Time now, Deferred& deferred) {
   if (open_ == nullptr) return;
-  const CloseDecision decision = DecideCloseLocked(now);
+  const CloseDecision decision = pacing_.Decide(open_->round, now);
   if (decision.close) CloseRoundLocked(decision.reason, now, deferred);
 }
 
@@ -718,58 +663,22 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
     state = NextDeltaStateLocked(*round);
   } else {
     state = std::make_shared<StateSnapshot>();
-    state->values = MeanOfParameters(std::move(round->sums), state_->values);
+    state->values =
+        MeanOfParameters(std::move(round->round.sums()), state_->values);
     // Store exactly what members receive, so that a late joiner's fetched
     // state equals what the others hold.
     RoundTripInPlace(absl::MakeSpan(state->values), settings_.wire_dtype);
   }
-
-  RoundRecord record;
-  record.round = round->id;
-  record.reason = reason;
-  record.opened = round->opened;
-  record.closed = now;
-  absl::flat_hash_set<MemberId> refused;
-  const bool adaptive = settings_.deadline_mode == DeadlineMode::kAdaptive;
-  for (const auto& [id, p] : round->participants) {
-    record.participants.push_back(p.name);
-    if (p.complete()) {
-      record.contributors.push_back(p.name);
-      record.contributor_ids.insert(id);
-      record.contributor_weight += p.weight;
-      if (adaptive) {
-        lags_.Add(p.completed - round->opened);
-        VLOG(1) << "job " << id_ << ": round " << round->id << ": " << p.name
-                << " complete after "
-                << absl::FormatDuration(p.completed - round->opened);
-      }
-      members_.CountRound(id, /*contributed=*/true);
-    } else if (p.gone) {
-      record.dropped.push_back(p.name);
-      if (p.nonfinite) refused.insert(id);
-    } else {
-      record.timed_out.push_back(p.name);
-      members_.CountRound(id, /*contributed=*/false);
-    }
+  RoundClosure closure = round->round.Close(reason, now);
+  for (const MemberId& id : closure.contributed) {
+    members_.CountRound(id, /*contributed=*/true);
   }
-  if (adaptive) {
-    const LearnedDeadline before = learned_;
-    learned_ = lags_.Learn();
-    if (learned_.learned() && !before.learned()) {
-      LOG(INFO) << "job " << id_ << ": learned its round deadline: "
-                << absl::FormatDuration(learned_.usual) << " (patient "
-                << absl::FormatDuration(learned_.patient) << ") from "
-                << lags_.size() << " contributions";
-    }
+  for (const MemberId& id : closure.timed_out) {
+    members_.CountRound(id, /*contributed=*/false);
   }
-  if (record.participants.size() >= settings_.rendezvous_members &&
-      !rendezvous_done_) {
-    rendezvous_done_ = true;
-    LOG(INFO) << "job " << id_ << ": rendezvous of "
-              << settings_.rendezvous_members << " members complete";
-  }
-  CommitLocked(std::move(record), std::move(state), std::move(round->waiters),
-               refused, deferred);
+  pacing_.Closed(closure);
+  CommitLocked(std::move(closure.record), std::move(state),
+               std::move(round->waiters), closure.refused, deferred);
 }
 
 std::shared_ptr<StateSnapshot> Job::NewNextStateLocked() {
@@ -793,7 +702,7 @@ void Job::FinalizeChunkLocked(OpenRound& round, uint32_t c) {
   const bool lossy = wire != DType::kFloat32;
   const StateSnapshot& old = *state_;
   StateSnapshot& next = *round.next;
-  RoundAccumulator& sums = round.sums;
+  RoundAccumulator& sums = round.round.sums();
   const size_t offset = geometry_.Offset(c);
   const absl::Span<float> chunk = sums.scaled_sums(c);
   const size_t len = chunk.size();
@@ -830,57 +739,28 @@ void Job::FinalizeChunkLocked(OpenRound& round, uint32_t c) {
   }
   const auto previous = absl::MakeConstSpan(old.values).subspan(offset, len);
   AddInPlace(chunk, previous);
-  round.final[c] = true;
-  ++round.num_final;
-}
-
-bool Job::ChunkGivenLocked(const OpenRound& round, uint32_t c) const {
-  if (round.chunk_contributions[c] >= round.participants.size()) return true;
-  // A participant that is gone (left, lost its lease, dropped for a
-  // non-finite value) gives nothing more: the chunk is the mean of those
-  // that gave it, as at the close.
-  if (round.num_gone == 0 || round.chunk_contributions[c] == 0) return false;
-  for (const auto& [id, p] : round.participants) {
-    if (!p.gone && !p.got[c]) return false;
-  }
-  return true;
+  round.round.MarkFinal(c);
 }
 
 void Job::MaybeFinalizeChunkLocked(uint32_t c, absl::Time now,
                                    Deferred& deferred) {
   OpenRound& round = *open_;
-  if (round.final[c] || !ChunkGivenLocked(round, c)) return;
-  // While the round gathers, a member that joins becomes a participant and
-  // may still give this chunk.
-  if (GatheringLocked().Active(round.participants.size(), now)) {
-    round.held = true;
-    return;
-  }
+  if (!round.round.ChunkReady(c, pacing_.Gathers(round.round, now))) return;
   FinalizeChunkLocked(round, c);
   TellFinalLocked({c}, deferred);
 }
 
 void Job::FinalizeHeldChunksLocked(absl::Time now, Deferred& deferred) {
-  if (open_ == nullptr || !open_->held) return;
+  if (open_ == nullptr || !open_->round.held()) return;
   FinalizeGivenChunksLocked(now, deferred);
 }
 
 void Job::FinalizeGivenChunksLocked(absl::Time now, Deferred& deferred) {
   if (open_ == nullptr || open_->next == nullptr) return;
-  if (GatheringLocked().Active(open_->participants.size(), now)) {
-    open_->held = true;
-    return;
-  }
-  OpenRound& round = *open_;
-  round.held = false;
-  std::vector<uint32_t> indices;
-  for (uint32_t c = 0; c < round.final.size(); ++c) {
-    if (!round.final[c] && ChunkGivenLocked(round, c)) {
-      FinalizeChunkLocked(round, c);
-      indices.push_back(c);
-    }
-  }
-  if (!indices.empty()) TellFinalLocked(indices, deferred);
+  const std::vector<uint32_t> ready =
+      open_->round.ReadyChunks(pacing_.Gathers(open_->round, now));
+  for (uint32_t c : ready) FinalizeChunkLocked(*open_, c);
+  if (!ready.empty()) TellFinalLocked(ready, deferred);
 }
 
 void Job::TellFinalLocked(const std::vector<uint32_t>& indices,
@@ -894,10 +774,10 @@ void Job::TellFinalLocked(const std::vector<uint32_t>& indices,
 }
 
 std::shared_ptr<StateSnapshot> Job::NextDeltaStateLocked(OpenRound& round) {
-  for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
-    if (!round.final[c]) FinalizeChunkLocked(round, c);
+  for (uint32_t c : round.round.PendingChunks()) {
+    FinalizeChunkLocked(round, c);
   }
-  round.next->values = round.sums.TakeBuffer();
+  round.next->values = round.round.sums().TakeBuffer();
   return std::move(round.next);
 }
 
@@ -959,9 +839,7 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
     // A re-seed of a job its coordinator lost: its members come back one by
     // one, as after a restore (RestoreState), and the re-seeder says how
     // many to wait for.
-    rendezvous_done_ = true;
-    regather_until_ = now + policy_.lease_ttl;
-    regather_members_ = origin.contributors;
+    pacing_.Reseeded(now + policy_.lease_ttl, origin.contributors);
   }
 }
 
@@ -969,20 +847,10 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
                        Waiters waiters,
                        const absl::flat_hash_set<MemberId>& refused,
                        Deferred& deferred) {
-  std::sort(record.participants.begin(), record.participants.end());
-  std::sort(record.contributors.begin(), record.contributors.end());
-  std::sort(record.dropped.begin(), record.dropped.end());
-  std::sort(record.timed_out.begin(), record.timed_out.end());
-
   state->round = record.round;
   if (state->id == 0) state->id = NewStateIdLocked();
   std::shared_ptr<StateSnapshot> old = std::move(state_);
   state_ = state;
-  if (record.reason != CloseReason::kSeed && regather_members_ > 0) {
-    // A re-seed's regather lasts its first round.
-    regather_members_ = 0;
-    regather_until_ = absl::InfinitePast();
-  }
   // Recycle the old state's memory for the next accumulator unless a stream
   // (or the checkpointer) still reads it: fresh pages cost ~20x more than
   // reused ones.
@@ -1143,7 +1011,7 @@ void Job::BeginDrain() {
   draining_ = true;
   if (open_ != nullptr || seed_ != nullptr) {
     LOG(INFO) << "job " << id_ << ": draining; waiting for "
-              << (open_ != nullptr ? absl::StrCat("round ", open_->id)
+              << (open_ != nullptr ? absl::StrCat("round ", open_->round.id())
                                    : std::string("the seed"))
               << " to close";
   }
@@ -1193,7 +1061,7 @@ void Job::Stop() {
 
 LearnedDeadline Job::learned_deadline() {
   absl::MutexLock lock(&mu_);
-  return learned_;
+  return pacing_.learned();
 }
 
 size_t Job::num_members() {
@@ -1213,9 +1081,9 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   s.state_round = state_ != nullptr ? state_->round : 0;
   if (open_ != nullptr) {
     s.round_open = true;
-    s.open_round = open_->id;
-    s.open_round_decision = DecideCloseLocked(clock_->Now());
-    for (const auto& [id, p] : open_->participants) {
+    s.open_round = open_->round.id();
+    s.open_round_decision = pacing_.Decide(open_->round, clock_->Now());
+    for (const auto& [id, p] : open_->round.participants()) {
       s.open_round_participants.push_back(p.name);
       if (p.complete()) s.open_round_contributed.push_back(p.name);
     }
@@ -1227,7 +1095,7 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
     s.recent_rounds.push_back(r);
   }
   if (settings_.deadline_mode == DeadlineMode::kAdaptive) {
-    s.learned_deadline = learned_;
+    s.learned_deadline = pacing_.learned();
     for (const MemberInfo& m : s.members) {
       if (m.missed_rounds >= kStragglerMisses) s.stragglers.push_back(m.name);
     }

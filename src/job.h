@@ -67,6 +67,7 @@
 #include "src/layout.h"
 #include "src/membership.h"
 #include "src/round.h"
+#include "src/round_state.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -270,24 +271,15 @@ class Job : public std::enable_shared_from_this<Job> {
     FinalChunksCallback on_final;  // may be null
   };
   using Waiters = absl::flat_hash_map<uint64_t, Waiter>;
+  // The open round: its participants, sums and finality (RoundState), the
+  // Syncs waiting for it, and (pseudo-gradient jobs) the state it commits,
+  // built chunk by chunk as chunks become final (FinalizeChunkLocked), the
+  // rest at the close.
   struct OpenRound {
-    RoundId id = 0;
-    absl::Time opened;
-    Participants participants;
-    RoundAccumulator sums;
+    explicit OpenRound(RoundState r) : round(std::move(r)) {}
+    RoundState round;
     Waiters waiters;
-    // Pseudo-gradient jobs: the state the round commits, built chunk by
-    // chunk as chunks become final (FinalizeChunkLocked), the rest at the
-    // close; how many participants have given each chunk; which chunks are
-    // final; whether a chunk that all participants gave waits for the
-    // gathering to end (then Tick finalizes it).
     std::shared_ptr<StateSnapshot> next;
-    std::vector<uint32_t> chunk_contributions;
-    std::vector<bool> final;
-    uint32_t num_final = 0;
-    // Participants marked gone (they give nothing more).
-    uint32_t num_gone = 0;
-    bool held = false;
   };
   struct Seed {
     MemberId owner;
@@ -351,20 +343,10 @@ class Job : public std::enable_shared_from_this<Job> {
                           Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Rounds: opening one, the close decision as of `now` (DecideClose over
-  // the open round), closing it when the decision says so.
+  // Rounds: opening one (its participants: the members taking part), closing
+  // it when the close decision (RoundPacing::Decide as of `now`) says so.
   void OpenRoundLocked(RoundId round, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds `member` to the open round's participants; FitScaleLocked after.
-  void AddParticipantLocked(const MemberId& id, const MemberInfo& member)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fits the open round's accumulator to its participants' total weight.
-  void FitScaleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  CloseDecision DecideCloseLocked(absl::Time now) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether, and until when, the job gathers members into its open round
-  // (rendezvous, or regathering after a restore).
-  Gathering GatheringLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCloseRoundLocked(absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseRoundLocked(CloseReason reason, absl::Time now, Deferred& deferred)
@@ -406,11 +388,8 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinalizeHeldChunksLocked(absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether every participant that is not gone gave chunk `c` (and someone
-  // did); every such chunk finalized, or held while the round gathers (a
-  // participant went away).
-  bool ChunkGivenLocked(const OpenRound& round, uint32_t c) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every chunk that is given (RoundState::ChunkGiven) finalized, or held
+  // while the round gathers (a participant went away).
   void FinalizeGivenChunksLocked(absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the open round's waiters that asked that `indices` are final.
@@ -442,7 +421,6 @@ class Job : public std::enable_shared_from_this<Job> {
   Clock* const clock_;
   StateSink* const sink_;                // may be null
   CoordinatorObserver* const observer_;  // may be null
-  const CloseRules close_rules_;
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
@@ -457,6 +435,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // any more can be recycled; handed out as shared_ptr<const>.
   std::shared_ptr<StateSnapshot> state_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<OpenRound> open_ ABSL_GUARDED_BY(mu_);
+  // The rendezvous, the regather and the learned deadline; the close
+  // decision.
+  RoundPacing pacing_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Seed> seed_ ABSL_GUARDED_BY(mu_);
   // settings_.mode's rule; holds the rule's own state, if any.
   std::unique_ptr<AveragingRule> rule_ ABSL_GUARDED_BY(mu_);
@@ -465,20 +446,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<float> spare_momentum_ ABSL_GUARDED_BY(mu_);
   std::vector<float> spare_residual_ ABSL_GUARDED_BY(mu_);
   std::string spare_delta_ ABSL_GUARDED_BY(mu_);
-  // Whether a round has had settings_.rendezvous_members participants.
-  bool rendezvous_done_ ABSL_GUARDED_BY(mu_);
-  // After a restore, until this time an open round admits members that join
-  // (again) and does not close before it (see RestoreState).
-  absl::Time regather_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // After a re-seed: the regather also ends once the open round has this
-  // many participants, and when that round closes (0: only at
-  // regather_until_, as after a restore).
-  uint32_t regather_members_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
-  // DeadlineMode::kAdaptive: the contributors' completion lags of recent
-  // rounds, and what they teach (updated at every close).
-  LagHistory lags_ ABSL_GUARDED_BY(mu_);
-  LearnedDeadline learned_ ABSL_GUARDED_BY(mu_);
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };
 

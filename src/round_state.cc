@@ -1,0 +1,225 @@
+#include "src/round_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace localsgd {
+
+// ---------------------------------------------------------------------------
+// RoundState
+
+RoundState::RoundState(RoundId id, absl::Time opened,
+                       const ChunkGeometry& geometry, std::vector<float> buffer,
+                       bool per_chunk_finality, bool adaptive)
+    : id_(id),
+      opened_(opened),
+      num_chunks_(geometry.num_chunks()),
+      adaptive_(adaptive),
+      sums_(std::move(buffer), geometry) {
+  if (per_chunk_finality) {
+    chunk_contributions_.assign(num_chunks_, 0);
+    final_.assign(num_chunks_, false);
+  }
+}
+
+void RoundState::AddParticipant(const MemberInfo& member) {
+  Participant p;
+  p.name = member.name;
+  p.weight = static_cast<float>(member.weight);
+  p.got.assign(num_chunks_, false);
+  p.straggler = adaptive_ && member.missed_rounds >= kStragglerMisses;
+  participants_.emplace(member.id, std::move(p));
+}
+
+void RoundState::FitScale() {
+  // Rescaling would scale the chunks that hold results already.
+  CHECK_EQ(num_final_, 0u) << "participants changed after finality";
+  double total = 0;
+  for (const auto& [pid, p] : participants_) total += p.weight;
+  sums_.FitScale(total);
+}
+
+RoundState::Added RoundState::Add(const MemberId& member, uint32_t index,
+                                  absl::Span<const absl::string_view> pieces,
+                                  DType dtype, absl::Time now) {
+  auto it = participants_.find(member);
+  if (it == participants_.end() || it->second.gone || it->second.got[index]) {
+    return Added::kIgnored;
+  }
+  Participant& p = it->second;
+  sums_.Add(index, pieces, dtype, p.weight);
+  p.got[index] = true;
+  if (!chunk_contributions_.empty()) ++chunk_contributions_[index];
+  if (++p.received < num_chunks_) return Added::kAdded;
+  p.completed = now;
+  return Added::kCompleted;
+}
+
+const Participant* RoundState::Find(const MemberId& member) const {
+  auto it = participants_.find(member);
+  return it == participants_.end() ? nullptr : &it->second;
+}
+
+bool RoundState::MarkGone(const MemberId& member, bool nonfinite) {
+  auto it = participants_.find(member);
+  if (it == participants_.end() || it->second.complete()) return false;
+  Participant& p = it->second;
+  if (!p.gone) ++num_gone_;
+  p.gone = true;
+  p.nonfinite = p.nonfinite || nonfinite;
+  return true;
+}
+
+bool RoundState::ChunkGiven(uint32_t c) const {
+  if (chunk_contributions_.empty()) return false;
+  if (chunk_contributions_[c] >= participants_.size()) return true;
+  // A participant that is gone (left, lost its lease, dropped for a
+  // non-finite value) gives nothing more: the chunk is the mean of those
+  // that gave it, as at the close.
+  if (num_gone_ == 0 || chunk_contributions_[c] == 0) return false;
+  for (const auto& [id, p] : participants_) {
+    if (!p.gone && !p.got[c]) return false;
+  }
+  return true;
+}
+
+bool RoundState::ChunkReady(uint32_t c, bool gathering) {
+  if (IsFinal(c) || !ChunkGiven(c)) return false;
+  // While the round gathers, a member that joins becomes a participant and
+  // may still give this chunk.
+  if (gathering) {
+    held_ = true;
+    return false;
+  }
+  return true;
+}
+
+std::vector<uint32_t> RoundState::ReadyChunks(bool gathering) {
+  std::vector<uint32_t> ready;
+  if (final_.empty()) return ready;
+  if (gathering) {
+    held_ = true;
+    return ready;
+  }
+  held_ = false;
+  for (uint32_t c = 0; c < num_chunks_; ++c) {
+    if (!final_[c] && ChunkGiven(c)) ready.push_back(c);
+  }
+  return ready;
+}
+
+void RoundState::MarkFinal(uint32_t c) {
+  CHECK(!final_[c]) << "chunk " << c << " of round " << id_ << " final twice";
+  final_[c] = true;
+  ++num_final_;
+}
+
+std::vector<uint32_t> RoundState::ChunksWhere(bool final) const {
+  std::vector<uint32_t> indices;
+  for (uint32_t c = 0; c < final_.size(); ++c) {
+    if (final_[c] == final) indices.push_back(c);
+  }
+  return indices;
+}
+
+RoundClosure RoundState::Close(CloseReason reason, absl::Time now) const {
+  RoundClosure out;
+  RoundRecord& record = out.record;
+  record.round = id_;
+  record.reason = reason;
+  record.opened = opened_;
+  record.closed = now;
+  for (const auto& [id, p] : participants_) {
+    record.participants.push_back(p.name);
+    if (p.complete()) {
+      record.contributors.push_back(p.name);
+      record.contributor_ids.insert(id);
+      record.contributor_weight += p.weight;
+      out.contributed.push_back(id);
+      if (adaptive_) out.lags.emplace_back(p.name, p.completed - opened_);
+    } else if (p.gone) {
+      record.dropped.push_back(p.name);
+      if (p.nonfinite) out.refused.insert(id);
+    } else {
+      record.timed_out.push_back(p.name);
+      out.timed_out.push_back(id);
+    }
+  }
+  for (std::vector<std::string>* names :
+       {&record.participants, &record.contributors, &record.dropped,
+        &record.timed_out}) {
+    std::sort(names->begin(), names->end());
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// RoundPacing
+
+RoundPacing::RoundPacing(std::string job_id, uint32_t rendezvous_members,
+                         bool adaptive, CloseRules rules)
+    : job_id_(std::move(job_id)),
+      rendezvous_members_(rendezvous_members),
+      adaptive_(adaptive),
+      rules_(rules),
+      rendezvous_done_(rendezvous_members <= 1) {}
+
+Gathering RoundPacing::gathering() const {
+  Gathering g;
+  g.rendezvous_pending = !rendezvous_done_;
+  g.rendezvous_members = rendezvous_members_;
+  g.regather_until = regather_until_;
+  g.regather_members = regather_members_;
+  return g;
+}
+
+CloseDecision RoundPacing::Decide(const RoundState& round,
+                                  absl::Time now) const {
+  return DecideClose(round.participants(), round.opened(), gathering(), rules_,
+                     now, learned_);
+}
+
+void RoundPacing::Restored(RoundId round, absl::Time until) {
+  if (round > 0) rendezvous_done_ = true;
+  regather_until_ = until;
+}
+
+void RoundPacing::Reseeded(absl::Time until, uint32_t members) {
+  rendezvous_done_ = true;
+  regather_until_ = until;
+  regather_members_ = members;
+}
+
+void RoundPacing::Closed(const RoundClosure& closure) {
+  const RoundRecord& record = closure.record;
+  if (adaptive_) {
+    for (const auto& [name, lag] : closure.lags) {
+      lags_.Add(lag);
+      VLOG(1) << "job " << job_id_ << ": round " << record.round << ": " << name
+              << " complete after " << absl::FormatDuration(lag);
+    }
+    const LearnedDeadline before = learned_;
+    learned_ = lags_.Learn();
+    if (learned_.learned() && !before.learned()) {
+      LOG(INFO) << "job " << job_id_ << ": learned its round deadline: "
+                << absl::FormatDuration(learned_.usual) << " (patient "
+                << absl::FormatDuration(learned_.patient) << ") from "
+                << lags_.size() << " contributions";
+    }
+  }
+  if (record.participants.size() >= rendezvous_members_ && !rendezvous_done_) {
+    rendezvous_done_ = true;
+    LOG(INFO) << "job " << job_id_ << ": rendezvous of " << rendezvous_members_
+              << " members complete";
+  }
+  if (regather_members_ > 0) {
+    // A re-seed's regather lasts its first round.
+    regather_members_ = 0;
+    regather_until_ = absl::InfinitePast();
+  }
+}
+
+}  // namespace localsgd

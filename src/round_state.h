@@ -1,0 +1,182 @@
+// A job's rounds, apart from the job: the open round (RoundState: one
+// generation, its participants, the sums of their contributions and which
+// chunks of its result are final) and what paces rounds across generations
+// (RoundPacing: the rendezvous, the regather after a restore or a re-seed,
+// the deadline learned from recent rounds, and with them the close decision
+// of src/round.h).
+//
+// Per-chunk finality (pseudo-gradient jobs, Job's "Per-chunk finality"): a
+// chunk is *given* once every participant that is not gone gave it and at
+// least one did; nothing changes its sums after that unless the job still
+// gathers members into the round (a joiner becomes a participant and may
+// give it). A given chunk is *ready* when no gathering is on; the job then
+// computes it (StateCommit::FinalizeChunk) and marks it final. A chunk that
+// is given while a gathering is on is *held* until the gathering ends.
+//
+// No clock, no I/O: time is passed in. Not thread-safe: Job owns one
+// RoundPacing and at most one RoundState under its mutex (`Job::mu_`) and
+// calls them only with it held.
+#ifndef LOCALSGD_SRC_ROUND_STATE_H_
+#define LOCALSGD_SRC_ROUND_STATE_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "src/job_types.h"
+#include "src/layout.h"
+#include "src/round.h"
+#include "src/types.h"
+
+namespace localsgd {
+
+// What a round's close tells the rest of the job.
+struct RoundClosure {
+  // Names sorted; contributor ids and weight filled.
+  RoundRecord record;
+  // Participants dropped for a non-finite value (not late: they were on
+  // time, and refused).
+  absl::flat_hash_set<MemberId> refused;
+  // Participants that contributed every chunk, and those that timed out
+  // (still members, incomplete), to count their missed rounds.
+  std::vector<MemberId> contributed;
+  std::vector<MemberId> timed_out;
+  // Adaptive deadlines only: each contributor's completion lag (its last
+  // chunk since the round opened), in participant order.
+  std::vector<std::pair<std::string, absl::Duration>> lags;
+};
+
+class RoundState {
+ public:
+  // Round `id`, opened at `opened`, of a layout of `geometry`; `buffer` is
+  // memory for the sums (recycled, any size). `per_chunk_finality`: count
+  // who gave each chunk and track finality (pseudo-gradient jobs);
+  // `adaptive`: participants that missed kStragglerMisses rounds count as
+  // persistent stragglers.
+  RoundState(RoundId id, absl::Time opened, const ChunkGeometry& geometry,
+             std::vector<float> buffer, bool per_chunk_finality, bool adaptive);
+
+  RoundId id() const { return id_; }
+  absl::Time opened() const { return opened_; }
+  const Participants& participants() const { return participants_; }
+  RoundAccumulator& sums() { return sums_; }
+
+  // Adds `member` as a participant. Call FitScale after adding. Never once
+  // a chunk is final (its result must not change; CHECK-fails).
+  void AddParticipant(const MemberInfo& member);
+  // Fits the sums' scale to the participants' total weight.
+  void FitScale();
+
+  // Chunk `index` of `member`'s contribution (validated: size, finite
+  // values), in `dtype`, arrived at `now`. Ignored (kIgnored) unless the
+  // member is a participant that is not gone and has not given that chunk.
+  enum class Added { kIgnored, kAdded, kCompleted };
+  Added Add(const MemberId& member, uint32_t index,
+            absl::Span<const absl::string_view> pieces, DType dtype,
+            absl::Time now);
+
+  const Participant* Find(const MemberId& member) const;
+  // If `member` is a participant that has not given every chunk, marks it
+  // gone (it gives nothing more; its chunks so far stay counted; with
+  // `nonfinite`, dropped for a non-finite value) and returns true.
+  bool MarkGone(const MemberId& member, bool nonfinite);
+
+  // Per-chunk finality (false/empty without it).
+  // Whether chunk `c` is given (see above).
+  bool ChunkGiven(uint32_t c) const;
+  // After a contribution to chunk `c`: whether it is ready now (given, not
+  // final, not `gathering`); marks the round held if it is given but the
+  // job is `gathering`.
+  bool ChunkReady(uint32_t c, bool gathering);
+  // Every chunk that is given and not final, in order, unless `gathering`
+  // (then none, and the round is held). Clears held otherwise.
+  std::vector<uint32_t> ReadyChunks(bool gathering);
+  void MarkFinal(uint32_t c);
+  bool IsFinal(uint32_t c) const { return !final_.empty() && final_[c]; }
+  uint32_t num_final() const { return num_final_; }
+  // The chunks that are final, and those that are not yet, in order.
+  std::vector<uint32_t> FinalChunks() const { return ChunksWhere(true); }
+  std::vector<uint32_t> PendingChunks() const { return ChunksWhere(false); }
+  // Whether a given chunk waits for a gathering to end.
+  bool held() const { return held_; }
+
+  // The round closes at `now` for `reason`: its record (names sorted) and
+  // what the job learns from it.
+  RoundClosure Close(CloseReason reason, absl::Time now) const;
+
+ private:
+  std::vector<uint32_t> ChunksWhere(bool final) const;
+
+  const RoundId id_;
+  const absl::Time opened_;
+  const uint32_t num_chunks_;
+  const bool adaptive_;
+  Participants participants_;
+  RoundAccumulator sums_;
+  // Per-chunk finality: how many participants gave each chunk, which are
+  // final, how many participants are gone.
+  std::vector<uint32_t> chunk_contributions_;
+  std::vector<bool> final_;
+  uint32_t num_final_ = 0;
+  uint32_t num_gone_ = 0;
+  bool held_ = false;
+};
+
+// What paces a job's rounds across generations: whether the job gathers
+// members into its open round (the rendezvous of `rendezvous_members`, the
+// regather after a restore or a re-seed), the deadline learned from recent
+// rounds (DeadlineMode::kAdaptive), and with them the close decision.
+class RoundPacing {
+ public:
+  // `job_id` names the job in the log; `rules` from the job's policy.
+  RoundPacing(std::string job_id, uint32_t rendezvous_members, bool adaptive,
+              CloseRules rules);
+
+  Gathering gathering() const;
+  // Whether the job gathers members into `round` at `now`.
+  bool Gathers(const RoundState& round, absl::Time now) const {
+    return gathering().Active(round.participants().size(), now);
+  }
+  // DecideClose over `round` as of `now`.
+  CloseDecision Decide(const RoundState& round, absl::Time now) const;
+
+  // A state of `round` was restored: past the rendezvous if round > 0; the
+  // open round regathers until `until`.
+  void Restored(RoundId round, absl::Time until);
+  // A re-seed: past the rendezvous; the next round regathers until `until`
+  // or (members > 0) until it has `members` participants, and at most
+  // until it closes.
+  void Reseeded(absl::Time until, uint32_t members);
+  // A round closed: learns from its lags (adaptive), completes the
+  // rendezvous if it had enough participants, ends a re-seed's regather.
+  void Closed(const RoundClosure& closure);
+
+  const LearnedDeadline& learned() const { return learned_; }
+
+ private:
+  const std::string job_id_;
+  const uint32_t rendezvous_members_;
+  const bool adaptive_;
+  const CloseRules rules_;
+  // Whether a round has had rendezvous_members participants.
+  bool rendezvous_done_;
+  // After a restore, until this time an open round admits members that join
+  // (again) and does not close before it (see Job::RestoreState).
+  absl::Time regather_until_ = absl::InfinitePast();
+  // After a re-seed: the regather also ends once the open round has this
+  // many participants, and when that round closes (0: only at
+  // regather_until_, as after a restore).
+  uint32_t regather_members_ = 0;
+  // The contributors' completion lags of recent rounds, and what they teach.
+  LagHistory lags_;
+  LearnedDeadline learned_;
+};
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SRC_ROUND_STATE_H_
