@@ -16,16 +16,6 @@
 namespace localsgd {
 namespace {
 
-// to = from[offset, offset + to.size()), or zeros if `from` is empty.
-void CopyOrZero(const std::vector<float>& from, size_t offset,
-                absl::Span<float> to) {
-  if (from.empty()) {
-    std::fill(to.begin(), to.end(), 0.0f);
-  } else {
-    std::copy_n(from.begin() + offset, to.size(), to.begin());
-  }
-}
-
 std::vector<std::string> Sorted(std::vector<std::string> v) {
   std::sort(v.begin(), v.end());
   return v;
@@ -40,18 +30,6 @@ absl::Status Draining(absl::string_view what) {
   return absl::UnavailableError(
       absl::StrCat("coordinator is draining (shutting down) and ", what,
                    "; retry, it or its replacement will take it"));
-}
-
-// The averaging rule of a pseudo-gradient job (parameter jobs average
-// parameters: MeanOfParameters). The settings are validated before a job
-// exists (Coordinator::Join, checkpoint restore): a mode without a rule here
-// is a bug, not bad input.
-std::unique_ptr<AveragingRule> RuleFor(const JobSettings& settings) {
-  if (settings.contribution != Contribution::kPseudoGradients) return nullptr;
-  absl::StatusOr<std::unique_ptr<AveragingRule>> rule =
-      MakeAveragingRule(settings);
-  CHECK(rule.ok()) << rule.status();
-  return *std::move(rule);
 }
 
 }  // namespace
@@ -102,10 +80,10 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       sink_(sink),
       observer_(observer),
       members_(id_, policy.lease_ttl, policy.max_members, clock->Now()),
+      commit_(settings, geometry_),
       pacing_(id_, settings.rendezvous_members,
               settings.deadline_mode == DeadlineMode::kAdaptive,
-              CloseRules{policy.round_deadline, policy.min_quorum}),
-      rule_(RuleFor(settings)) {}
+              CloseRules{policy.round_deadline, policy.min_quorum}) {}
 
 Job::~Job() = default;
 
@@ -125,13 +103,8 @@ void Job::RestoreState(RoundId round, std::vector<float> values, uint64_t id,
                        std::vector<float> residual) {
   absl::MutexLock lock(&mu_);
   members_.ResetEmptySince(clock_->Now());
-  auto state = std::make_shared<StateSnapshot>();
-  state->round = round;
-  state->values = std::move(values);
-  state->id = id != 0 ? id : NewStateIdLocked();
-  state->momentum = std::move(momentum);
-  state->residual = std::move(residual);
-  state_ = std::move(state);
+  commit_.Restore(round, std::move(values), id, std::move(momentum),
+                  std::move(residual));
   // The members are not checkpointed: give them one lease to come back, so
   // that the first one to return does not close the next round alone.
   pacing_.Restored(round, clock_->Now() + policy_.lease_ttl);
@@ -154,9 +127,10 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
     if (id.ok()) {
       result.member_id = *id;
       result.settings = settings_;
-      result.has_state = state_ != nullptr;
-      result.state_round = state_ != nullptr ? state_->round : 0;
-      result.state_id = state_ != nullptr ? state_->id : 0;
+      result.has_state = commit_.state() != nullptr;
+      result.state_round =
+          commit_.state() != nullptr ? commit_.state()->round : 0;
+      result.state_id = commit_.state() != nullptr ? commit_.state()->id : 0;
       result.geometry = geometry_;
     }
   }
@@ -204,10 +178,10 @@ absl::StatusOr<MemberId> Job::JoinLocked(const JoinRequestParams& params,
   // another call's ended the gathering could find it still active.)
   const bool admit = open_ != nullptr && open_->round.num_final() == 0 &&
                      pacing_.Gathers(open_->round, now);
-  const RoundId first_round = admit               ? open_->round.id()
-                              : state_ == nullptr ? 1
-                              : open_ != nullptr  ? open_->round.id() + 1
-                                                  : state_->round + 1;
+  const RoundId first_round = admit                        ? open_->round.id()
+                              : commit_.state() == nullptr ? 1
+                              : open_ != nullptr ? open_->round.id() + 1
+                                                 : commit_.state()->round + 1;
   absl::StatusOr<const MemberInfo*> info =
       members_.Add(params, first_round, now);
   if (!info.ok()) return info.status();
@@ -238,7 +212,7 @@ absl::StatusOr<RoundId> Job::Heartbeat(const MemberId& member) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   if (members_.Renew(member, now) == nullptr) return members_.NotFound(member);
-  return state_ != nullptr ? state_->round : 0;
+  return commit_.state() != nullptr ? commit_.state()->round : 0;
 }
 
 namespace {
@@ -296,29 +270,29 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
           "required: the id of the state the delta was taken against"));
     }
     if (round == 0) {
-      if (state_ == nullptr && seed_ == nullptr && draining_) {
+      if (commit_.state() == nullptr && seed_ == nullptr && draining_) {
         return Draining("starts no seed");
       }
       session = BeginSeedLocked(*info, origin, std::move(done), deferred);
-    } else if (state_ == nullptr) {
+    } else if (commit_.state() == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("job '", id_,
                        "' has no global state yet; seed it with a Sync of "
                        "round 0 (Client::Initialize) before round ",
                        round));
-    } else if (round <= state_->round ||
-               (pseudo_gradients() && anchor != state_->id)) {
+    } else if (round <= commit_.state()->round ||
+               (pseudo_gradients() && anchor != commit_.state()->id)) {
       // Late; or, in a pseudo-gradient job, a delta against another state
       // than the job's: never averaged, the member adopts.
-      if (round == state_->round + 1) {
+      if (round == commit_.state()->round + 1) {
         LOG(WARNING) << "job " << id_ << ": " << info->name
                      << " contributes to round " << round
                      << " against another state than the job's round "
-                     << state_->round << "; it adopts the job's state";
+                     << commit_.state()->round << "; it adopts the job's state";
       }
       session =
           BeginLateLocked(*info, round, anchor, std::move(done), deferred);
-    } else if (round == state_->round + 1) {
+    } else if (round == commit_.state()->round + 1) {
       if (open_ == nullptr && draining_) {
         return Draining("opens no new round");
       }
@@ -327,7 +301,8 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
     } else {
       return absl::FailedPreconditionError(absl::StrCat(
           "member ", info->name, " syncs for round ", round, " but job '", id_,
-          "' is at round ", state_->round, " (next round ", state_->round + 1,
+          "' is at round ", commit_.state()->round, " (next round ",
+          commit_.state()->round + 1,
           "); did the coordinator restart without its state? join again"));
     }
   }
@@ -348,7 +323,7 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
                                                   const SeedOrigin& origin,
                                                   SyncCallback done,
                                                   Deferred& deferred) {
-  if (state_ != nullptr) {
+  if (commit_.state() != nullptr) {
     deferred.push_back(
         [done = std::move(done), result = LatestResultLocked(member.id, 0)] {
           done(result);
@@ -360,7 +335,7 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
     seed_->owner = member.id;
     seed_->origin = origin;
     // A pseudo-gradient job's seed is float32 (one per element).
-    seed_->values = TakeBufferLocked();
+    seed_->values = commit_.TakeBuffer();
     seed_->got.assign(geometry_.num_chunks(), false);
     LOG(INFO) << "job " << id_ << ": " << member.name
               << (origin.round == 0
@@ -396,7 +371,7 @@ std::unique_ptr<SyncSession> Job::BeginLateLocked(const MemberInfo& member,
       break;
     }
     LOG(INFO) << "job " << id_ << ": " << member.name << " is late for round "
-              << round << "; adopts round " << state_->round;
+              << round << "; adopts round " << commit_.state()->round;
     if (observer_ != nullptr) {
       deferred.push_back([observer = observer_, id = id_, round] {
         observer->LateContribution(id, round);
@@ -432,10 +407,10 @@ std::unique_ptr<SyncSession> Job::BeginRoundLocked(
 }
 
 void Job::OpenRoundLocked(RoundId round, absl::Time now) {
-  open_ = std::make_unique<OpenRound>(
-      RoundState(round, now, geometry_, TakeBufferLocked(), pseudo_gradients(),
-                 settings_.deadline_mode == DeadlineMode::kAdaptive));
-  if (pseudo_gradients()) open_->next = NewNextStateLocked();
+  open_ = std::make_unique<OpenRound>(RoundState(
+      round, now, geometry_, commit_.TakeBuffer(), pseudo_gradients(),
+      settings_.deadline_mode == DeadlineMode::kAdaptive));
+  if (pseudo_gradients()) open_->next = commit_.NewNext();
   for (const MemberInfo* m : members_.TakingPartIn(round)) {
     open_->round.AddParticipant(*m);
   }
@@ -658,17 +633,12 @@ void Job::MaybeCloseRoundLocked(absl::Time now, Deferred& deferred) {
 void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                            Deferred& deferred) {
   std::unique_ptr<OpenRound> round = std::move(open_);
-  std::shared_ptr<StateSnapshot> state;
-  if (pseudo_gradients()) {
-    state = NextDeltaStateLocked(*round);
-  } else {
-    state = std::make_shared<StateSnapshot>();
-    state->values =
-        MeanOfParameters(std::move(round->round.sums()), state_->values);
-    // Store exactly what members receive, so that a late joiner's fetched
-    // state equals what the others hold.
-    RoundTripInPlace(absl::MakeSpan(state->values), settings_.wire_dtype);
-  }
+  std::shared_ptr<StateSnapshot> state =
+      pseudo_gradients()
+          ? commit_.FinishNext(std::move(round->round.sums()),
+                               round->round.PendingChunks(),
+                               std::move(round->next))
+          : commit_.Mean(std::move(round->round.sums()));
   RoundClosure closure = round->round.Close(reason, now);
   for (const MemberId& id : closure.contributed) {
     members_.CountRound(id, /*contributed=*/true);
@@ -681,64 +651,8 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                std::move(round->waiters), closure.refused, deferred);
 }
 
-std::shared_ptr<StateSnapshot> Job::NewNextStateLocked() {
-  const DType wire = settings_.wire_dtype;
-  const size_t n = geometry_.num_elements();
-  auto next = std::make_shared<StateSnapshot>();
-  next->previous_id = state_->id;
-  next->delta = std::move(spare_delta_);
-  spare_delta_.clear();
-  next->delta.resize(
-      WireBytes(wire, geometry_.chunk_elements()) *
-          (geometry_.num_chunks() - 1) +
-      WireBytes(wire, geometry_.Size(geometry_.num_chunks() - 1)));
-  if (rule_->has_momentum()) next->momentum = Recycled(spare_momentum_, n);
-  if (wire != DType::kFloat32) next->residual = Recycled(spare_residual_, n);
-  return next;
-}
-
 void Job::FinalizeChunkLocked(OpenRound& round, uint32_t c) {
-  const DType wire = settings_.wire_dtype;
-  const bool lossy = wire != DType::kFloat32;
-  const StateSnapshot& old = *state_;
-  StateSnapshot& next = *round.next;
-  RoundAccumulator& sums = round.round.sums();
-  const size_t offset = geometry_.Offset(c);
-  const absl::Span<float> chunk = sums.scaled_sums(c);
-  const size_t len = chunk.size();
-  // Carried over from the old state (zeros after a seed or a restore
-  // without them), then updated in place.
-  absl::Span<float> momentum;
-  if (rule_->has_momentum()) {
-    momentum = absl::MakeSpan(next.momentum).subspan(offset, len);
-    CopyOrZero(old.momentum, offset, momentum);
-  }
-  absl::Span<float> residual;
-  if (lossy) {
-    residual = absl::MakeSpan(next.residual).subspan(offset, len);
-    CopyOrZero(old.residual, offset, residual);
-  }
-  char* out =
-      next.delta.data() + WireBytes(wire, geometry_.chunk_elements()) * c;
-  if (sums.chunk_weight(c) > 0) {
-    // mean delta -> the rule's step -> encoded with the residual -> what
-    // the encoding decodes to (in place), as every member decodes it.
-    DivideInPlace(chunk, sums.scaled_weight(c));
-    rule_->Step(chunk, momentum, momentum);
-    if (lossy) {
-      EncodeWithFeedback(chunk, residual, wire, out, chunk);
-    } else {
-      // float32 decodes to itself: the step is what members add.
-      EncodeValuesTo(chunk, wire, out);
-    }
-  } else {
-    // No one contributed: the chunk keeps its state, momentum and
-    // residual; its delta is zeros.
-    std::fill(chunk.begin(), chunk.end(), 0.0f);
-    EncodeValuesTo(chunk, wire, out);
-  }
-  const auto previous = absl::MakeConstSpan(old.values).subspan(offset, len);
-  AddInPlace(chunk, previous);
+  commit_.FinalizeChunk(round.round.sums(), c, *round.next);
   round.round.MarkFinal(c);
 }
 
@@ -773,27 +687,6 @@ void Job::TellFinalLocked(const std::vector<uint32_t>& indices,
   }
 }
 
-std::shared_ptr<StateSnapshot> Job::NextDeltaStateLocked(OpenRound& round) {
-  for (uint32_t c : round.round.PendingChunks()) {
-    FinalizeChunkLocked(round, c);
-  }
-  round.next->values = round.round.sums().TakeBuffer();
-  return std::move(round.next);
-}
-
-std::vector<float> Job::Recycled(std::vector<float>& spare, size_t n) {
-  std::vector<float> buffer = std::move(spare);
-  spare.clear();
-  buffer.resize(n);
-  return buffer;
-}
-
-uint64_t Job::NewStateIdLocked() {
-  uint64_t id = 0;
-  while (id == 0) id = absl::Uniform<uint64_t>(bitgen_);
-  return id;
-}
-
 DType Job::ChunkDType(const SyncSession& session) const {
   return pseudo_gradients() && session.round_ == 0 ? DType::kFloat32
                                                    : settings_.wire_dtype;
@@ -809,7 +702,7 @@ void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
   for (auto& [wid, w] : seed->waiters) {
     deferred.push_back([done = std::move(w.done), status] { done(status); });
   }
-  if (spare_.empty()) spare_ = std::move(seed->values);
+  commit_.GiveBack(std::move(seed->values));
 }
 
 void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
@@ -832,7 +725,7 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   const SeedOrigin origin = seed->origin;
   auto state = std::make_shared<StateSnapshot>();
   state->values = std::move(seed->values);
-  state->id = origin.state_id != 0 ? origin.state_id : NewStateIdLocked();
+  state->id = origin.state_id;  // 0: CommitLocked names it
   CommitLocked(std::move(record), std::move(state), std::move(seed->waiters),
                /*refused=*/{}, deferred);
   if (origin.round > 0) {
@@ -847,20 +740,9 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
                        Waiters waiters,
                        const absl::flat_hash_set<MemberId>& refused,
                        Deferred& deferred) {
-  state->round = record.round;
-  if (state->id == 0) state->id = NewStateIdLocked();
-  std::shared_ptr<StateSnapshot> old = std::move(state_);
-  state_ = state;
-  // Recycle the old state's memory for the next accumulator unless a stream
-  // (or the checkpointer) still reads it: fresh pages cost ~20x more than
-  // reused ones.
-  if (old != nullptr && old.use_count() == 1) {
-    if (spare_.empty()) spare_ = std::move(old->values);
-    if (spare_momentum_.empty()) spare_momentum_ = std::move(old->momentum);
-    if (spare_residual_.empty()) spare_residual_ = std::move(old->residual);
-    if (spare_delta_.empty()) spare_delta_ = std::move(old->delta);
-  }
-  NotifySinkLocked(state, deferred);
+  std::shared_ptr<const StateSnapshot> committed =
+      commit_.Commit(std::move(state), record.round);
+  NotifySinkLocked(committed, deferred);
 
   ReportCommitLocked(record, deferred);
 
@@ -875,10 +757,10 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
                   !refused.contains(w.member);
     result.contributors = static_cast<uint32_t>(record.contributors.size());
     result.contributor_weight = record.contributor_weight;
-    result.state = state;
-    result.state_id = state->id;
+    result.state = committed;
+    result.state_id = committed->id;
     // Every waiter of a round asked for it holding its previous state.
-    result.delta = state->previous_id != 0;
+    result.delta = committed->previous_id != 0;
     deferred.push_back([done = std::move(w.done), result = std::move(result)] {
       done(result);
     });
@@ -942,15 +824,16 @@ void Job::NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
 SyncResult Job::LatestResultLocked(const MemberId& member, RoundId asked_round,
                                    uint64_t anchor) {
   SyncResult result;
-  result.round = state_->round;
-  result.state = state_;
-  result.state_id = state_->id;
+  result.round = commit_.state()->round;
+  result.state = commit_.shared_state();
+  result.state_id = commit_.state()->id;
   // A retry of the round that closed last, from the state before it: the
   // round's delta applies.
-  result.delta = state_->previous_id != 0 && asked_round == state_->round &&
-                 anchor == state_->previous_id;
+  result.delta = commit_.state()->previous_id != 0 &&
+                 asked_round == commit_.state()->round &&
+                 anchor == commit_.state()->previous_id;
   for (const RoundRecord& record : recent_) {
-    if (record.round != state_->round) continue;
+    if (record.round != commit_.state()->round) continue;
     result.contributed = record.contributor_ids.contains(member);
     result.contributors = static_cast<uint32_t>(record.contributors.size());
     result.contributor_weight = record.contributor_weight;
@@ -960,24 +843,17 @@ SyncResult Job::LatestResultLocked(const MemberId& member, RoundId asked_round,
   return result;
 }
 
-std::vector<float> Job::TakeBufferLocked() {
-  std::vector<float> buffer = std::move(spare_);
-  spare_.clear();
-  buffer.resize(geometry_.num_elements());
-  return buffer;
-}
-
 absl::StatusOr<std::shared_ptr<const StateSnapshot>> Job::GetState(
     const MemberId& member) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   if (stopped_) return Stopping();
   if (members_.Renew(member, now) == nullptr) return members_.NotFound(member);
-  if (state_ == nullptr) {
+  if (commit_.state() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", id_, "' has no global state yet; the first member seeds it"));
   }
-  return std::shared_ptr<const StateSnapshot>(state_);
+  return commit_.shared_state();
 }
 
 void Job::Tick() {
@@ -1077,8 +953,8 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   s.geometry = geometry_;
   absl::MutexLock lock(&mu_);
   s.members = members_.SortedByName();
-  s.has_state = state_ != nullptr;
-  s.state_round = state_ != nullptr ? state_->round : 0;
+  s.has_state = commit_.state() != nullptr;
+  s.state_round = commit_.state() != nullptr ? commit_.state()->round : 0;
   if (open_ != nullptr) {
     s.round_open = true;
     s.open_round = open_->round.id();

@@ -68,6 +68,7 @@
 #include "src/membership.h"
 #include "src/round.h"
 #include "src/round_state.h"
+#include "src/state_commit.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -355,10 +356,10 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteSeedLocked(absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Seed completion and round closure, one path: makes `values` the state
-  // of `record.round`, tells the sink and the observer, answers `waiters`
-  // (a waiter in `refused` was dropped for non-finite values: not counted,
-  // and not late) and keeps the record.
+  // Seed completion and round closure, one path: makes `state` the state
+  // of `record.round` (StateCommit::Commit), tells the sink and the observer,
+  // answers `waiters` (a waiter in `refused` was dropped for non-finite values:
+  // not counted, and not late) and keeps the record.
   void CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
                     Waiters waiters,
                     const absl::flat_hash_set<MemberId>& refused,
@@ -373,15 +374,11 @@ class Job : public std::enable_shared_from_this<Job> {
   SyncResult LatestResultLocked(const MemberId& member, RoundId asked_round,
                                 uint64_t anchor = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pseudo-gradient jobs, per-chunk finality: the empty next state of the
-  // round opening now (its buffers, previous_id); chunk `c` of the open
-  // round's result computed into it from its sums (the rule's step,
-  // encoded with error feedback, the new values in place of the sums);
-  // chunk `c` finalized and told to the waiters if it is final (every
-  // participant not gone gave it, no gathering); every chunk that is final
-  // after a gathering ended.
-  std::shared_ptr<StateSnapshot> NewNextStateLocked()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pseudo-gradient jobs, per-chunk finality: chunk `c` of the open round's
+  // result computed into its next state (StateCommit::FinalizeChunk) and
+  // marked final; chunk `c` finalized and told to the waiters if it is
+  // ready (RoundState::ChunkReady); every chunk that is ready after a
+  // gathering ended.
   void FinalizeChunkLocked(OpenRound& round, uint32_t c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeFinalizeChunkLocked(uint32_t c, absl::Time now, Deferred& deferred)
@@ -395,22 +392,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // Tells the open round's waiters that asked that `indices` are final.
   void TellFinalLocked(const std::vector<uint32_t>& indices, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pseudo-gradient jobs: the next state of the closing round, its chunks
-  // that are not final yet computed now, as CommitLocked stores it.
-  std::shared_ptr<StateSnapshot> NextDeltaStateLocked(OpenRound& round)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The dtype of the chunks a session sends: float32 for a pseudo-gradient
   // job's seed, else the wire dtype.
   DType ChunkDType(const SyncSession& session) const;
   bool pseudo_gradients() const {
     return settings_.contribution == Contribution::kPseudoGradients;
   }
-  uint64_t NewStateIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A buffer of num_elements floats, recycled from an old state if possible.
-  std::vector<float> TakeBufferLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The same for a state's other buffers (momentum, residual: num_elements
-  // floats, contents undefined; delta: `bytes`).
-  static std::vector<float> Recycled(std::vector<float>& spare, size_t n);
   static void RunDeferred(Deferred& deferred);
 
   const std::string id_;
@@ -431,23 +418,16 @@ class Job : public std::enable_shared_from_this<Job> {
   // The members and their leases (also when the job last became empty:
   // RetireIfEmptyFor).
   Membership members_ ABSL_GUARDED_BY(mu_);
-  // Null until seeded. Kept non-const here so that a buffer no stream reads
-  // any more can be recycled; handed out as shared_ptr<const>.
-  std::shared_ptr<StateSnapshot> state_ ABSL_GUARDED_BY(mu_);
+  // The global state (null until seeded), how rounds become states, and
+  // the buffers recycled between them.
+  StateCommit commit_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<OpenRound> open_ ABSL_GUARDED_BY(mu_);
   // The rendezvous, the regather and the learned deadline; the close
   // decision.
   RoundPacing pacing_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Seed> seed_ ABSL_GUARDED_BY(mu_);
-  // settings_.mode's rule; holds the rule's own state, if any.
-  std::unique_ptr<AveragingRule> rule_ ABSL_GUARDED_BY(mu_);
   std::deque<RoundRecord> recent_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> spare_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> spare_momentum_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> spare_residual_ ABSL_GUARDED_BY(mu_);
-  std::string spare_delta_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace localsgd

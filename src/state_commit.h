@@ -1,0 +1,107 @@
+// A job's global state and how a round's sums become the next one
+// (src/averaging.h has the rules):
+//  - parameter jobs: the weighted mean of the parameters, rounded as the
+//    wire dtype carries it (so that a late joiner fetches what the others
+//    hold);
+//  - pseudo-gradient jobs, chunk by chunk: the weighted mean delta, the
+//    rule's step on it (with the rule's momentum), the step encoded for the
+//    wire with error feedback (the quantization residual carried from the
+//    previous state), and the previous state plus what that encoding
+//    decodes to, exactly as every member computes it. A chunk no one gave
+//    keeps its values, momentum and residual; its delta is zeros.
+// It also names states (random non-zero ids) and recycles the buffers of
+// states no one reads any more (fresh pages cost ~20x more than reused ones).
+//
+// Not thread-safe: Job owns one under its mutex (`Job::mu_`) and calls it
+// only with that held. The states it hands out as shared_ptr<const> are not
+// written again; a next state under construction (NewNext) is written only
+// in chunks not yet final.
+#ifndef LOCALSGD_SRC_STATE_COMMIT_H_
+#define LOCALSGD_SRC_STATE_COMMIT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "src/averaging.h"
+#include "src/job_types.h"
+#include "src/layout.h"
+#include "src/round.h"
+#include "src/types.h"
+
+namespace localsgd {
+
+class StateCommit {
+ public:
+  // `settings` complete and valid; a state has geometry.num_elements()
+  // values.
+  StateCommit(const JobSettings& settings, const ChunkGeometry& geometry);
+
+  // The current state; null until seeded or restored.
+  const StateSnapshot* state() const { return state_.get(); }
+  std::shared_ptr<const StateSnapshot> shared_state() const { return state_; }
+  // The current state's round and id; 0 without a state.
+  RoundId state_round() const { return state_ != nullptr ? state_->round : 0; }
+  uint64_t state_id() const { return state_ != nullptr ? state_->id : 0; }
+
+  // A random non-zero state id.
+  uint64_t NewStateId();
+
+  // Makes the restored state (round, values; id 0: a new one; momentum and
+  // residual empty or of num_elements) the current one.
+  void Restore(RoundId round, std::vector<float> values, uint64_t id,
+               std::vector<float> momentum, std::vector<float> residual);
+
+  // A buffer of num_elements floats (contents undefined), recycled from an
+  // old state if possible; and one handed back unused (an abandoned seed).
+  std::vector<float> TakeBuffer();
+  void GiveBack(std::vector<float> buffer);
+
+  // Parameter jobs: the state after a round, from its sums and the current
+  // state's values (a chunk no one gave keeps them). Requires a state.
+  std::shared_ptr<StateSnapshot> Mean(RoundAccumulator sums) const;
+
+  // Pseudo-gradient jobs (require a state):
+  // The empty next state of a round opening now: previous_id, a delta of
+  // the wire size, momentum (if the rule has one) and residual (if the wire
+  // is lossy) buffers; no values yet.
+  std::shared_ptr<StateSnapshot> NewNext();
+  // Computes chunk `c` of `next` from `sums` (see above); the chunk's sums
+  // are overwritten with its new values.
+  void FinalizeChunk(RoundAccumulator& sums, uint32_t c,
+                     StateSnapshot& next) const;
+  // The round's next state: its chunks `pending` (those not final yet)
+  // computed now, and the sums' buffer as its values.
+  std::shared_ptr<StateSnapshot> FinishNext(
+      RoundAccumulator sums, const std::vector<uint32_t>& pending,
+      std::shared_ptr<StateSnapshot> next) const;
+
+  // Makes `state` the current one as the state of `round` (a new id if it
+  // has none), and recycles the old one's buffers unless someone else still
+  // reads it. Returns it.
+  std::shared_ptr<const StateSnapshot> Commit(
+      std::shared_ptr<StateSnapshot> state, RoundId round);
+
+ private:
+  // `spare` handed over (emptied) and resized to `n` floats.
+  static std::vector<float> Recycled(std::vector<float>& spare, size_t n);
+
+  const JobSettings settings_;
+  const ChunkGeometry geometry_;
+  // The rule of a pseudo-gradient job (null in parameter jobs).
+  const std::unique_ptr<AveragingRule> rule_;
+  // Null until seeded. Kept non-const here so that a buffer no stream reads
+  // any more can be recycled; handed out as shared_ptr<const>.
+  std::shared_ptr<StateSnapshot> state_;
+  std::vector<float> spare_;
+  std::vector<float> spare_momentum_;
+  std::vector<float> spare_residual_;
+  std::string spare_delta_;
+  absl::BitGen bitgen_;  // state ids
+};
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SRC_STATE_COMMIT_H_

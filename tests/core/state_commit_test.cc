@@ -1,0 +1,232 @@
+// StateCommit (src/state_commit.h) on its own: the parameter mean, the
+// pseudo-gradient step chunk by chunk (rule, momentum, wire encoding with
+// error feedback), states' ids and the recycling of their buffers. Values
+// are chosen so that every result has an exact closed form.
+#include "src/state_commit.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "src/codec.h"
+
+namespace localsgd {
+namespace {
+
+using ::testing::Each;
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+
+const ChunkGeometry kGeometry(6, 4);  // chunks of 4 and 2 elements
+
+JobSettings Settings(Contribution contribution, DType wire,
+                     AveragingMode mode = AveragingMode::kMean, float lr = 0,
+                     float mu = 0) {
+  JobSettings s;
+  s.chunk_elements = 4;
+  s.contribution = contribution;
+  s.wire_dtype = wire;
+  s.mode = mode;
+  s.outer_lr = lr;
+  s.outer_momentum = mu;
+  return s;
+}
+
+// Sums of one round: members with `weights` each send `values[i]` for
+// every element of chunk 0 (chunk 1: no one).
+RoundAccumulator SumsOf(const std::vector<float>& weights,
+                        const std::vector<float>& values,
+                        std::vector<float> buffer = {}) {
+  RoundAccumulator sums(std::move(buffer), kGeometry);
+  double total = 0;
+  for (float w : weights) total += w;
+  sums.FitScale(total);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    std::string wire;
+    EncodeValues(std::vector<float>(4, values[i]), DType::kFloat32, &wire);
+    const absl::string_view piece(wire);
+    sums.Add(0, absl::MakeConstSpan(&piece, 1), DType::kFloat32, weights[i]);
+  }
+  return sums;
+}
+
+std::vector<float> DeltaOf(const StateSnapshot& next, uint32_t c, DType wire) {
+  std::vector<float> out(kGeometry.Size(c));
+  const size_t at = WireBytes(wire, kGeometry.chunk_elements()) * c;
+  const absl::string_view bytes(next.delta.data() + at,
+                                WireBytes(wire, out.size()));
+  EXPECT_TRUE(DecodeValues(bytes, wire, absl::MakeSpan(out)).ok());
+  return out;
+}
+
+TEST(StateCommitTest, NoStateUntilRestoredOrCommitted) {
+  StateCommit commit(Settings(Contribution::kParameters, DType::kFloat32),
+                     kGeometry);
+  EXPECT_EQ(commit.state(), nullptr);
+  commit.Restore(4, std::vector<float>(6, 1.0f), /*id=*/0, {}, {});
+  ASSERT_NE(commit.state(), nullptr);
+  EXPECT_EQ(commit.state()->round, 4u);
+  EXPECT_NE(commit.state()->id, 0u);  // a new one
+  commit.Restore(5, std::vector<float>(6, 1.0f), /*id=*/77, {}, {});
+  EXPECT_EQ(commit.state()->id, 77u);
+}
+
+// Weights 1 and 3 sending 2 and 6: the mean is (2 + 18) / 4 = 5; chunk 1
+// keeps the previous values.
+TEST(StateCommitTest, Mean_IsTheWeightedMeanAndKeepsChunksNoOneGave) {
+  StateCommit commit(Settings(Contribution::kParameters, DType::kFloat32),
+                     kGeometry);
+  commit.Restore(1, std::vector<float>(6, -1.0f), 0, {}, {});
+  std::shared_ptr<StateSnapshot> next = commit.Mean(SumsOf({1, 3}, {2, 6}));
+  EXPECT_THAT(next->values, ElementsAre(5, 5, 5, 5, -1, -1));
+  EXPECT_TRUE(next->delta.empty());
+  EXPECT_EQ(next->previous_id, 0u);
+}
+
+// bfloat16 keeps 8 significant bits: 1 + 2^-10 rounds to 1.
+TEST(StateCommitTest, Mean_IsRoundedAsTheWireCarriesIt) {
+  StateCommit commit(Settings(Contribution::kParameters, DType::kBFloat16),
+                     kGeometry);
+  commit.Restore(1, std::vector<float>(6, 0.0f), 0, {}, {});
+  const float v = 1.0f + std::ldexp(1.0f, -10);
+  std::shared_ptr<StateSnapshot> next = commit.Mean(SumsOf({1}, {v}));
+  EXPECT_THAT(next->values, ElementsAre(1, 1, 1, 1, 0, 0));
+}
+
+TEST(StateCommitTest, NewNext_HasTheBuffersTheRuleAndWireNeed) {
+  for (DType wire : {DType::kFloat32, DType::kBFloat16}) {
+    for (AveragingMode mode :
+         {AveragingMode::kMean, AveragingMode::kOuterNesterov}) {
+      StateCommit commit(
+          Settings(Contribution::kPseudoGradients, wire, mode, 0.5f, 0.5f),
+          kGeometry);
+      commit.Restore(2, std::vector<float>(6, 0.0f), 41, {}, {});
+      std::shared_ptr<StateSnapshot> next = commit.NewNext();
+      EXPECT_EQ(next->previous_id, 41u);
+      EXPECT_EQ(next->delta.size(), WireBytes(wire, 4) + WireBytes(wire, 2));
+      EXPECT_EQ(next->momentum.size(),
+                mode == AveragingMode::kOuterNesterov ? 6u : 0u);
+      EXPECT_EQ(next->residual.size(), wire == DType::kFloat32 ? 0u : 6u);
+      EXPECT_TRUE(next->values.empty());
+    }
+  }
+}
+
+// MEAN over float32: the step is the mean delta (1 * 2 + 3 * 6) / 4 = 5;
+// the new values are the old ones plus it; chunk 1 (no one) keeps its
+// values and has a zero delta.
+TEST(StateCommitTest, FinishNext_Mean_AddsTheMeanDelta) {
+  StateCommit commit(Settings(Contribution::kPseudoGradients, DType::kFloat32),
+                     kGeometry);
+  commit.Restore(2, {1, 2, 3, 4, 5, 6}, 9, {}, {});
+  std::shared_ptr<StateSnapshot> next = commit.NewNext();
+  next = commit.FinishNext(SumsOf({1, 3}, {2, 6}), {0, 1}, std::move(next));
+  EXPECT_THAT(next->values, ElementsAre(6, 7, 8, 9, 5, 6));
+  EXPECT_THAT(DeltaOf(*next, 0, DType::kFloat32), Each(5.0f));
+  EXPECT_THAT(DeltaOf(*next, 1, DType::kFloat32), Each(0.0f));
+}
+
+// OUTER_NESTEROV, first step (momentum zeros): g = -mean, b = g, step =
+// -lr (g + mu b) = lr (1 + mu) mean; with lr = 0.5, mu = 0.5, mean = 4:
+// step 3, momentum -4. Chunk 1 keeps the old momentum.
+TEST(StateCommitTest, FinalizeChunk_OuterNesterov_StepsAndCarriesMomentum) {
+  StateCommit commit(Settings(Contribution::kPseudoGradients, DType::kFloat32,
+                              AveragingMode::kOuterNesterov, 0.5f, 0.5f),
+                     kGeometry);
+  commit.Restore(2, std::vector<float>(6, 10.0f), 9, /*momentum=*/{},
+                 /*residual=*/{});
+  std::shared_ptr<StateSnapshot> next = commit.NewNext();
+  RoundAccumulator sums = SumsOf({2}, {4});
+  commit.FinalizeChunk(sums, 0, *next);
+  EXPECT_THAT(sums.scaled_sums(0), Each(13.0f));  // the new values
+  EXPECT_THAT(DeltaOf(*next, 0, DType::kFloat32), Each(3.0f));
+  EXPECT_THAT(absl::MakeConstSpan(next->momentum).subspan(0, 4), Each(-4.0f));
+  // A second round from that state: b = mu b + g = -2 - 4 = -6, step =
+  // -lr (g + mu b) = 0.5 (4 + 3) = 3.5.
+  commit.FinalizeChunk(sums, 1, *next);
+  next->values = sums.TakeBuffer();
+  commit.Commit(std::move(next), 3);
+  std::shared_ptr<StateSnapshot> second = commit.NewNext();
+  RoundAccumulator more = SumsOf({1}, {4});
+  commit.FinalizeChunk(more, 0, *second);
+  commit.FinalizeChunk(more, 1, *second);
+  EXPECT_THAT(DeltaOf(*second, 0, DType::kFloat32), Each(3.5f));
+  EXPECT_THAT(absl::MakeConstSpan(second->momentum).subspan(0, 4), Each(-6.0f));
+  EXPECT_THAT(absl::MakeConstSpan(second->momentum).subspan(4, 2),
+              Each(0.0f));  // chunk 1: never stepped
+}
+
+// bfloat16 with error feedback: a step of 1 + 2^-10 goes out as 1 and
+// leaves 2^-10 behind; the next round adds it back: 1 + 2^-10 + 2^-10 =
+// 1 + 2^-9 is still sent as 1, leaving 2^-9; the values take what was sent.
+TEST(StateCommitTest, FinalizeChunk_LossyWire_KeepsTheResidual) {
+  StateCommit commit(Settings(Contribution::kPseudoGradients, DType::kBFloat16),
+                     kGeometry);
+  commit.Restore(2, std::vector<float>(6, 0.0f), 9, {}, {});
+  const float step = 1.0f + std::ldexp(1.0f, -10);
+  for (int round = 1; round <= 2; ++round) {
+    std::shared_ptr<StateSnapshot> next = commit.NewNext();
+    next = commit.FinishNext(SumsOf({1}, {step}), {0, 1}, std::move(next));
+    EXPECT_THAT(DeltaOf(*next, 0, DType::kBFloat16), Each(1.0f));
+    EXPECT_THAT(absl::MakeConstSpan(next->values).subspan(0, 4),
+                Each(static_cast<float>(round)));
+    EXPECT_THAT(absl::MakeConstSpan(next->residual).subspan(0, 4),
+                Each(std::ldexp(1.0f, -10) * round));
+    EXPECT_THAT(absl::MakeConstSpan(next->residual).subspan(4, 2), Each(0.0f));
+    commit.Commit(std::move(next), 2 + round);
+  }
+}
+
+TEST(StateCommitTest, Commit_NamesTheStateAndMakesItCurrent) {
+  StateCommit commit(Settings(Contribution::kParameters, DType::kFloat32),
+                     kGeometry);
+  auto state = std::make_shared<StateSnapshot>();
+  state->values.assign(6, 1.0f);
+  std::shared_ptr<const StateSnapshot> committed =
+      commit.Commit(std::move(state), 7);
+  EXPECT_EQ(committed.get(), commit.state());
+  EXPECT_EQ(committed->round, 7u);
+  EXPECT_NE(committed->id, 0u);
+  auto named = std::make_shared<StateSnapshot>();
+  named->id = 5;
+  EXPECT_EQ(commit.Commit(std::move(named), 8)->id, 5u);
+}
+
+TEST(StateCommitTest, Commit_RecyclesTheOldBuffersOnlyWhenNoOneReadsThem) {
+  StateCommit commit(Settings(Contribution::kParameters, DType::kFloat32),
+                     kGeometry);
+  commit.Restore(1, std::vector<float>(6, 1.0f), 0, {}, {});
+  const float* first = commit.state()->values.data();
+  {
+    // Someone still reads the state: its memory is not taken.
+    std::shared_ptr<const StateSnapshot> reader = commit.shared_state();
+    auto state = std::make_shared<StateSnapshot>();
+    state->values.assign(6, 2.0f);
+    commit.Commit(std::move(state), 2);
+    EXPECT_NE(commit.TakeBuffer().data(), first);
+    EXPECT_THAT(reader->values, Each(1.0f));
+  }
+  const float* second = commit.state()->values.data();
+  auto state = std::make_shared<StateSnapshot>();
+  state->values.assign(6, 3.0f);
+  commit.Commit(std::move(state), 3);
+  std::vector<float> buffer = commit.TakeBuffer();
+  EXPECT_EQ(buffer.data(), second);
+  EXPECT_EQ(buffer.size(), 6u);
+  // A buffer handed back is the next one taken, unless one is spare.
+  commit.GiveBack(std::move(buffer));
+  EXPECT_EQ(commit.TakeBuffer().data(), second);
+}
+
+TEST(StateCommitTest, NewStateId_IsNeverZero) {
+  StateCommit commit(Settings(Contribution::kParameters, DType::kFloat32),
+                     kGeometry);
+  for (int i = 0; i < 100; ++i) EXPECT_NE(commit.NewStateId(), 0u);
+}
+
+}  // namespace
+}  // namespace localsgd
