@@ -16,11 +16,6 @@
 namespace localsgd {
 namespace {
 
-std::vector<std::string> Sorted(std::vector<std::string> v) {
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
 absl::Status Stopping() {
   return absl::UnavailableError(
       "coordinator is shutting down; retry later or against another replica");
@@ -83,7 +78,8 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       commit_(settings, geometry_),
       pacing_(id_, settings.rendezvous_members,
               settings.deadline_mode == DeadlineMode::kAdaptive,
-              CloseRules{policy.round_deadline, policy.min_quorum}) {}
+              CloseRules{policy.round_deadline, policy.min_quorum}),
+      history_(policy.max_recent_rounds) {}
 
 Job::~Job() = default;
 
@@ -325,9 +321,9 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
                                                   Deferred& deferred) {
   if (commit_.state() != nullptr) {
     deferred.push_back(
-        [done = std::move(done), result = LatestResultLocked(member.id, 0)] {
-          done(result);
-        });
+        [done = std::move(done),
+         result = LatestResult(history_, commit_.shared_state(), member.id, 0,
+                               0)] { done(result); });
     return NewSession(member.id, 0, SyncSession::Role::kAdopt, 0);
   }
   if (seed_ == nullptr) {
@@ -359,17 +355,10 @@ std::unique_ptr<SyncSession> Job::BeginLateLocked(const MemberInfo& member,
                                                   SyncCallback done,
                                                   Deferred& deferred) {
   // A straggler (or a retry after its round closed): adopt the latest.
-  SyncResult result = LatestResultLocked(member.id, round, anchor);
+  SyncResult result =
+      LatestResult(history_, commit_.shared_state(), member.id, round, anchor);
   if (!result.contributed) {
-    for (RoundRecord& record : recent_) {
-      if (record.round != round) continue;
-      if (std::find(record.late.begin(), record.late.end(), member.name) ==
-          record.late.end()) {
-        record.late.push_back(member.name);
-        std::sort(record.late.begin(), record.late.end());
-      }
-      break;
-    }
+    history_.MarkLate(round, member.name);
     LOG(INFO) << "job " << id_ << ": " << member.name << " is late for round "
               << round << "; adopts round " << commit_.state()->round;
     if (observer_ != nullptr) {
@@ -634,11 +623,10 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                            Deferred& deferred) {
   std::unique_ptr<OpenRound> round = std::move(open_);
   std::shared_ptr<StateSnapshot> state =
-      pseudo_gradients()
-          ? commit_.FinishNext(std::move(round->round.sums()),
-                               round->round.PendingChunks(),
-                               std::move(round->next))
-          : commit_.Mean(std::move(round->round.sums()));
+      pseudo_gradients() ? commit_.FinishNext(std::move(round->round.sums()),
+                                              round->round.PendingChunks(),
+                                              std::move(round->next))
+                         : commit_.Mean(std::move(round->round.sums()));
   RoundClosure closure = round->round.Close(reason, now);
   for (const MemberId& id : closure.contributed) {
     members_.CountRound(id, /*contributed=*/true);
@@ -747,63 +735,21 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
   ReportCommitLocked(record, deferred);
 
   for (auto& [wid, w] : waiters) {
-    SyncResult result;
-    result.round = record.round;
-    result.contributed = record.contributor_ids.contains(w.member);
-    // Not counted: late, unless dropped for non-finite values (it was on
-    // time, and refused) or adopting the seed (there was nothing to be late
-    // for).
-    result.late = !result.contributed && record.reason != CloseReason::kSeed &&
-                  !refused.contains(w.member);
-    result.contributors = static_cast<uint32_t>(record.contributors.size());
-    result.contributor_weight = record.contributor_weight;
-    result.state = committed;
-    result.state_id = committed->id;
-    // Every waiter of a round asked for it holding its previous state.
-    result.delta = committed->previous_id != 0;
-    deferred.push_back([done = std::move(w.done), result = std::move(result)] {
+    deferred.push_back([done = std::move(w.done),
+                        result = CommittedResult(record, committed, w.member,
+                                                 refused.contains(w.member))] {
       done(result);
     });
   }
-  recent_.push_front(std::move(record));
-  while (recent_.size() > policy_.max_recent_rounds) recent_.pop_back();
+  history_.Add(std::move(record));
 }
 
 void Job::ReportCommitLocked(const RoundRecord& record, Deferred& deferred) {
-  if (record.reason == CloseReason::kSeed) {
-    LOG(INFO) << "job " << id_ << ": seeded by " << record.contributors[0]
-              << (record.round > 0 ? absl::StrCat(" at round ", record.round)
-                                   : std::string());
-  } else {
-    LOG(INFO) << "job " << id_ << ": round " << record.round << " closed ("
-              << CloseReasonName(record.reason) << ") in "
-              << absl::FormatDuration(record.closed - record.opened)
-              << "; contributors [" << absl::StrJoin(record.contributors, ", ")
-              << "]"
-              << (record.dropped.empty()
-                      ? ""
-                      : absl::StrCat("; dropped [",
-                                     absl::StrJoin(record.dropped, ", "), "]"))
-              << (record.timed_out.empty()
-                      ? ""
-                      : absl::StrCat("; timed out [",
-                                     absl::StrJoin(record.timed_out, ", "),
-                                     "]"));
-  }
-  if (observer_ != nullptr) {
-    RoundClosedEvent event;
-    event.job_id = id_;
-    event.round = record.round;
-    event.reason = record.reason;
-    event.duration = record.closed - record.opened;
-    event.participants = static_cast<uint32_t>(record.participants.size());
-    event.contributors = static_cast<uint32_t>(record.contributors.size());
-    event.dropped = static_cast<uint32_t>(record.dropped.size());
-    event.timed_out = static_cast<uint32_t>(record.timed_out.size());
-    deferred.push_back([observer = observer_, event = std::move(event)] {
-      observer->RoundClosed(event);
-    });
-  }
+  LOG(INFO) << "job " << id_ << ": " << DescribeCommit(record);
+  if (observer_ == nullptr) return;
+  deferred.push_back([observer = observer_, event = ClosedEvent(id_, record)] {
+    observer->RoundClosed(event);
+  });
 }
 
 void Job::NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
@@ -819,28 +765,6 @@ void Job::NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
         absl::MutexLock lock(&mu_);
         --sink_calls_pending_;
       });
-}
-
-SyncResult Job::LatestResultLocked(const MemberId& member, RoundId asked_round,
-                                   uint64_t anchor) {
-  SyncResult result;
-  result.round = commit_.state()->round;
-  result.state = commit_.shared_state();
-  result.state_id = commit_.state()->id;
-  // A retry of the round that closed last, from the state before it: the
-  // round's delta applies.
-  result.delta = commit_.state()->previous_id != 0 &&
-                 asked_round == commit_.state()->round &&
-                 anchor == commit_.state()->previous_id;
-  for (const RoundRecord& record : recent_) {
-    if (record.round != commit_.state()->round) continue;
-    result.contributed = record.contributor_ids.contains(member);
-    result.contributors = static_cast<uint32_t>(record.contributors.size());
-    result.contributor_weight = record.contributor_weight;
-    break;
-  }
-  result.late = asked_round != 0 && !result.contributed;
-  return result;
 }
 
 absl::StatusOr<std::shared_ptr<const StateSnapshot>> Job::GetState(
@@ -956,25 +880,13 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   s.has_state = commit_.state() != nullptr;
   s.state_round = commit_.state() != nullptr ? commit_.state()->round : 0;
   if (open_ != nullptr) {
-    s.round_open = true;
-    s.open_round = open_->round.id();
-    s.open_round_decision = pacing_.Decide(open_->round, clock_->Now());
-    for (const auto& [id, p] : open_->round.participants()) {
-      s.open_round_participants.push_back(p.name);
-      if (p.complete()) s.open_round_contributed.push_back(p.name);
-    }
-    s.open_round_participants = Sorted(std::move(s.open_round_participants));
-    s.open_round_contributed = Sorted(std::move(s.open_round_contributed));
+    DescribeOpenRound(open_->round, pacing_.Decide(open_->round, clock_->Now()),
+                      s);
   }
-  for (const RoundRecord& r : recent_) {
-    if (s.recent_rounds.size() >= max_rounds) break;
-    s.recent_rounds.push_back(r);
-  }
+  s.recent_rounds = history_.Recent(max_rounds);
   if (settings_.deadline_mode == DeadlineMode::kAdaptive) {
     s.learned_deadline = pacing_.learned();
-    for (const MemberInfo& m : s.members) {
-      if (m.missed_rounds >= kStragglerMisses) s.stragglers.push_back(m.name);
-    }
+    s.stragglers = Stragglers(s.members);
   }
   return s;
 }

@@ -63,6 +63,7 @@
 #include "absl/types/span.h"
 #include "src/averaging.h"
 #include "src/clock.h"
+#include "src/job_status.h"
 #include "src/job_types.h"
 #include "src/layout.h"
 #include "src/membership.h"
@@ -369,11 +370,6 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifySinkLocked(std::shared_ptr<const StateSnapshot> state,
                         Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The result of the latest closed round, for `member`, which asked for
-  // `asked_round` holding the state `anchor` (pseudo-gradient jobs).
-  SyncResult LatestResultLocked(const MemberId& member, RoundId asked_round,
-                                uint64_t anchor = 0)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pseudo-gradient jobs, per-chunk finality: chunk `c` of the open round's
   // result computed into its next state (StateCommit::FinalizeChunk) and
   // marked final; chunk `c` finalized and told to the waiters if it is
@@ -426,7 +422,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // decision.
   RoundPacing pacing_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Seed> seed_ ABSL_GUARDED_BY(mu_);
-  std::deque<RoundRecord> recent_ ABSL_GUARDED_BY(mu_);
+  // The records of the recent closed rounds, for status and late arrivals.
+  RoundHistory history_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
