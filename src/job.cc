@@ -1,14 +1,9 @@
 #include "src/job.h"
 
-#include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "glog/logging.h"
-#include "src/codec.h"
 #include "src/member_ref.h"
 #include "src/observer.h"
 #include "src/settings.h"
@@ -28,40 +23,6 @@ absl::Status Draining(absl::string_view what) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// SyncSession
-
-SyncSession::SyncSession(std::shared_ptr<Job> job, MemberId member,
-                         RoundId round, Role role, uint64_t waiter_id,
-                         uint32_t num_chunks)
-    : job_(std::move(job)),
-      member_(std::move(member)),
-      round_(round),
-      role_(role),
-      waiter_id_(waiter_id),
-      got_(num_chunks, false) {}
-
-SyncSession::~SyncSession() {
-  if (!cancelled_) Cancel();
-}
-
-absl::Status SyncSession::AddChunk(uint32_t index, absl::string_view data) {
-  return job_->AddChunk(*this, index, absl::MakeConstSpan(&data, 1));
-}
-
-absl::Status SyncSession::AddChunk(uint32_t index,
-                                   absl::Span<const absl::string_view> pieces) {
-  return job_->AddChunk(*this, index, pieces);
-}
-
-bool SyncSession::Cancel() {
-  cancelled_ = true;
-  return job_->CancelWaiter(*this);
-}
-
-// ---------------------------------------------------------------------------
-// Job
 
 Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
          JobSettings settings, JobPolicy policy, Clock* clock, StateSink* sink,
@@ -111,6 +72,14 @@ void Job::RunDeferred(Deferred& deferred) {
   deferred.clear();
 }
 
+void Job::FailAll(Waiters& waiters, const absl::Status& status,
+                  Deferred& deferred) {
+  for (auto& [wid, w] : waiters) {
+    deferred.push_back([done = std::move(w.done), status] { done(status); });
+  }
+  waiters.clear();
+}
+
 absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
   const absl::Time now = clock_->Now();
   Deferred deferred;
@@ -124,9 +93,8 @@ absl::StatusOr<JoinResult> Job::Join(const JoinRequestParams& params) {
       result.member_id = *id;
       result.settings = settings_;
       result.has_state = commit_.state() != nullptr;
-      result.state_round =
-          commit_.state() != nullptr ? commit_.state()->round : 0;
-      result.state_id = commit_.state() != nullptr ? commit_.state()->id : 0;
+      result.state_round = commit_.state_round();
+      result.state_id = commit_.state_id();
       result.geometry = geometry_;
     }
   }
@@ -208,40 +176,8 @@ absl::StatusOr<RoundId> Job::Heartbeat(const MemberId& member) {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   if (members_.Renew(member, now) == nullptr) return members_.NotFound(member);
-  return commit_.state() != nullptr ? commit_.state()->round : 0;
+  return commit_.state_round();
 }
-
-namespace {
-
-absl::Status CheckSeedOrigin(absl::string_view job, absl::string_view member,
-                             RoundId round, const SeedOrigin& origin) {
-  if ((origin.round != 0 || origin.contributors != 0) && round != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Sync header of member ", member, " of job '", job, "' for round ",
-        round, " names seed_round ", origin.round, " and seed_contributors ",
-        origin.contributors, "; these go only with round 0 (a seed)"));
-  }
-  if (origin.contributors != 0 && origin.round == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Sync header of member ", member, " of job '", job,
-                     "' names seed_contributors ", origin.contributors,
-                     " without a seed_round; they go with a re-seed"));
-  }
-  if (origin.state_id != 0 && origin.round == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Sync header of member ", member, " of job '", job,
-                     "' names seed_state_id ", origin.state_id,
-                     " without a seed_round; it goes with a re-seed"));
-  }
-  if (origin.round > kMaxSeedRound) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Sync header of member ", member, " of job '", job,
-        "' names seed_round ", origin.round, "; at most ", kMaxSeedRound));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
     const MemberId& member, RoundId round, SyncCallback done, SeedOrigin origin,
@@ -254,16 +190,10 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
     if (stopped_) return Stopping();
     const MemberInfo* info = members_.Renew(member, now);
     if (info == nullptr) return members_.NotFound(member);
-    if (absl::Status s = CheckSeedOrigin(id_, info->name, round, origin);
+    if (absl::Status s = CheckSyncHeader(id_, info->name, round, origin, anchor,
+                                         pseudo_gradients());
         !s.ok()) {
       return s;
-    }
-    if (pseudo_gradients() && round != 0 && anchor == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Sync header of member ", info->name, " of job '", id_,
-          "' for round ", round,
-          " names no anchor_state_id; in a pseudo-gradient job it is "
-          "required: the id of the state the delta was taken against"));
     }
     if (round == 0) {
       if (commit_.state() == nullptr && seed_ == nullptr && draining_) {
@@ -327,20 +257,13 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
     return NewSession(member.id, 0, SyncSession::Role::kAdopt, 0);
   }
   if (seed_ == nullptr) {
-    seed_ = std::make_unique<Seed>();
-    seed_->owner = member.id;
-    seed_->origin = origin;
     // A pseudo-gradient job's seed is float32 (one per element).
-    seed_->values = commit_.TakeBuffer();
-    seed_->got.assign(geometry_.num_chunks(), false);
-    LOG(INFO) << "job " << id_ << ": " << member.name
-              << (origin.round == 0
-                      ? std::string(" seeds the global state")
-                      : absl::StrCat(" re-seeds the global state at round ",
-                                     origin.round, " (", origin.contributors,
-                                     " contributed to it)"));
+    seed_ = std::make_unique<Seed>(
+        SeedState(member.id, origin, commit_.TakeBuffer(), geometry_));
+    LOG(INFO) << "job " << id_ << ": " << member.name << " "
+              << seed_->state.Describe();
   }
-  const bool owner = seed_->owner == member.id;
+  const bool owner = seed_->state.owner() == member.id;
   const uint64_t waiter_id = next_waiter_id_++;
   seed_->waiters.emplace(waiter_id,
                          Waiter{member.id, std::move(done), owner, nullptr});
@@ -408,75 +331,10 @@ void Job::OpenRoundLocked(RoundId round, absl::Time now) {
           << open_->round.participants().size() << " participants";
 }
 
-absl::Status Job::ValidateChunk(const SyncSession& session, uint32_t index,
-                                absl::Span<const absl::string_view> pieces,
-                                int64_t* nonfinite) const {
-  *nonfinite = -1;
-  const uint32_t n = geometry_.num_chunks();
-  if (index >= n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk index ", index, " for round ", session.round_,
-                     " of job '", id_, "' is out of range: the layout has ", n,
-                     " chunks (0..", n - 1, "); did the model change?"));
-  }
-  const uint32_t elements = geometry_.Size(index);
-  const DType dtype = ChunkDType(session);
-  const size_t expected = WireBytes(dtype, elements);
-  size_t size = 0;
-  for (absl::string_view piece : pieces) size += piece.size();
-  if (size != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk ", index, " for round ", session.round_, " of job '", id_,
-        "' has ", size, " bytes; expected ", expected, " (", elements, " ",
-        DTypeName(dtype),
-        IsBlockDType(dtype)
-            ? absl::StrCat(" values in ", NumBlocks(elements), " blocks")
-            : std::string(" values"),
-        ")"));
-  }
-  if (IsBlockDType(dtype)) {
-    // The scales lead the payload (codec.h).
-    std::string scales;
-    const size_t want = 4 * NumBlocks(elements);
-    for (absl::string_view piece : pieces) {
-      if (scales.size() == want) break;
-      const absl::string_view part = piece.substr(0, want - scales.size());
-      scales.append(part.data(), part.size());
-    }
-    if (absl::Status s = CheckBlockScales(scales, dtype); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", index, " for round ", session.round_,
-                       " of job '", id_, "': ", s.message()));
-    }
-  }
-  const int64_t bad = FirstNonFinitePieces(pieces, dtype);
-  if (bad < 0) return absl::OkStatus();
-  // Seeds are always refused: a seed is the state everyone starts from.
-  if (settings_.nonfinite_policy != NonFinitePolicy::kDrop ||
-      session.role_ != SyncSession::Role::kContribute) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk ", index, " for round ", session.round_, " of job '", id_,
-        "' has a non-finite value at element ", bad, " (flat index ",
-        geometry_.Offset(index) + bad, "); contribution refused"));
-  }
-  *nonfinite = bad;
-  return absl::OkStatus();
-}
-
 absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
                            absl::Span<const absl::string_view> pieces) {
-  // Validate before taking the lock or touching any accumulator.
-  int64_t nonfinite = -1;
-  if (absl::Status s = ValidateChunk(session, index, pieces, &nonfinite);
-      !s.ok()) {
-    return s;
-  }
-  if (nonfinite >= 0) {
-    DropNonFinite(session, index, nonfinite);
-    return absl::OkStatus();
-  }
+  // SyncSession::AddChunk checked it.
   if (session.got_[index]) return absl::OkStatus();
-
   const absl::Time now = clock_->Now();
   Deferred deferred;
   {
@@ -491,8 +349,7 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
       return s;
     }
   }
-  session.got_[index] = true;
-  ++session.received_;
+  session.Delivered(index);
   RunDeferred(deferred);
   return absl::OkStatus();
 }
@@ -500,22 +357,15 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
 absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
                                    absl::Span<const absl::string_view> pieces,
                                    absl::Time now, Deferred& deferred) {
-  const uint32_t n = geometry_.num_chunks();
   switch (session.role_) {
     case SyncSession::Role::kSeed: {
-      if (seed_ == nullptr || seed_->owner != session.member_ ||
-          seed_->got[index]) {
+      if (seed_ == nullptr || seed_->state.owner() != session.member_) {
         return absl::OkStatus();
       }
-      if (absl::Status s = DecodeValuesPieces(
-              pieces, ChunkDType(session),
-              absl::MakeSpan(seed_->values)
-                  .subspan(geometry_.Offset(index), geometry_.Size(index)));
-          !s.ok()) {
-        return s;
-      }
-      seed_->got[index] = true;
-      if (++seed_->received == n) CompleteSeedLocked(now, deferred);
+      absl::StatusOr<bool> complete =
+          seed_->state.Add(index, pieces, ChunkDType(session));
+      if (!complete.ok()) return complete.status();
+      if (*complete) CompleteSeedLocked(now, deferred);
       return absl::OkStatus();
     }
     case SyncSession::Role::kContribute: {
@@ -558,20 +408,12 @@ void Job::DropNonFinite(SyncSession& session, uint32_t index, int64_t bad) {
                    << p->received << " chunks so far stay counted";
       // As if it had left: the round stops waiting for it, its complete
       // chunks count, and the rest of its stream is ignored.
-      open_->round.MarkGone(session.member_, /*nonfinite=*/true);
-      MaybeCloseRoundLocked(now, deferred);
-      // Chunks only it had not given are final now.
-      if (open_ != nullptr && open_->round.id() == session.round_) {
-        FinalizeGivenChunksLocked(now, deferred);
-      }
+      DropFromRoundLocked(session.member_, /*nonfinite=*/true, now, deferred);
     }
   }
   // Its stream goes on; mark the chunk delivered so that the stream
   // completes and gets the round's result (contributed = false).
-  if (!session.got_[index]) {
-    session.got_[index] = true;
-    ++session.received_;
-  }
+  session.Delivered(index);
   RunDeferred(deferred);
 }
 
@@ -588,7 +430,7 @@ bool Job::CancelWaiter(const SyncSession& session) {
     if (session.round_ == 0 && seed_ != nullptr) {
       removed = seed_->waiters.erase(session.waiter_id_) > 0;
       if (session.role_ == SyncSession::Role::kSeed &&
-          seed_->owner == session.member_ && !session.complete()) {
+          seed_->state.owner() == session.member_ && !session.complete()) {
         AbortSeedLocked("its stream ended before all chunks arrived", deferred);
       }
     }
@@ -600,16 +442,20 @@ bool Job::CancelWaiter(const SyncSession& session) {
 void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
                              Deferred& deferred) {
   if (!members_.Remove(member, why, clock_->Now())) return;
-  if (seed_ != nullptr && seed_->owner == member) {
+  if (seed_ != nullptr && seed_->state.owner() == member) {
     AbortSeedLocked(why, deferred);
   }
-  if (open_ != nullptr && open_->round.MarkGone(member, /*nonfinite=*/false)) {
-    const RoundId round = open_->round.id();
-    MaybeCloseRoundLocked(clock_->Now(), deferred);
-    // Chunks only it had not given are final now.
-    if (open_ != nullptr && open_->round.id() == round) {
-      FinalizeGivenChunksLocked(clock_->Now(), deferred);
-    }
+  DropFromRoundLocked(member, /*nonfinite=*/false, clock_->Now(), deferred);
+}
+
+void Job::DropFromRoundLocked(const MemberId& member, bool nonfinite,
+                              absl::Time now, Deferred& deferred) {
+  if (open_ == nullptr || !open_->round.MarkGone(member, nonfinite)) return;
+  const RoundId round = open_->round.id();
+  MaybeCloseRoundLocked(now, deferred);
+  // Chunks only it had not given are final now.
+  if (open_ != nullptr && open_->round.id() == round) {
+    FinalizeGivenChunksLocked(now, deferred);
   }
 }
 
@@ -685,37 +531,23 @@ void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
   const absl::Status status = absl::AbortedError(absl::StrCat(
       "the member seeding job '", id_,
       "' stopped before the seed was complete (", why, "); retry"));
-  LOG(WARNING) << "job " << id_ << ": seed by " << MemberRef(seed->owner)
-               << " abandoned: " << why;
-  for (auto& [wid, w] : seed->waiters) {
-    deferred.push_back([done = std::move(w.done), status] { done(status); });
-  }
-  commit_.GiveBack(std::move(seed->values));
+  LOG(WARNING) << "job " << id_ << ": seed by "
+               << MemberRef(seed->state.owner()) << " abandoned: " << why;
+  FailAll(seed->waiters, status, deferred);
+  commit_.GiveBack(seed->state.TakeValues());
 }
 
 void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   std::unique_ptr<Seed> seed = std::move(seed_);
-  RoundRecord record;
-  record.round = seed->origin.round;
-  record.reason = CloseReason::kSeed;
-  record.opened = now;
-  record.closed = now;
-  std::string name = absl::StrCat("member-", MemberRef(seed->owner));
-  double weight = 1;
-  if (const MemberInfo* owner = members_.Get(seed->owner)) {
-    name = owner->name;
-    weight = owner->weight;
-  }
-  record.participants = {name};
-  record.contributors = {name};
-  record.contributor_ids.insert(seed->owner);
-  record.contributor_weight = weight;
-  const SeedOrigin origin = seed->origin;
-  auto state = std::make_shared<StateSnapshot>();
-  state->values = std::move(seed->values);
-  state->id = origin.state_id;  // 0: CommitLocked names it
-  CommitLocked(std::move(record), std::move(state), std::move(seed->waiters),
-               /*refused=*/{}, deferred);
+  const MemberId& owner = seed->state.owner();
+  const SeedOrigin origin = seed->state.origin();
+  const MemberInfo* member = members_.Get(owner);
+  SeedState::Completed done = seed->state.Complete(
+      member != nullptr ? member->name
+                        : absl::StrCat("member-", MemberRef(owner)),
+      member != nullptr ? member->weight : 1, now);
+  CommitLocked(std::move(done.record), std::move(done.state),
+               std::move(seed->waiters), /*refused=*/{}, deferred);
   if (origin.round > 0) {
     // A re-seed of a job its coordinator lost: its members come back one by
     // one, as after a restore (RestoreState), and the re-seeder says how
@@ -837,16 +669,8 @@ void Job::Stop() {
     absl::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
-    const absl::Status status = Stopping();
-    auto fail_all = [&](absl::flat_hash_map<uint64_t, Waiter>& waiters) {
-      for (auto& [wid, w] : waiters) {
-        deferred.push_back(
-            [done = std::move(w.done), status] { done(status); });
-      }
-      waiters.clear();
-    };
-    if (open_ != nullptr) fail_all(open_->waiters);
-    if (seed_ != nullptr) fail_all(seed_->waiters);
+    if (open_ != nullptr) FailAll(open_->waiters, Stopping(), deferred);
+    if (seed_ != nullptr) FailAll(seed_->waiters, Stopping(), deferred);
     // A state that another thread is handing to the sink right now (a round
     // that closed just before) must reach it before the caller stops the
     // sink. The wait is short: the sink does not block.
@@ -878,7 +702,7 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   absl::MutexLock lock(&mu_);
   s.members = members_.SortedByName();
   s.has_state = commit_.state() != nullptr;
-  s.state_round = commit_.state() != nullptr ? commit_.state()->round : 0;
+  s.state_round = commit_.state_round();
   if (open_ != nullptr) {
     DescribeOpenRound(open_->round, pacing_.Decide(open_->round, clock_->Now()),
                       s);

@@ -36,6 +36,23 @@
 // the state, and whatever older states Sync/FetchState streams still read;
 // independent of the number of members.
 //
+// Parts. Job is the facade the coordinator and the server call: it holds
+// the mutex, the lifecycle (draining, stopped, retired), the Syncs waiting
+// for the open round or the seed, and the calls to the sink and the
+// observer, and it delegates the rest to parts that it keeps under its
+// mutex (none has a lock of its own; each is annotated ABSL_GUARDED_BY(mu_)
+// below, so clang checks that every call holds it):
+//   Membership    src/membership.h    members, leases, missed rounds
+//   RoundState    src/round_state.h   the open round: participants, sums,
+//                                     per-chunk finality, its close record
+//   RoundPacing   src/round_state.h   rendezvous, regather, learned
+//                                     deadline: the close decision
+//   StateCommit   src/state_commit.h  the state; a round's sums to the next
+//                                     state (rule, encoding, residual)
+//   SeedState     src/seed.h          a seed in progress
+//   RoundHistory  src/job_status.h    closed rounds' records; what a Sync
+//                                     and status are told
+//   SyncSession   src/sync_session.h  one member's Sync stream, its checks
 // The value types (JobPolicy, StateSnapshot, SyncResult, MemberInfo,
 // RoundRecord, JobStatusSnapshot, ...) are in src/job_types.h.
 //
@@ -45,7 +62,6 @@
 #define LOCALSGD_SRC_JOB_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -54,14 +70,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "src/averaging.h"
 #include "src/clock.h"
 #include "src/job_status.h"
 #include "src/job_types.h"
@@ -69,7 +83,9 @@
 #include "src/membership.h"
 #include "src/round.h"
 #include "src/round_state.h"
+#include "src/seed.h"
 #include "src/state_commit.h"
+#include "src/sync_session.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -84,53 +100,6 @@ class StateSink {
   virtual ~StateSink() = default;
   virtual void StateChanged(std::shared_ptr<const Job> job,
                             std::shared_ptr<const StateSnapshot> state) = 0;
-};
-
-// One Sync stream of one member: feeds its chunks to the job. Created by
-// Job::BeginSync. Not thread-safe: the stream's reads are sequential.
-class SyncSession {
- public:
-  ~SyncSession();
-  SyncSession(const SyncSession&) = delete;
-  SyncSession& operator=(const SyncSession&) = delete;
-
-  // Validates and applies one chunk. INVALID_ARGUMENT: index out of range,
-  // wrong payload size, non-finite value (the message names the chunk and
-  // element); nothing is applied then. A chunk this member already gave for
-  // this round is ignored (OK). NOT_FOUND: the member is gone; UNAVAILABLE:
-  // the job is stopping.
-  absl::Status AddChunk(uint32_t index, absl::string_view data);
-  // The same for a payload that arrived in pieces (gRPC's slices), read in
-  // place.
-  absl::Status AddChunk(uint32_t index,
-                        absl::Span<const absl::string_view> pieces);
-
-  // Whether this stream has delivered every chunk.
-  bool complete() const { return received_ == got_.size(); }
-  uint32_t received() const { return received_; }
-  uint32_t num_chunks() const { return static_cast<uint32_t>(got_.size()); }
-  RoundId round() const { return round_; }
-
-  // Withdraws the callback. Returns true if it will never run; false if it
-  // has run or is running (the caller must let it finish). Chunks already
-  // given stay counted. A seeding session that is cancelled before it is
-  // complete aborts the seed.
-  bool Cancel();
-
- private:
-  friend class Job;
-  enum class Role { kContribute, kSeed, kAdopt };
-  SyncSession(std::shared_ptr<Job> job, MemberId member, RoundId round,
-              Role role, uint64_t waiter_id, uint32_t num_chunks);
-
-  std::shared_ptr<Job> job_;
-  MemberId member_;
-  RoundId round_;
-  Role role_;
-  uint64_t waiter_id_;
-  std::vector<bool> got_;
-  uint32_t received_ = 0;
-  bool cancelled_ = false;
 };
 
 class Job : public std::enable_shared_from_this<Job> {
@@ -283,12 +252,10 @@ class Job : public std::enable_shared_from_this<Job> {
     Waiters waiters;
     std::shared_ptr<StateSnapshot> next;
   };
+  // The seed in progress and the Syncs waiting for it.
   struct Seed {
-    MemberId owner;
-    SeedOrigin origin;  // the state will be of round origin.round
-    std::vector<float> values;
-    std::vector<bool> got;
-    uint32_t received = 0;
+    explicit Seed(SeedState s) : state(std::move(s)) {}
+    SeedState state;
     Waiters waiters;
   };
   using Deferred = std::vector<std::function<void()>>;
@@ -321,11 +288,8 @@ class Job : public std::enable_shared_from_this<Job> {
                                           SyncSession::Role role,
                                           uint64_t waiter_id);
 
-  // AddChunk: the checks that need no lock (index, size, non-finite values;
-  // `*nonfinite` is set to the first bad element, or -1), then applying it.
-  absl::Status ValidateChunk(const SyncSession& session, uint32_t index,
-                             absl::Span<const absl::string_view> pieces,
-                             int64_t* nonfinite) const;
+  // A chunk of `session` that SyncSession::AddChunk checked (CheckChunk),
+  // applied under the lock (ApplyChunkLocked).
   absl::Status AddChunk(SyncSession& session, uint32_t index,
                         absl::Span<const absl::string_view> pieces)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -343,6 +307,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // seed aborted if it owned it. `why` goes to the log.
   void RemoveMemberLocked(const MemberId& member, absl::string_view why,
                           Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `member` gone from the open round if it had not given every chunk
+  // (RoundState::MarkGone), then closes the round if that decides it, or
+  // finalizes the chunks that only it had not given.
+  void DropFromRoundLocked(const MemberId& member, bool nonfinite,
+                           absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Rounds: opening one (its participants: the members taking part), closing
@@ -395,6 +365,9 @@ class Job : public std::enable_shared_from_this<Job> {
     return settings_.contribution == Contribution::kPseudoGradients;
   }
   static void RunDeferred(Deferred& deferred);
+  // Every waiter's `done` with `status`, deferred; `waiters` emptied.
+  static void FailAll(Waiters& waiters, const absl::Status& status,
+                      Deferred& deferred);
 
   const std::string id_;
   const Layout layout_;
