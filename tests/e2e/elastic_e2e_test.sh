@@ -9,7 +9,7 @@
 #  3. once 2 and 3 have taken part in a round, worker 1 is SIGKILLed right as
 #     a round it contributed to closes (it is then inside Sync, reading the
 #     result), so the next round must drop it when its lease runs out;
-#  4. workers 0 and 3 train on to --max_rounds=80 and end.
+#  4. workers 0 and 3 train on to --max_rounds=160 and end.
 #
 # Usage: elastic_e2e_test.sh COORDINATOR_BINARY WORKER_BINARY
 #
@@ -40,11 +40,13 @@ WORKER=$2
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 K=4
-# Rounds run fast (~5 a second with 4 workers on 2 cores) while a worker
-# takes ~2 s to start: 80 rounds leave the late joiners a wide margin to join
-# before the originals finish, and cost ~20 s. 2 epochs: 468 steps > 80 * K.
-MAX_ROUNDS=80
-EPOCHS=2
+# Rounds run at 5 to 13 a second with 4 workers on 2 cores (idle: the
+# faster end) while a worker takes 2 to 3 s to start, and the two late
+# joiners start one after the other: 160 rounds leave them a wide margin to
+# join before the originals finish, and cost ~15 s on an idle machine. 4
+# epochs of a quarter of the data: 936 steps > 160 * K.
+MAX_ROUNDS=160
+EPOCHS=4
 CHUNK_ELEMENTS=2000
 LEAVER_STEPS=24         # worker 2: 6 syncs, then the final one and Leave
 LEASE_TTL=2s
