@@ -255,8 +255,7 @@ LocalSGD::LocalSGD(Client* client, LocalSGDOptions options,
 
 // The module's parameters, in registration order: their handles, offsets
 // and specs, and the flat, host and status tensors for them.
-absl::Status LocalSGD::ReadParameters(torch::nn::Module& module,
-                                      Params& params,
+absl::Status LocalSGD::ReadParameters(torch::nn::Module& module, Params& params,
                                       std::vector<TensorSpec>& specs) {
   try {
     uint64_t offset = 0;
@@ -390,17 +389,16 @@ absl::Status LocalSGD::CheckNodeGroup(bool misconfigured) {
   // MAX of (n, -n, bad) gives max n, -min n and whether any rank is bad.
   int64_t bad = misconfigured ? 1 : 0;
   if (misconfigured) {
-    LOCALSGD_LOG(ERROR)
-        << "LocalSGD::Create: local rank " << group->getRank()
-        << " was given a Client; only the node leader (rank 0) "
-           "talks to the coordinator, the others pass nullptr";
+    LOCALSGD_LOG(ERROR) << "LocalSGD::Create: local rank " << group->getRank()
+                        << " was given a Client; only the node leader (rank 0) "
+                           "talks to the coordinator, the others pass nullptr";
   }
   if (group->getRank() == 0 &&
       client_->options().weight != static_cast<double>(group->getSize())) {
     LOCALSGD_LOG(ERROR) << "LocalSGD::Create: the node leader's "
                            "ClientOptions.weight is "
-                        << client_->options().weight
-                        << ", not the group size " << group->getSize();
+                        << client_->options().weight << ", not the group size "
+                        << group->getSize();
     bad = 1;
   }
   at::Tensor check;
@@ -445,8 +443,8 @@ absl::Status LocalSGD::JoinAndInitialize() {
   if (status.ok() && job_k != 0 &&
       job_k != static_cast<uint32_t>(options_.local_sgd_steps)) {
     status = absl::FailedPreconditionError(absl::StrCat(
-        "LocalSGD::Create: job '", client_->options().job_id,
-        "' syncs every ", job_k,
+        "LocalSGD::Create: job '", client_->options().job_id, "' syncs every ",
+        job_k,
         " steps (its local_sgd_steps) but LocalSGDOptions.local_sgd_steps "
         "is ",
         options_.local_sgd_steps,

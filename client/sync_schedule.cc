@@ -6,7 +6,9 @@ StepAction DecideStep(const StepState& s) {
   const bool due = s.steps % s.local_sgd_steps == 0;
   if (!s.overlap) return due ? StepAction::kSync : StepAction::kNone;
   if (s.node_group) return due ? StepAction::kNodeSyncPoint : StepAction::kNone;
-  if (due) return s.in_flight ? StepAction::kMergeThenStart : StepAction::kStart;
+  if (due) {
+    return s.in_flight ? StepAction::kMergeThenStart : StepAction::kStart;
+  }
   return s.in_flight && s.ready ? StepAction::kMerge : StepAction::kNone;
 }
 

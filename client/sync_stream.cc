@@ -282,23 +282,19 @@ void SyncClientStream::AfterRead(absl::Status taken) {
 void SyncClientStream::OnReadsDone() {
   if (finished_) return;
   read_phase_ = ReadPhase::kEnded;
-  Finish(/*cancel=*/false, absl::OkStatus());
+  Finish(absl::OkStatus());
 }
 
 void SyncClientStream::Fail(absl::Status error) {
-  error_ = std::move(error);
-  Finish(/*cancel=*/true, error_);
+  error_ = error;
+  Finish(std::move(error));
 }
 
-void SyncClientStream::Finish(bool cancel, absl::Status status) {
+void SyncClientStream::Finish(absl::Status status) {
   finished_ = true;
   outcome_.bytes_received = chunks_.bytes();
   outcome_.result_time = clock_->Now() - start_;
-  ClientStreamAction finish;
-  finish.kind = ClientStreamAction::Kind::kFinish;
-  finish.cancel = cancel;
-  finish.status = std::move(status);
-  sink_(std::move(finish));
+  sink_(ClientStreamAction::Finish(std::move(status)));
 }
 
 absl::Status SyncClientStream::Conclude(const absl::Status& call_status) {
@@ -373,7 +369,7 @@ void FetchStateClientStream::OnUnreadable(const absl::Status& status) {
 void FetchStateClientStream::OnReadsDone() {
   if (finished_) return;
   finished_ = true;
-  sink_(ClientStreamAction::Of(ClientStreamAction::Kind::kFinish));
+  sink_(ClientStreamAction::Finish(absl::OkStatus()));
 }
 
 void FetchStateClientStream::After(absl::Status taken) {
@@ -383,11 +379,7 @@ void FetchStateClientStream::After(absl::Status taken) {
   }
   finished_ = true;
   error_ = taken;
-  ClientStreamAction finish;
-  finish.kind = ClientStreamAction::Kind::kFinish;
-  finish.cancel = true;
-  finish.status = std::move(taken);
-  sink_(std::move(finish));
+  sink_(ClientStreamAction::Finish(std::move(taken)));
 }
 
 absl::Status FetchStateClientStream::Conclude(const absl::Status& call_status) {

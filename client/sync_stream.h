@@ -74,6 +74,13 @@ struct ClientStreamAction {
     action.kind = kind;
     return action;
   }
+  // kFinish: cancel the call with `error`, or (OK) end it as it ends.
+  static ClientStreamAction Finish(absl::Status error) {
+    ClientStreamAction action = Of(Kind::kFinish);
+    action.cancel = !error.ok();
+    action.status = std::move(error);
+    return action;
+  }
 
   Kind kind = Kind::kRead;
   std::string message;
@@ -195,8 +202,11 @@ class SyncClientStream {
   absl::Status ExpectResult(const v1::SyncResult& result);
   // After a message taken: the next read, and a paced write it released.
   void AfterRead(absl::Status taken);
+  // A refusal: finishes cancelling the call.
   void Fail(absl::Status error);
-  void Finish(bool cancel, absl::Status status);
+  // kFinish with `status` (OK: the reads ended), after the outcome's bytes
+  // and time.
+  void Finish(absl::Status status);
 
   MemberState* const member_;
   StagingPool* const staging_;

@@ -1,5 +1,4 @@
 #include "src/checkpoint.h"
-#include "src/settings.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "src/settings.h"
 #include "tests/core/test_util.h"
 
 namespace localsgd {

@@ -73,6 +73,19 @@ void SetValues(Model& model, int g) {
   }
 }
 
+// Adds delta(j) to element j of the parameters (local training, in tests).
+template <typename Delta>
+void AddToParameters(Model& model, Delta delta) {
+  torch::NoGradGuard no_grad;
+  int64_t j = 0;
+  for (auto& p : model.parameters()) {
+    auto flat = p.view({-1});
+    for (int64_t i = 0; i < p.numel(); ++i, ++j) {
+      flat[i] += static_cast<float>(delta(j));
+    }
+  }
+}
+
 std::vector<float> Flat(Model& model) {
   std::vector<float> out;
   for (auto& p : model.parameters()) {
@@ -333,16 +346,7 @@ TEST(NodeGroupTest, Overlap_NodesMergeInLockstep_ProgressOfTheNodeKept) {
         status[g] = (*local_sgd)->Step();
         if (!status[g].ok()) return;
         after_step1[g] = Flat(model);
-        {
-          torch::NoGradGuard no_grad;
-          int64_t j = 0;
-          for (auto& p : model.parameters()) {
-            auto flat = p.view({-1});
-            for (int64_t i = 0; i < p.numel(); ++i, ++j) {
-              flat[i] += static_cast<float>(d(g, j));
-            }
-          }
-        }
+        AddToParameters(model, [&](int64_t j) { return d(g, j); });
         status[g] = (*local_sgd)->Step();
         if (!status[g].ok()) return;
         after_step2[g] = Flat(model);
@@ -438,16 +442,7 @@ TEST(LocalSgdOverlapTest, TwoMembers_MergeKeepsOwnProgress) {
       status[g] = (*local_sgd)->Step();  // starts round 1
       if (!status[g].ok()) return;
       in_flight_after_step1[g] = (*local_sgd)->sync_in_flight();
-      {
-        torch::NoGradGuard no_grad;
-        int64_t j = 0;
-        for (auto& p : model.parameters()) {
-          auto flat = p.view({-1});
-          for (int64_t i = 0; i < p.numel(); ++i, ++j) {
-            flat[i] += static_cast<float>(d(g, j));
-          }
-        }
-      }
+      AddToParameters(model, [&](int64_t j) { return d(g, j); });
       status[g] = (*local_sgd)->Step();  // merges round 1, starts round 2
       if (!status[g].ok()) return;
       after_step2[g] = Flat(model);
