@@ -40,6 +40,10 @@ PKGS=(
   # deploy/Dockerfile built and run here, from a base made from Debian's
   # archive (no registry).
   podman runc mmdebstrap
+  # ha/: the standby coordinator's election and fencing through etcd; the
+  # etcd v3 gRPC protos (their gogoproto/google.api options are stripped at
+  # build time) and a real etcd for the tests and scripts/ha-local.sh.
+  etcd-server etcd-client golang-etcd-server-dev
 )
 
 missing=()

@@ -57,7 +57,9 @@ class Membership {
 
   // Adds a new member under a fresh random id, taking part from
   // `first_round`, its lease starting at `now`. RESOURCE_EXHAUSTED (nothing
-  // added) at max_members. An empty name becomes "member-<ref>".
+  // added) at max_members. An empty name becomes "member-<ref>". The pointer
+  // (as every MemberInfo* this class returns) is valid until the next Add or
+  // Remove: the table may move its entries.
   absl::StatusOr<const MemberInfo*> Add(const JoinRequestParams& params,
                                         RoundId first_round, absl::Time now);
 
