@@ -70,7 +70,12 @@ SyncResult LatestResult(const RoundHistory& history,
   result.delta = state->previous_id != 0 && asked_round == state->round &&
                  anchor == state->previous_id;
   if (const RoundRecord* record = history.Find(state->round)) {
-    result.contributed = record->contributor_ids.contains(member);
+    // Counted only if this Sync was for that round (a retry) or a seed's
+    // retry: a member that contributed to the latest round and now asks for
+    // another (an older round, or the next one against another anchor) sent
+    // a contribution that was not averaged, and adopts.
+    result.contributed = (asked_round == state->round || asked_round == 0) &&
+                         record->contributor_ids.contains(member);
     result.contributors = static_cast<uint32_t>(record->contributors.size());
     result.contributor_weight = record->contributor_weight;
   }

@@ -58,7 +58,8 @@ SyncResult CommittedResult(const RoundRecord& record,
 // What `member` is told when it asks for `asked_round`, holding the state
 // `anchor`, after that round closed: the current `state` (required), with
 // the latest round's delta only for a retry of that round from the state
-// before it; contributed as `history` recorded it; late unless it asked
+// before it; contributed as `history` recorded it, and only if
+// `asked_round` is the latest round (or 0, the seed); late unless it asked
 // for the seed.
 SyncResult LatestResult(const RoundHistory& history,
                         std::shared_ptr<const StateSnapshot> state,

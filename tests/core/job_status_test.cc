@@ -111,6 +111,21 @@ TEST(LatestResultTest, DeltaOnlyForARetryOfTheLastRoundFromItsAnchor) {
   EXPECT_FALSE(LatestResult(history, state, Id(2), 0, 0).late);
 }
 
+TEST(LatestResultTest, ContributorOfTheLatestRoundAskingAnother_IsLate) {
+  RoundHistory history(10);
+  history.Add(Record(6, {1}));
+  std::shared_ptr<const StateSnapshot> state = State(6, 60, /*previous=*/50);
+  // An older round, and the next round against another anchor: neither
+  // contribution was averaged, whatever the member did in round 6.
+  for (const RoundId asked : {RoundId{5}, RoundId{7}}) {
+    const SyncResult r = LatestResult(history, state, Id(1), asked, 40);
+    EXPECT_FALSE(r.contributed) << asked;
+    EXPECT_TRUE(r.late) << asked;
+    EXPECT_EQ(r.round, 6u) << asked;
+    EXPECT_EQ(r.contributors, 1u) << asked;
+  }
+}
+
 TEST(LatestResultTest, RoundNoLongerKept_CountsNothing) {
   RoundHistory history(10);
   const SyncResult r = LatestResult(history, State(6, 60), Id(1), 6, 0);

@@ -440,9 +440,18 @@ void Harness::CheckSyncEnd(const Stream& stream) {
             outcome.contributor_weight >= 0,
         "a Sync result with inconsistent contributors");
   const RoundId asked = stream.machine->round();
-  Check(outcome.round <= asked || asked == 0,
-        absl::StrCat("a Sync for round ", asked,
-                     " got the result of later round ", outcome.round));
+  // A member that asked for an older round (late) adopts the latest;
+  // otherwise the result is of the round asked for, or earlier.
+  Check(
+      outcome.round <= asked || asked == 0 || outcome.late,
+      absl::StrCat("a Sync for round ", asked,
+                   " got the result of later round ", outcome.round, " (late ",
+                   outcome.late, ", contributed ", outcome.contributed, ")"));
+  // Only a contribution to the round of the result counted in it.
+  Check(!outcome.contributed || asked == 0 ||
+            (outcome.round == asked && !outcome.late),
+        absl::StrCat("a Sync for round ", asked, " counted as contributed to ",
+                     outcome.late ? "(late) " : "", "round ", outcome.round));
 }
 
 // ---------------------------------------------------------------------------
