@@ -1,0 +1,401 @@
+#include "ha/election.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "glog/logging.h"
+
+namespace localsgd {
+
+absl::Duration LeaseFence::SafetyMargin(absl::Duration ttl) {
+  return std::min(std::max(ttl / 10, absl::Milliseconds(50)), ttl / 2);
+}
+
+void LeaseFence::Arm(absl::Time sent_at, absl::Duration ttl) {
+  armed_ = true;
+  last_sent_ = sent_at;
+  serve_until_ = sent_at + ttl - SafetyMargin(ttl);
+}
+
+bool LeaseFence::Renew(absl::Time sent_at, absl::Duration ttl, absl::Time now) {
+  if (!Serving(now) || sent_at < last_sent_) return false;
+  last_sent_ = sent_at;
+  serve_until_ = std::max(serve_until_, sent_at + ttl - SafetyMargin(ttl));
+  return true;
+}
+
+void LeaseFence::Disarm() { armed_ = false; }
+
+const char* ElectorRoleKindName(ElectorRole::Kind kind) {
+  switch (kind) {
+    case ElectorRole::kCandidate:
+      return "candidate";
+    case ElectorRole::kPrimary:
+      return "primary";
+    case ElectorRole::kStandby:
+      return "standby";
+  }
+  return "?";
+}
+
+std::string ElectionKey(const std::string& group, uint32_t shard) {
+  return absl::StrCat("/localsgd/", group, "/shard/", shard, "/primary");
+}
+
+absl::Status ElectorOptions::Validate() const {
+  if (group.empty() || group.size() > 63) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("elector group \"", group, "\": 1 to 63 characters"));
+  }
+  for (char c : group) {
+    if (!(absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "elector group \"", group, "\": only [A-Za-z0-9._-] allowed"));
+    }
+  }
+  size_t colon = advertise.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(advertise.substr(colon + 1), &port) || port <= 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "elector advertise address \"", advertise, "\" is not host:port"));
+  }
+  if (lease_ttl < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("elector lease_ttl ", absl::FormatDuration(lease_ttl),
+                     " is under etcd's unit of 1s"));
+  }
+  return etcd.Validate();
+}
+
+absl::StatusOr<std::unique_ptr<Elector>> Elector::Create(
+    ElectorOptions options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client =
+      EtcdClient::Create(options.etcd);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<Elector>(
+      new Elector(std::move(options), *std::move(client)));
+}
+
+Elector::Elector(ElectorOptions options, std::unique_ptr<EtcdClient> client)
+    : options_(std::move(options)),
+      key_(ElectionKey(options_.group, options_.shard)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      client_(std::move(client)) {}
+
+Elector::~Elector() { Stop(); }
+
+void Elector::Start() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_ || stopping_) return;
+    started_ = true;
+  }
+  fence_thread_ = std::thread([this] { RunFence(); });
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Elector::Stop() {
+  absl::MutexLock lifecycle(&lifecycle_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  cancel_watch_.Cancel();
+  if (thread_.joinable()) thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    fence_exit_ = true;
+  }
+  if (fence_thread_.joinable()) fence_thread_.join();
+}
+
+Elector::Role Elector::role() const {
+  absl::MutexLock lock(&mu_);
+  return role_;
+}
+
+bool Elector::Serving(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  return role_.kind == Role::kPrimary && fence_.Serving(now);
+}
+
+LeaseFence Elector::fence() const {
+  absl::MutexLock lock(&mu_);
+  return fence_;
+}
+
+bool Elector::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
+bool Elector::WaitOrStop(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+  return stopping_;
+}
+
+absl::Time Elector::RealDeadline(absl::Time clock_time) const {
+  return absl::Now() + (clock_time - clock_->Now());
+}
+
+void Elector::SetRoleLocked(Role role) {
+  if (role.epoch < role_.epoch) {
+    LOG(WARNING) << "election " << key_ << ": epoch " << role.epoch
+                 << " below the known " << role_.epoch << "; keeping "
+                 << role_.epoch;
+    role.epoch = role_.epoch;
+  }
+  if (role == role_) return;
+  VLOG(1) << "election " << key_ << ": " << ElectorRoleKindName(role_.kind)
+          << " -> " << ElectorRoleKindName(role.kind) << " epoch " << role.epoch
+          << " primary \"" << role.primary << "\"";
+  role_ = role;
+  pending_.push_back(role_);
+}
+
+void Elector::DemoteLocked(const std::string& why) {
+  LOG(WARNING) << "election " << key_ << ": primary at epoch " << role_.epoch
+               << " demoted: " << why;
+  fence_.Disarm();
+  SetRoleLocked({Role::kCandidate, role_.epoch, ""});
+}
+
+void Elector::RunFence() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    if (role_.kind == Role::kPrimary && !fence_.Serving(clock_->Now())) {
+      DemoteLocked("the fence ran out (no successful renewal in time)");
+    }
+    if (!pending_.empty()) {
+      std::vector<Role> roles(pending_.begin(), pending_.end());
+      pending_.clear();
+      if (options_.on_change) {
+        mu_.Unlock();
+        for (const Role& role : roles) options_.on_change(role);
+        mu_.Lock();
+      }
+      continue;
+    }
+    if (fence_exit_) return;
+    absl::Duration timeout = absl::InfiniteDuration();
+    if (role_.kind == Role::kPrimary) {
+      timeout =
+          std::max(fence_.serve_until() - clock_->Now(), absl::ZeroDuration());
+    }
+    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !pending_.empty() || fence_exit_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&woken), timeout);
+  }
+}
+
+void Elector::Run() {
+  int64_t stale_lease = 0;
+  while (!stopping()) {
+    stale_lease = Campaign(stale_lease);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    fence_.Disarm();
+    SetRoleLocked({Role::kCandidate, role_.epoch, ""});
+  }
+  if (stale_lease != 0) {
+    absl::Status s = client_->RevokeLease(
+        stale_lease, absl::Now() + options_.etcd.rpc_timeout);
+    if (!s.ok()) {
+      LOG(WARNING) << "election " << key_ << ": revoking lease on stop: " << s;
+    }
+  }
+}
+
+int64_t Elector::Campaign(int64_t stale_lease) {
+  const absl::Duration backoff =
+      std::max(options_.lease_ttl / 10, absl::Milliseconds(100));
+  if (stale_lease != 0) {
+    // A lease of ours from before (a demotion, a failed campaign): its key
+    // must go before anyone, us included, can win.
+    absl::Status s = client_->RevokeLease(stale_lease);
+    if (s.ok()) {
+      stale_lease = 0;
+    } else {
+      LOG(WARNING) << "election " << key_ << ": revoking old lease: " << s;
+    }
+  }
+  const absl::Time sent = clock_->Now();
+  absl::StatusOr<EtcdLease> lease = client_->GrantLease(options_.lease_ttl);
+  if (!lease.ok()) {
+    LOG(WARNING) << "election " << key_ << ": " << lease.status();
+    WaitOrStop(backoff);
+    return stale_lease;
+  }
+  const absl::Time fence_end =
+      sent + lease->ttl - LeaseFence::SafetyMargin(lease->ttl);
+  absl::StatusOr<EtcdCampaign> campaign = client_->CreateIfAbsent(
+      key_, options_.advertise, lease->id, RealDeadline(fence_end));
+  if (!campaign.ok()) {
+    LOG(WARNING) << "election " << key_ << ": " << campaign.status();
+    WaitOrStop(backoff);
+    // It may have been applied: revoking the lease deletes the key if so.
+    if (stale_lease != 0) client_->RevokeLease(stale_lease).IgnoreError();
+    return lease->id;
+  }
+  if (!campaign->won) {
+    // Not needed while standby; a campaign grants a new one.
+    absl::Status s = client_->RevokeLease(lease->id);
+    if (!s.ok()) {
+      LOG(WARNING) << "election " << key_ << ": revoking unused lease: " << s;
+      if (stale_lease != 0) client_->RevokeLease(stale_lease).IgnoreError();
+      stale_lease = lease->id;
+    }
+    if (stale_lease != 0 && campaign->holder_lease == stale_lease) {
+      // Our own old key, its lease not revoked yet: try again shortly.
+      WaitOrStop(backoff);
+      return stale_lease;
+    }
+    Follow(*campaign);
+    return stale_lease;
+  }
+  bool serve = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    if (stopping_) {
+      // Won on the way out: let the key go at once (below).
+    } else if (now >= fence_end) {
+      LOG(WARNING) << "election " << key_ << ": won at epoch "
+                   << campaign->create_revision
+                   << " but the fence ran out meanwhile";
+    } else if (campaign->create_revision < role_.epoch) {
+      LOG(ERROR) << "election " << key_ << ": won at epoch "
+                 << campaign->create_revision << ", below the known "
+                 << role_.epoch << " (etcd restored from a backup?)";
+    } else {
+      fence_.Arm(sent, lease->ttl);
+      SetRoleLocked(
+          {Role::kPrimary, campaign->create_revision, options_.advertise});
+      LOG(INFO) << "election " << key_ << ": primary at epoch "
+                << campaign->create_revision << ", lease ttl "
+                << absl::FormatDuration(lease->ttl);
+      serve = true;
+    }
+  }
+  if (!serve) {
+    client_->DeleteIfCreated(key_, campaign->create_revision)
+        .status()
+        .IgnoreError();
+    WaitOrStop(backoff);
+    return lease->id;
+  }
+  ServeAsPrimary(*lease, campaign->create_revision);
+  return lease->id;
+}
+
+void Elector::ServeAsPrimary(const EtcdLease& lease, int64_t epoch) {
+  const absl::Duration interval = lease.ttl / 3;
+  const absl::Duration retry = std::max(lease.ttl / 20, absl::Milliseconds(50));
+  absl::Time next;
+  {
+    absl::MutexLock lock(&mu_);
+    next = fence_.last_sent() + interval;
+  }
+  while (true) {
+    absl::Time serve_until;
+    {
+      absl::MutexLock lock(&mu_);
+      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || role_.kind != Role::kPrimary;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&done), next - clock_->Now());
+      if (role_.kind != Role::kPrimary) return;  // the fence thread demoted
+      if (stopping_) {
+        // Clean stop: stop serving first, then let the key go.
+        fence_.Disarm();
+        SetRoleLocked({Role::kCandidate, role_.epoch, ""});
+        break;
+      }
+      serve_until = fence_.serve_until();
+    }
+    const absl::Time sent = clock_->Now();
+    absl::StatusOr<absl::Duration> ttl =
+        client_->KeepAliveOnce(lease.id, RealDeadline(serve_until));
+    absl::MutexLock lock(&mu_);
+    if (role_.kind != Role::kPrimary) return;
+    const absl::Time now = clock_->Now();
+    if (ttl.ok()) {
+      if (!fence_.Renew(sent, *ttl, now) && !fence_.Serving(now)) {
+        DemoteLocked("the renewal came back after the fence ran out");
+        return;
+      }
+      next = sent + interval;
+    } else if (ttl.status().code() == absl::StatusCode::kNotFound) {
+      DemoteLocked(std::string(ttl.status().message()));
+      return;
+    } else {
+      LOG(WARNING) << "election " << key_ << ": renewal failed, serving until "
+                   << absl::FormatDuration(fence_.serve_until() - now)
+                   << " from now: " << ttl.status();
+      if (!fence_.Serving(now)) {
+        DemoteLocked(std::string(ttl.status().message()));
+        return;
+      }
+      next = now + retry;
+    }
+  }
+  const absl::Time deadline = absl::Now() + options_.etcd.rpc_timeout;
+  absl::StatusOr<bool> deleted =
+      client_->DeleteIfCreated(key_, epoch, deadline);
+  if (!deleted.ok()) {
+    LOG(WARNING) << "election " << key_
+                 << ": deleting the key on stop: " << deleted.status();
+  }
+}
+
+void Elector::Follow(const EtcdCampaign& holder) {
+  int64_t holder_revision = holder.create_revision;
+  {
+    absl::MutexLock lock(&mu_);
+    SetRoleLocked({Role::kStandby, holder.create_revision, holder.holder});
+  }
+  int64_t after = holder.revision;
+  const absl::Duration slice = std::max(options_.lease_ttl, absl::Seconds(1));
+  const absl::Duration poll = options_.lease_ttl / 3;
+  while (!stopping()) {
+    absl::StatusOr<EtcdChange> change =
+        client_->WaitForChange(key_, after, slice, &cancel_watch_);
+    if (change.ok()) {
+      if (change->kind == EtcdChange::kDelete) return;
+      if (change->kind == EtcdChange::kPut) {
+        after = change->revision;
+        if (change->kv->create_revision != holder_revision) {
+          holder_revision = change->kv->create_revision;
+        }
+        absl::MutexLock lock(&mu_);
+        SetRoleLocked({Role::kStandby, holder_revision, change->kv->value});
+      }
+      continue;
+    }
+    if (change.status().code() == absl::StatusCode::kCancelled) return;
+    VLOG(1) << "election " << key_ << ": watch: " << change.status();
+    // Poll with reads until the watch works again.
+    if (WaitOrStop(poll)) return;
+    absl::StatusOr<EtcdGetResult> got = client_->Get(key_);
+    if (!got.ok()) continue;
+    if (!got->kv.has_value()) return;
+    after = got->revision;
+    holder_revision = got->kv->create_revision;
+    absl::MutexLock lock(&mu_);
+    SetRoleLocked({Role::kStandby, holder_revision, got->kv->value});
+  }
+}
+
+}  // namespace localsgd
