@@ -265,6 +265,7 @@ void JoinInfoToProto(const JoinInfo& info, v1::JoinResponse* proto) {
   proto->set_num_elements(info.num_elements);
   proto->set_shard_index(info.shard.index);
   proto->set_shard_count(info.shard.count);
+  proto->set_epoch(info.epoch);
 }
 
 absl::StatusOr<JoinInfo> JoinInfoFromProto(const v1::JoinResponse& proto) {
@@ -287,6 +288,7 @@ absl::StatusOr<JoinInfo> JoinInfoFromProto(const v1::JoinResponse& proto) {
   info.num_elements = proto.num_elements();
   info.shard = ShardSpec{proto.shard_index(),
                          std::max<uint32_t>(proto.shard_count(), 1)};
+  info.epoch = proto.epoch();
   return info;
 }
 
@@ -297,6 +299,7 @@ void RoundOutcomeToProto(const RoundOutcome& outcome, v1::SyncResult* proto) {
   proto->set_contributors(outcome.contributors);
   proto->set_contributor_weight(outcome.contributor_weight);
   proto->set_state_id(outcome.state_id);
+  proto->set_epoch(outcome.epoch);
 }
 
 RoundOutcome RoundOutcomeFromProto(const v1::SyncResult& proto) {
@@ -307,6 +310,7 @@ RoundOutcome RoundOutcomeFromProto(const v1::SyncResult& proto) {
   outcome.contributors = proto.contributors();
   outcome.contributor_weight = proto.contributor_weight();
   outcome.state_id = proto.state_id();
+  outcome.epoch = proto.epoch();
   return outcome;
 }
 

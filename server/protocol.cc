@@ -107,6 +107,7 @@ absl::Status HandleJoin(Coordinator& coordinator,
   info.num_chunks = result->geometry.num_chunks();
   info.num_elements = result->geometry.num_elements();
   info.shard = options.shard;
+  info.epoch = coordinator.epoch();
   JoinInfoToProto(info, response);
   return absl::OkStatus();
 }
@@ -131,6 +132,7 @@ absl::Status HandleHeartbeat(Coordinator& coordinator,
   absl::StatusOr<RoundId> round = job->Heartbeat(member);
   if (!round.ok()) return round.status();
   response->set_state_round(*round);
+  response->set_epoch(coordinator.epoch());
   return absl::OkStatus();
 }
 

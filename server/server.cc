@@ -109,6 +109,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     server->store_ = *std::move(store);
     options.coordinator.checkpoint_store = server->store_.get();
   }
+  options.coordinator.defer_restore = options.gate != nullptr;
   server->options_ = options;
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Create(options.coordinator);
@@ -124,7 +125,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->service_ = std::make_unique<CoordinatorService>(
       server->coordinator_.get(), options.max_message_bytes,
       server->metrics_.get(), server->authenticator_.get(),
-      options.max_streams_per_member);
+      options.max_streams_per_member, options.gate);
   if (!options.metrics_listen_address.empty()) {
     if (absl::Status s = server->metrics_->Serve(options.metrics_listen_address,
                                                  server->coordinator_.get());
@@ -161,6 +162,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                                options.stream_window_bytes);
   }
+  if (options.gate != nullptr) {
+    // Members of a shard with standbys ping every second to find a hung
+    // primary (client/client.cc); without this gRPC would answer pings
+    // that frequent with GOAWAY (too_many_pings).
+    builder.AddChannelArgument(
+        GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
@@ -168,11 +177,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                      " (address in use, or not an address of this host?)"));
   }
   // The checkpoints are restored (Coordinator::Create) before the port is
-  // even bound, so SERVING here means ready.
+  // even bound, so SERVING here means ready. A standby is not ready: it
+  // becomes so in Promote.
   grpc::HealthCheckServiceInterface* health =
       server->server_->GetHealthCheckService();
-  health->SetServingStatus("", true);
-  health->SetServingStatus(v1::Coordinator::service_full_name(), true);
+  const bool ready = options.gate == nullptr;
+  health->SetServingStatus("", ready);
+  health->SetServingStatus(v1::Coordinator::service_full_name(), ready);
   health->SetServingStatus(kLivenessService, true);
   server->ticker_ = std::thread([s = server.get()] { s->TickLoop(); });
   LOG(INFO) << "coordinator listening on " << options.listen_address
@@ -192,6 +203,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 }
 
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }
+
+absl::Status CoordinatorServer::Promote(uint64_t epoch) {
+  if (absl::Status s = coordinator_->RestoreCheckpoints(); !s.ok()) return s;
+  coordinator_->RaiseEpoch(epoch);
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the coordinator is stopping");
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus(v1::Coordinator::service_full_name(), true);
+  LOG(INFO) << "serving as the primary of shard "
+            << options_.coordinator.shard.index << " at epoch " << epoch;
+  return absl::OkStatus();
+}
 
 void CoordinatorServer::TickLoop() {
   absl::MutexLock lock(&mu_);

@@ -24,6 +24,7 @@
 #include "server/http_status.h"
 #include "server/metrics.h"
 #include "server/service.h"
+#include "server/serving_gate.h"
 #include "src/coordinator.h"
 
 namespace localsgd {
@@ -69,6 +70,12 @@ struct ServerOptions {
   // (RESOURCE_EXHAUSTED beyond). 0: no limit.
   uint32_t max_streams_per_member = 4;
 
+  // High availability (--ha_etcd; not owned, must outlive the server):
+  // every call is admitted only while the gate is open (the elected
+  // primary), readiness is NOT_SERVING until Promote, and the checkpoints
+  // are restored by Promote instead of Start. Null: serves from Start.
+  const ServingGate* gate = nullptr;
+
   absl::Status Validate() const;
 };
 
@@ -93,6 +100,13 @@ class CoordinatorServer {
   int http_port() const { return http_ == nullptr ? 0 : http_->port(); }
   Coordinator* coordinator() { return coordinator_.get(); }
   const Authenticator* authenticator() const { return authenticator_.get(); }
+
+  // With a gate (ServerOptions::gate), once this coordinator has won its
+  // shard's election at `epoch`: restores the checkpoints, stamps `epoch`
+  // on what it answers, and turns readiness SERVING. The gate opens the
+  // calls (the caller opens it after this returns OK). Errors of the
+  // restore. Call at most once.
+  absl::Status Promote(uint64_t epoch);
 
   // Reads the token file again (what SIGHUP does). On error the tokens
   // loaded before stay in force and the error is returned (and logged).

@@ -335,6 +335,9 @@ void CoordinatorService::StreamDone() {
 
 absl::StatusOr<Principal> CoordinatorService::AuthorizeCall(
     const CallerCredentials& caller, const std::string& job_id) const {
+  if (gate_ != nullptr) {
+    if (absl::Status s = gate_->Check(); !s.ok()) return s;
+  }
   if (authenticator_ == nullptr) return Principal{"", caller.peer};
   return authenticator_->Authorize(caller, job_id);
 }
@@ -432,10 +435,11 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(
   // --- security: with tokens, a job is visible only with its token.
   const CallerCredentials caller = CallerFromContext(*context);
   absl::Status status =
-      request->job_id().empty()
-          ? (authenticator_ == nullptr ? absl::OkStatus()
-                                       : authenticator_->Authenticate(caller))
-          : AuthorizeCall(caller, request->job_id()).status();
+      !request->job_id().empty()
+          ? AuthorizeCall(caller, request->job_id()).status()
+      : gate_ != nullptr && !gate_->Check().ok() ? gate_->Check()
+      : authenticator_ == nullptr                ? absl::OkStatus()
+                                  : authenticator_->Authenticate(caller);
   if (status.ok()) {
     std::function<bool(const std::string&)> may_see;
     if (authenticator_ != nullptr) {

@@ -19,6 +19,7 @@
 #include "localsgd/v1/coordinator.grpc.pb.h"
 #include "server/auth.h"
 #include "server/metrics.h"
+#include "server/serving_gate.h"
 #include "server/state_wire.h"
 #include "src/coordinator.h"
 
@@ -47,16 +48,20 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // message limit, reported to members on Join. `authenticator` checks each
   // call's token and member binding (null: every call is allowed);
   // `max_streams_per_member` bounds the Sync and FetchState streams one
-  // member has open at once (0: no limit).
+  // member has open at once (0: no limit). `gate` (may be null: always
+  // open; must outlive the service) admits calls only while this
+  // coordinator is its shard's serving primary (server/serving_gate.h).
   CoordinatorService(Coordinator* coordinator, int max_message_bytes,
                      Metrics* metrics = nullptr,
                      const Authenticator* authenticator = nullptr,
-                     uint32_t max_streams_per_member = 0)
+                     uint32_t max_streams_per_member = 0,
+                     const ServingGate* gate = nullptr)
       : coordinator_(coordinator),
         max_message_bytes_(max_message_bytes),
         metrics_(metrics),
         authenticator_(authenticator),
-        max_streams_per_member_(max_streams_per_member) {}
+        max_streams_per_member_(max_streams_per_member),
+        gate_(gate) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -111,8 +116,10 @@ class CoordinatorService final : public CoordinatorServiceBase {
     std::pair<std::string, std::string> key_;  // job id, member id
   };
 
-  // Authorizes a call for `job_id` (UNAUTHENTICATED / PERMISSION_DENIED, see
-  // Authenticator::Authorize).
+  // Admits a call for `job_id`: UNAVAILABLE while the serving gate is
+  // closed (a standby), then the credentials (UNAUTHENTICATED /
+  // PERMISSION_DENIED, see Authenticator::Authorize). Every method starts
+  // here.
   absl::StatusOr<Principal> AuthorizeCall(const CallerCredentials& caller,
                                           const std::string& job_id) const;
   // AuthorizeCall, then PERMISSION_DENIED if `member_hex` names a member of
@@ -134,6 +141,7 @@ class CoordinatorService final : public CoordinatorServiceBase {
 
   const Authenticator* const authenticator_;  // may be null
   const uint32_t max_streams_per_member_;     // 0: no limit
+  const ServingGate* const gate_;             // may be null
   // The wire form of the states the streams are sending (per job).
   WireCache wires_;
 

@@ -452,6 +452,7 @@ std::optional<SyncServerStream::Finish> SyncServerStream::AdvanceLocked() {
   next_chunk_ = 0;
   v1::SyncResponse response;
   RoundOutcomeToProto(**result_, response.mutable_result());
+  response.mutable_result()->set_epoch(coordinator_->epoch());
   if (job_->settings().contribution == Contribution::kPseudoGradients) {
     response.mutable_result()->set_payload(
         wire_->form() == StateWire::Form::kDelta ? v1::RESULT_PAYLOAD_DELTA
@@ -544,6 +545,7 @@ void FetchStateServerStream::Start(const v1::FetchStateRequest& request) {
   v1::StateHeader* header = response.mutable_header();
   header->set_round(wire_->round());
   header->set_num_chunks(wire_->num_chunks());
+  header->set_epoch(coordinator_->epoch());
   if (job_->settings().contribution == Contribution::kPseudoGradients) {
     header->set_state_id(wire_->state()->id);
   }

@@ -63,8 +63,17 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   auto coordinator =
       std::unique_ptr<Coordinator>(new Coordinator(std::move(options)));
-  if (absl::Status s = coordinator->Restore(); !s.ok()) return s;
+  if (!coordinator->options_.defer_restore) {
+    if (absl::Status s = coordinator->Restore(); !s.ok()) return s;
+  }
   return coordinator;
+}
+
+void Coordinator::RaiseEpoch(uint64_t epoch) {
+  uint64_t seen = epoch_.load(std::memory_order_acquire);
+  while (seen < epoch && !epoch_.compare_exchange_weak(
+                             seen, epoch, std::memory_order_acq_rel)) {
+  }
 }
 
 Coordinator::Coordinator(CoordinatorOptions options)

@@ -6,6 +6,7 @@
 #ifndef LOCALSGD_SRC_COORDINATOR_H_
 #define LOCALSGD_SRC_COORDINATOR_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -66,9 +67,13 @@ struct CoordinatorOptions {
   // that finds it empty is RESOURCE_EXHAUSTED. 0: no limit.
   double max_join_rate = 10;
   uint32_t join_burst = 20;
-  // Not owned. If set, Create restores the jobs checkpointed there, and every
-  // new global state (seed, closed round) is written there in the background.
+  // Not owned. If set, Create restores the jobs checkpointed there (unless
+  // defer_restore), and every new global state (seed, closed round) is
+  // written there in the background.
   CheckpointStore* checkpoint_store = nullptr;
+  // A standby coordinator (--ha_etcd) restores the checkpoints when it wins
+  // its shard's election (RestoreCheckpoints), not at Create.
+  bool defer_restore = false;
   // Not owned; must outlive the coordinator. If set, told of round closures,
   // lease expiries and late contributions (e.g. for metrics).
   CoordinatorObserver* observer = nullptr;
@@ -135,6 +140,17 @@ class Coordinator {
 
   const CoordinatorOptions& options() const { return options_; }
 
+  // With defer_restore: restores the checkpointed jobs (as Create does
+  // otherwise). Call once, before any call is served.
+  absl::Status RestoreCheckpoints() { return Restore(); }
+
+  // The epoch this coordinator serves under: the etcd revision at which it
+  // won its shard's election (--ha_etcd), stamped on the responses members
+  // act on; 0 without an election. It only grows: a lower value is ignored.
+  // Thread-safe.
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+  void RaiseEpoch(uint64_t epoch);
+
  private:
   explicit Coordinator(CoordinatorOptions options);
   absl::Status Restore();
@@ -147,6 +163,7 @@ class Coordinator {
 
   const CoordinatorOptions options_;
   Clock* const clock_;
+  std::atomic<uint64_t> epoch_{0};
   std::unique_ptr<Checkpointer> checkpointer_;  // null without a store
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

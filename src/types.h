@@ -178,6 +178,9 @@ struct JoinInfo {
   uint32_t num_chunks = 0;
   uint64_t num_elements = 0;
   ShardSpec shard;
+  // The answering primary's epoch (JoinResponse.epoch); 0 without an
+  // election.
+  uint64_t epoch = 0;
 };
 
 // How a round ended for one member (localsgd.v1.SyncResult).
@@ -195,6 +198,9 @@ struct RoundOutcome {
   // The id of the state the member now holds (pseudo-gradient jobs; 0 in
   // parameter jobs): what its next contribution names as its anchor.
   uint64_t state_id = 0;
+  // The epoch of the primary that answered (SyncResult.epoch); 0 without
+  // an election.
+  uint64_t epoch = 0;
 };
 
 // The largest round a re-seed may name (Job::BeginSync): far beyond any
