@@ -16,6 +16,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/endpoints.h"
 #include "client/replica.h"
 #include "glog/logging.h"
@@ -44,9 +45,19 @@ absl::Status ClientOptions::Validate() const {
         "with an explicit `replicas` list");
   }
   for (const std::string& r : replicas) {
-    if (r.empty()) {
-      return absl::InvalidArgumentError(
-          "ClientOptions.replicas has an empty address");
+    for (absl::string_view a : absl::StrSplit(r, '|')) {
+      if (a.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ClientOptions.replicas has an empty address in '", r, "'"));
+      }
+    }
+  }
+  if (replicas.empty() && !resolve_replicas) {
+    for (absl::string_view a : absl::StrSplit(target, '|')) {
+      if (a.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ClientOptions.target has an empty address in '", target, "'"));
+      }
     }
   }
   if (job_id.empty()) {
@@ -146,6 +157,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A shard with standbys: a primary that hangs (paused, cut off) must
+  // fail the calls waiting on it so that they move to the next address, as
+  // a dead one's do at once. HTTP/2 pings every second find it within 3 s
+  // (the coordinator accepts them at that rate when it has an election).
+  for (const std::string& address : addresses) {
+    if (address.find('|') == std::string::npos) continue;
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    break;
+  }
   uint64_t incarnation = 0;
   {
     absl::BitGen gen;
@@ -153,11 +176,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   }
   auto client = std::unique_ptr<Client>(new Client(std::move(options)));
   const ChannelSecurity& security = client->options_.security;
-  for (std::string& address : addresses) {
-    // TLS, token: credentials.h. One shard per address (ClientOptions::
-    // replicas); ShardEndpoints is where a shard would list its standbys.
+  for (const std::string& address : addresses) {
+    // TLS, token: credentials.h. One shard per entry (ClientOptions::
+    // replicas), its primary and standbys separated by '|'.
     absl::StatusOr<std::unique_ptr<ShardEndpoints>> endpoints =
-        ShardEndpoints::Create({std::move(address)}, security, args);
+        ShardEndpoints::Create(absl::StrSplit(address, '|'), security, args);
     if (!endpoints.ok()) return endpoints.status();
     client->replicas_.push_back(std::make_unique<Replica>(
         client->options_, *std::move(endpoints), incarnation));

@@ -51,6 +51,11 @@ struct ClientOptions {
   // the client syncs with all of them in parallel. Empty: `target` alone.
   // In Kubernetes list the StatefulSet pods' stable names
   // (coordinator-0.coordinator:50051, ...), or see resolve_replicas.
+  //
+  // A shard with standby coordinators (--ha_etcd) is one entry that lists
+  // its addresses separated by '|' ("coord-0a:50051|coord-0b:50051"; so can
+  // `target`): calls go to the first, and on UNAVAILABLE (a standby, a
+  // primary that died or lost its lease) to the next, in turn.
   std::vector<std::string> replicas;
   // Take the replicas from DNS: `target` ("host:port") is resolved once, at
   // Create, and every address it resolves to is a replica (a headless

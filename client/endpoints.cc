@@ -2,7 +2,9 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "client/credentials.h"
+#include "client/sync_stream.h"
 #include "glog/logging.h"
 
 namespace localsgd {
@@ -53,6 +55,25 @@ bool ShardEndpoints::OnCallFailed(const Connection& used,
                << status.message() << "); trying "
                << connections_[in_use_]->address;
   return true;
+}
+
+uint64_t ShardEndpoints::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+absl::Status ShardEndpoints::CheckEpoch(const Connection& used,
+                                        uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  if (epoch < epoch_) {
+    return StaleEpochError(used.address, epoch, epoch_);
+  }
+  if (epoch > epoch_ && epoch_ != 0) {
+    LOG(INFO) << "coordinator " << used.address << " serves at epoch " << epoch
+              << " (after " << epoch_ << "): a failover";
+  }
+  epoch_ = epoch;
+  return absl::OkStatus();
 }
 
 }  // namespace localsgd

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "client/channel_security.h"
 #include "grpcpp/channel.h"
@@ -62,6 +63,15 @@ class ShardEndpoints {
   bool OnCallFailed(const Connection& used, const absl::Status& status)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The highest epoch (proto: the answering primary's election revision)
+  // any answer of this shard carried; 0 without an election.
+  uint64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);
+  // An answer of `used` carried `epoch`. UNAVAILABLE if it is lower than
+  // epoch() (a deposed primary: apply nothing of it; OnCallFailed then
+  // moves on); else raises epoch() to it and returns OK.
+  absl::Status CheckEpoch(const Connection& used, uint64_t epoch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   explicit ShardEndpoints(std::vector<std::shared_ptr<Connection>> c)
       : connections_(std::move(c)) {}
@@ -69,6 +79,7 @@ class ShardEndpoints {
   const std::vector<std::shared_ptr<Connection>> connections_;
   mutable absl::Mutex mu_;
   size_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace localsgd

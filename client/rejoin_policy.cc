@@ -8,8 +8,13 @@ bool SyncNeedsRejoin(const absl::Status& sync_status) {
 }
 
 RejoinDecision DecideRejoin(bool has_state, RoundId job_round,
-                            RoundId trained_from) {
+                            RoundId trained_from, bool pseudo_gradients) {
   if (!has_state) return {RejoinAction::kReseedThenContribute, 0};
+  // A delta against an anchor newer than the job's state would not be
+  // averaged; the anchor itself is the newer state.
+  if (pseudo_gradients && job_round < trained_from) {
+    return {RejoinAction::kReseedThenContribute, 0};
+  }
   if (job_round <= trained_from) {
     return {RejoinAction::kContribute, job_round + 1};
   }

@@ -18,7 +18,10 @@ bool SyncNeedsRejoin(const absl::Status& sync_status);
 enum class RejoinAction {
   // The job has no state: seed it with the member's parameters (or adopt
   // another member's re-seed), then contribute them to the job's next round
-  // as the members that re-join after the seed do.
+  // as the members that re-join after the seed do. Also a pseudo-gradient
+  // job whose state is older than the member's anchor: the member offers
+  // its anchor as a newer re-seed, which supersedes a re-seeded state no
+  // round has closed on yet (Job::BeginSync); otherwise it adopts the job's.
   kReseedThenContribute,
   // The job's state is not newer than the one the parameters were trained
   // from: they are a valid contribution to its next round.
@@ -34,9 +37,11 @@ struct RejoinDecision {
 };
 
 // After joining again: `has_state` and `job_round` as the Join said,
-// `trained_from` the round of the state the member's parameters grew from.
+// `trained_from` the round of the state the member's parameters grew from,
+// `pseudo_gradients` whether the job's members send deltas against an
+// anchor (JobSettings::contribution).
 RejoinDecision DecideRejoin(bool has_state, RoundId job_round,
-                            RoundId trained_from);
+                            RoundId trained_from, bool pseudo_gradients);
 
 }  // namespace localsgd
 

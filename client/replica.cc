@@ -26,9 +26,14 @@ class ChannelWaiter final : public RetryWaiter {
  public:
   explicit ChannelWaiter(ShardEndpoints* endpoints) : endpoints_(endpoints) {}
   void WaitUntil(absl::Time wake) override {
+    // A call that moved to another address of the shard goes there at once,
+    // until it has tried each once: then it backs off, so that a shard
+    // whose addresses all refuse (standbys while none has won yet) is not
+    // asked in a busy loop.
     if (moved_) {
       moved_ = false;
-      return;
+      if (++moves_ < endpoints_->size()) return;
+      moves_ = 0;
     }
     grpc::Channel* channel = endpoints_->current()->channel.get();
     if (channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
@@ -42,6 +47,7 @@ class ChannelWaiter final : public RetryWaiter {
  private:
   ShardEndpoints* const endpoints_;
   bool moved_ = false;
+  size_t moves_ = 0;  // moves without a wait since the last wait
 };
 
 // The full name of a Coordinator method ("/localsgd.v1.Coordinator/Sync"),
@@ -133,7 +139,9 @@ absl::Status Replica::Join(const Layout& layout, uint64_t total,
   absl::Status status = WithRetries("Join", [&](Connection& connection) {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
-    return FromGrpcStatus(connection.stub->Join(&context, request, &response));
+    absl::Status s =
+        FromGrpcStatus(connection.stub->Join(&context, request, &response));
+    return s.ok() ? endpoints_->CheckEpoch(connection, response.epoch()) : s;
   });
   if (!status.ok()) return status;
   absl::StatusOr<JoinInfo> info = JoinInfoFromProto(response);
@@ -239,7 +247,8 @@ absl::Status Replica::FetchAttempt(Connection& connection, const Layout& layout,
   bool want_read = false;
   std::optional<ClientStreamAction> finish;
   FetchStateClientStream machine(
-      &member_, params, std::move(request), [&](ClientStreamAction a) {
+      &member_, params, std::move(request),
+      [&](ClientStreamAction a) {
         using Kind = ClientStreamAction::Kind;
         if (a.kind == Kind::kWriteMessage) {
           writes_ok = stream.Write(RawMessage(std::move(a.message)));
@@ -250,7 +259,8 @@ absl::Status Replica::FetchAttempt(Connection& connection, const Layout& layout,
         } else if (a.kind == Kind::kFinish) {
           finish = std::move(a);
         }
-      });
+      },
+      endpoints_->epoch());
   machine.Start();
   grpc::ByteBuffer raw;
   ChunkView scratch;
@@ -266,7 +276,7 @@ absl::Status Replica::FetchAttempt(Connection& connection, const Layout& layout,
   const absl::Status s = machine.Conclude(EndCall(context, stream, finish));
   *round = machine.round();
   *state_id = machine.state_id();
-  return s;
+  return s.ok() ? endpoints_->CheckEpoch(connection, machine.epoch()) : s;
 }
 
 absl::StatusOr<SyncOutcome> Replica::Sync(const Layout& layout,
@@ -294,7 +304,8 @@ absl::StatusOr<SyncOutcome> Replica::Rejoin(const Layout& layout,
   }
   absl::StatusOr<SyncOutcome> outcome;
   const RejoinDecision decision =
-      DecideRejoin(info_.has_state, info_.state_round, trained_from);
+      DecideRejoin(info_.has_state, info_.state_round, trained_from,
+                   member_.pseudo_gradients());
   switch (decision.action) {
     case RejoinAction::kReseedThenContribute:
       // The contributors count goes only with a seed round (a first seed
@@ -413,6 +424,7 @@ SyncStreamOptions Replica::StreamOptions(const Layout& layout) const {
                     info_.round_deadline == absl::ZeroDuration() &&
                     info_.settings.deadline_mode != DeadlineMode::kAdaptive;
   o.max_lead_chunks = pace ? options_.max_lead_chunks : 0;
+  o.min_epoch = endpoints_->epoch();
   return o;
 }
 
@@ -463,7 +475,9 @@ absl::Status Replica::SyncAttempt(Connection& connection, const Layout& layout,
   }
   const absl::Status s = machine.Conclude(EndCall(context, stream, finish));
   *outcome = machine.outcome();
-  return s;
+  // The machine refused a result below the epoch it was given; this raises
+  // the shard's epoch to the result's.
+  return s.ok() ? endpoints_->CheckEpoch(connection, outcome->epoch) : s;
 }
 
 absl::Status Replica::WithRetries(
@@ -540,12 +554,16 @@ void Replica::HeartbeatLoop(absl::Duration interval) {
     grpc::ClientContext context;
     SetDeadline(&context, std::min(interval, options_.rpc_timeout));
     const std::shared_ptr<Connection> connection = endpoints_->current();
-    const grpc::Status status =
-        connection->stub->Heartbeat(&context, request, &response);
+    absl::Status status = FromGrpcStatus(
+        connection->stub->Heartbeat(&context, request, &response));
+    if (status.ok()) {
+      status = endpoints_->CheckEpoch(*connection, response.epoch());
+    }
     if (!status.ok()) {
       LOG(WARNING) << "heartbeat for job " << options_.job_id << " at "
-                   << connection->address
-                   << " failed: " << status.error_message();
+                   << connection->address << " failed: " << status.message();
+      // A standby or a deposed primary: the shard's next address.
+      endpoints_->OnCallFailed(*connection, status);
     }
     mu_.Lock();
   }

@@ -10,6 +10,15 @@
 
 namespace localsgd {
 
+absl::Status StaleEpochError(absl::string_view address, uint64_t epoch,
+                             uint64_t seen) {
+  return absl::UnavailableError(absl::StrCat(
+      "coordinator", address.empty() ? "" : " ", address,
+      " answered for epoch ", epoch, ", older than epoch ", seen,
+      " already seen for this shard: a deposed primary; nothing of its answer "
+      "is applied"));
+}
+
 // --- ChunkReceiver ---
 
 ChunkReceiver::ChunkReceiver(absl::string_view what, uint32_t num_chunks,
@@ -228,6 +237,9 @@ absl::Status SyncClientStream::TakeResult(const v1::SyncResponse& message) {
     return absl::InternalError(
         "Sync sent a message with neither result nor chunk");
   }
+  if (message.result().epoch() < options_.min_epoch) {
+    return StaleEpochError("", message.result().epoch(), options_.min_epoch);
+  }
   read_phase_ = ReadPhase::kReceiving;
   have_result_ = true;
   static_cast<RoundOutcome&>(outcome_) =
@@ -311,14 +323,16 @@ absl::Status SyncClientStream::Conclude(const absl::Status& call_status) {
 FetchStateClientStream::FetchStateClientStream(MemberState* member,
                                                absl::Span<float> params,
                                                v1::FetchStateRequest request,
-                                               ClientStreamSink sink)
+                                               ClientStreamSink sink,
+                                               uint64_t min_epoch)
     : member_(member),
       request_(std::move(request)),
       sink_(std::move(sink)),
       chunks_("FetchState", member->num_chunks(), member->StateDType(),
               [member, params](uint32_t j) {
                 return member->FetchSlice(params, j);
-              }) {}
+              }),
+      min_epoch_(min_epoch) {}
 
 void FetchStateClientStream::Start() {
   ClientStreamAction write;
@@ -351,7 +365,12 @@ void FetchStateClientStream::OnMessage(const v1::FetchStateResponse& message) {
     After(absl::InternalError("FetchState sent a second header"));
     return;
   }
+  if (message.header().epoch() < min_epoch_) {
+    After(StaleEpochError("", message.header().epoch(), min_epoch_));
+    return;
+  }
   header_ = true;
+  epoch_ = message.header().epoch();
   round_ = message.header().round();
   state_id_ = message.header().state_id();
   After(message.header().num_chunks() == member_->num_chunks()

@@ -141,6 +141,12 @@ class StagingPool {
   std::vector<std::shared_ptr<std::string>> buffers_;
 };
 
+// UNAVAILABLE: the coordinator at `address` ("" if unknown) answered for
+// `epoch`, below the epoch `seen` already for its shard (a deposed primary,
+// proto: SyncResult.epoch).
+absl::Status StaleEpochError(absl::string_view address, uint64_t epoch,
+                             uint64_t seen);
+
 // What a Sync stream is asked to do besides its plan.
 struct SyncStreamOptions {
   std::string job_id;
@@ -151,6 +157,9 @@ struct SyncStreamOptions {
   // Pacing: 0 for none (ClientOptions::max_lead_chunks, where the job
   // allows it: Replica decides).
   uint64_t max_lead_chunks = 0;
+  // The highest epoch seen for the shard: a result of a lower one is
+  // refused (UNAVAILABLE, nothing applied). 0 without an election.
+  uint64_t min_epoch = 0;
 };
 
 // One attempt of a Sync. Not thread-safe: one thread feeds it.
@@ -234,8 +243,11 @@ class SyncClientStream {
 // contract as SyncClientStream. Not thread-safe.
 class FetchStateClientStream {
  public:
+  // A header of a lower epoch than `min_epoch` is refused as
+  // SyncStreamOptions::min_epoch says.
   FetchStateClientStream(MemberState* member, absl::Span<float> params,
-                         v1::FetchStateRequest request, ClientStreamSink sink);
+                         v1::FetchStateRequest request, ClientStreamSink sink,
+                         uint64_t min_epoch = 0);
 
   void Start();
   void OnChunk(const ChunkPieces& chunk);
@@ -247,6 +259,8 @@ class FetchStateClientStream {
   // The state's round and id (valid after an OK Conclude).
   RoundId round() const { return round_; }
   uint64_t state_id() const { return state_id_; }
+  // The epoch its header carried.
+  uint64_t epoch() const { return epoch_; }
   bool finished() const { return finished_; }
 
  private:
@@ -261,6 +275,8 @@ class FetchStateClientStream {
   absl::Status error_;
   RoundId round_ = 0;
   uint64_t state_id_ = 0;
+  const uint64_t min_epoch_;
+  uint64_t epoch_ = 0;
 };
 
 }  // namespace localsgd

@@ -67,7 +67,9 @@
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051",
           "gRPC target of the localsgd coordinator (host:port); for sharded "
-          "coordinators a comma-separated list of every replica");
+          "coordinators a comma-separated list of every replica; a shard "
+          "with standby coordinators (--ha_etcd) lists its addresses "
+          "separated by '|'");
 ABSL_FLAG(bool, resolve_replicas, false,
           "Sharded coordinators behind one DNS name (a headless Service): "
           "every address --coordinator resolves to is a replica");

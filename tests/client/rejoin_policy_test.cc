@@ -37,25 +37,35 @@ TEST(DecideRejoinTest, Table) {
     bool has_state;
     RoundId job_round;
     RoundId trained_from;
+    bool pseudo_gradients;
     RejoinAction action;
     RoundId round;
   };
   const Row rows[] = {
-      {"coordinator restarted without state: re-seed", false, 0, 7,
+      {"coordinator restarted without state: re-seed", false, 0, 7, false,
        RejoinAction::kReseedThenContribute, 0},
-      {"job lost before the first round", false, 0, 0,
+      {"job lost before the first round", false, 0, 0, false,
        RejoinAction::kReseedThenContribute, 0},
       {"lease lost, job where the member left it: contribute", true, 7, 7,
+       false, RejoinAction::kContribute, 8},
+      {"parameters, restored from an older checkpoint: contribute to its "
+       "next round",
+       true, 5, 7, false, RejoinAction::kContribute, 6},
+      {"parameters, restored at the seed", true, 0, 7, false,
+       RejoinAction::kContribute, 1},
+      {"missed one round: adopt", true, 8, 7, false, RejoinAction::kAdopt, 0},
+      {"missed many rounds: adopt", true, 100, 7, false, RejoinAction::kAdopt,
+       0},
+      {"deltas, lease lost: contribute", true, 7, 7, true,
        RejoinAction::kContribute, 8},
-      {"restored from an older checkpoint: contribute to its next round", true,
-       5, 7, RejoinAction::kContribute, 6},
-      {"restored at the seed", true, 0, 7, RejoinAction::kContribute, 1},
-      {"missed one round: adopt", true, 8, 7, RejoinAction::kAdopt, 0},
-      {"missed many rounds: adopt", true, 100, 7, RejoinAction::kAdopt, 0},
+      {"deltas, job behind the anchor: offer the anchor as a newer re-seed",
+       true, 6, 7, true, RejoinAction::kReseedThenContribute, 0},
+      {"deltas, missed a round: adopt", true, 8, 7, true, RejoinAction::kAdopt,
+       0},
   };
   for (const Row& row : rows) {
-    const RejoinDecision d =
-        DecideRejoin(row.has_state, row.job_round, row.trained_from);
+    const RejoinDecision d = DecideRejoin(
+        row.has_state, row.job_round, row.trained_from, row.pseudo_gradients);
     EXPECT_EQ(d.action, row.action) << row.what;
     EXPECT_EQ(d.round, row.round) << row.what;
   }

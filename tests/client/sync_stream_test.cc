@@ -33,6 +33,8 @@ struct Job {
   DType wire = DType::kFloat32;
   bool early = true;
   uint64_t lead = 0;
+  // The highest epoch seen for the shard (SyncStreamOptions::min_epoch).
+  uint64_t min_epoch = 0;
 };
 
 // A member of a job of kElements values in kChunks chunks, its anchor
@@ -63,6 +65,7 @@ class Harness {
     options.layout_fingerprint = 7;
     options.early_results = job.early;
     options.max_lead_chunks = job.lead;
+    options.min_epoch = job.min_epoch;
     machine_ = std::make_unique<SyncClientStream>(
         &member_, &staging_, &clock_, options,
         [this](ClientStreamAction a) { Take(std::move(a)); });
@@ -80,7 +83,8 @@ class Harness {
   }
 
   // The result message: a delta result of round 5 with id 0x5 unless told.
-  void Result(v1::ResultPayload payload, uint64_t state_id = 0x5) {
+  void Result(v1::ResultPayload payload, uint64_t state_id = 0x5,
+              uint64_t epoch = 0) {
     v1::SyncResponse response;
     v1::SyncResult* r = response.mutable_result();
     r->set_round(5);
@@ -89,6 +93,7 @@ class Harness {
     r->set_contributor_weight(2);
     r->set_state_id(state_id);
     r->set_payload(payload);
+    r->set_epoch(epoch);
     Read([&] { machine_->OnMessage(response); });
   }
   void DeltaResult() {
@@ -259,6 +264,17 @@ TEST_P(SyncRefusalTest, RefusesWithItsStatusAndLeavesParamsAsTheyWere) {
 std::vector<RefusalCase> RefusalCases() {
   using C = absl::StatusCode;
   return {
+      // A deposed primary (its epoch below one the member has seen): none
+      // of its result is applied, early chunks included, and the call moves
+      // on (UNAVAILABLE).
+      {"ResultOfALowerEpoch_IsUnavailable",
+       Job{Contribution::kPseudoGradients, DType::kFloat32, true, 0, 7},
+       [](Harness& h) {
+         h.Chunk(0);
+         h.WriteAll();
+         h.Result(v1::RESULT_PAYLOAD_DELTA);  // epoch 0
+       },
+       C::kUnavailable, "answered for epoch 0, older than epoch 7"},
       {"ChunkBeforeResult_WithoutEarlyResults", kParams,
        [](Harness& h) {
          h.WriteAll();
@@ -381,6 +397,17 @@ TEST(SyncClientStreamTest, CallErrorComesThrough_ParamsAsTheyWere) {
   EXPECT_EQ(h.params(), h.before());
 }
 
+TEST(SyncClientStreamTest, ResultOfTheSameOrAHigherEpoch_IsTaken) {
+  for (const uint64_t epoch : {uint64_t{7}, uint64_t{9}}) {
+    Harness h(Job{Contribution::kPseudoGradients, DType::kFloat32, true, 0, 7});
+    h.WriteAll();
+    h.Result(v1::RESULT_PAYLOAD_DELTA, 0x5, epoch);
+    h.AllChunks();
+    ASSERT_TRUE(h.End().ok()) << epoch;
+    EXPECT_EQ(h.machine().outcome().epoch, epoch);
+  }
+}
+
 TEST(SyncClientStreamTest, Delta_SendsParamsMinusAnchor_ResultOntoAnchor) {
   Harness h(kDelta);
   h.WriteAll();
@@ -496,6 +523,7 @@ struct FetchCase {
   std::function<void(FetchStateClientStream&)> script;
   absl::StatusCode code;
   std::string message;
+  uint64_t min_epoch = 0;
 };
 
 v1::FetchStateResponse Header(uint32_t chunks) {
@@ -528,10 +556,12 @@ TEST_P(FetchRefusalTest, Refuses) {
   member.OnJoined(info, kElements);
   std::vector<float> params(kElements, 1.0f);
   int finishes = 0;
-  FetchStateClientStream fetch(&member, absl::MakeSpan(params), {},
-                               [&](ClientStreamAction a) {
-                                 if (a.kind == Kind::kFinish) ++finishes;
-                               });
+  FetchStateClientStream fetch(
+      &member, absl::MakeSpan(params), {},
+      [&](ClientStreamAction a) {
+        if (a.kind == Kind::kFinish) ++finishes;
+      },
+      GetParam().min_epoch);
   fetch.Start();
   GetParam().script(fetch);
   if (!fetch.finished()) fetch.OnReadsDone();
@@ -579,6 +609,15 @@ INSTANTIATE_TEST_SUITE_P(
            f.OnMessage(StateChunk(0));
          },
          absl::StatusCode::kUnavailable, "FetchState ended after 1 of 3"},
+        {"HeaderOfALowerEpoch",
+         [](FetchStateClientStream& f) {
+           v1::FetchStateResponse h = Header(kChunks);
+           h.mutable_header()->set_epoch(4);
+           f.OnMessage(h);
+           for (uint32_t j = 0; j < kChunks; ++j) f.OnMessage(StateChunk(j));
+         },
+         absl::StatusCode::kUnavailable,
+         "answered for epoch 4, older than epoch 5", /*min_epoch=*/5},
         {"PseudoGradientStateWithoutId",
          [](FetchStateClientStream& f) {
            v1::FetchStateResponse h = Header(kChunks);
