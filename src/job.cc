@@ -199,6 +199,10 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
       if (commit_.state() == nullptr && seed_ == nullptr && draining_) {
         return Draining("starts no seed");
       }
+      if (reseeded_ && seed_ == nullptr && commit_.state() != nullptr &&
+          origin.round > commit_.state()->round) {
+        SupersedeReseedLocked(*info, origin, deferred);
+      }
       session = BeginSeedLocked(*info, origin, std::move(done), deferred);
     } else if (commit_.state() == nullptr) {
       return absl::FailedPreconditionError(
@@ -548,6 +552,7 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
       member != nullptr ? member->weight : 1, now);
   CommitLocked(std::move(done.record), std::move(done.state),
                std::move(seed->waiters), /*refused=*/{}, deferred);
+  reseeded_ = origin.round > 0;
   if (origin.round > 0) {
     // A re-seed of a job its coordinator lost: its members come back one by
     // one, as after a restore (RestoreState), and the re-seeder says how
@@ -556,12 +561,33 @@ void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   }
 }
 
+void Job::SupersedeReseedLocked(const MemberInfo& member,
+                                const SeedOrigin& origin, Deferred& deferred) {
+  LOG(WARNING) << "job " << id_ << ": " << member.name
+               << " re-seeds it from round " << origin.round
+               << ", newer than its re-seeded state of round "
+               << commit_.state()->round
+               << " (no round has closed since): the newer state replaces it";
+  if (open_ != nullptr) {
+    FailAll(open_->waiters,
+            absl::AbortedError(absl::StrCat(
+                "job '", id_, "' was re-seeded from a newer state (round ",
+                origin.round, ") while round ", open_->round.id(),
+                " was open; retry")),
+            deferred);
+    open_.reset();
+  }
+  commit_.Drop();
+  reseeded_ = false;
+}
+
 void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
                        Waiters waiters,
                        const absl::flat_hash_set<MemberId>& refused,
                        Deferred& deferred) {
   std::shared_ptr<const StateSnapshot> committed =
       commit_.Commit(std::move(state), record.round);
+  reseeded_ = false;  // CompleteSeedLocked sets it for a re-seed
   NotifySinkLocked(committed, deferred);
 
   ReportCommitLocked(record, deferred);

@@ -179,7 +179,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // rendezvous, and its next round regathers as after RestoreState, until it
   // has origin.contributors participants (if > 0) or one lease TTL has
   // passed. Whoever owns the seed names its origin; members adopting it get
-  // its round.
+  // its round. A re-seed newer than the job's state (origin.round above its
+  // round) while that state is itself a re-seed and no round has closed
+  // since supersedes it: the open round fails with ABORTED (its members
+  // retry and adopt the newer state) and the newer seed is taken as if the
+  // job had no state. So when the coordinator lost a round that some
+  // members got the result of and others did not, the members holding the
+  // newest state decide, whichever came back first.
   //
   // `on_final` (pseudo-gradient jobs; may be null): with a Sync of the open
   // round (a participant's or an adopting member's), told of the chunks of
@@ -327,6 +333,11 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteSeedLocked(absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a re-seeded state that a newer re-seed (`origin`, by `member`)
+  // supersedes, and the round open on it (ABORTED). See BeginSync.
+  void SupersedeReseedLocked(const MemberInfo& member, const SeedOrigin& origin,
+                             Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Seed completion and round closure, one path: makes `state` the state
   // of `record.round` (StateCommit::Commit), tells the sink and the observer,
   // answers `waiters` (a waiter in `refused` was dropped for non-finite values:
@@ -395,6 +406,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // decision.
   RoundPacing pacing_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Seed> seed_ ABSL_GUARDED_BY(mu_);
+  // The state is a re-seed (SeedOrigin::round > 0) and no round has closed
+  // since: a newer re-seed supersedes it.
+  bool reseeded_ ABSL_GUARDED_BY(mu_) = false;
   // The records of the recent closed rounds, for status and late arrivals.
   RoundHistory history_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -46,6 +46,10 @@ class StateCommit {
   RoundId state_round() const { return state_ != nullptr ? state_->round : 0; }
   uint64_t state_id() const { return state_ != nullptr ? state_->id : 0; }
 
+  // Forgets the current state (a re-seed superseded by a newer one): no
+  // state until the next Commit or Restore.
+  void Drop() { state_.reset(); }
+
   // A random non-zero state id.
   uint64_t NewStateId();
 

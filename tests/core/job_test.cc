@@ -473,6 +473,61 @@ TEST_F(JobTest, Reseed_WithContributors_RegatherEndsWhenTheyAreBack) {
   EXPECT_EQ(r7.result()->round, 7u);
 }
 
+// The coordinator lost round 6 after b got its result and before a did: a,
+// back first, re-seeds at round 5; b, holding round 6's state, re-seeds at
+// 6 before any round closed on a's: b's state supersedes a's, the round
+// open on a's fails with ABORTED, and a, retrying, adopts round 6.
+TEST_F(JobTest, Reseed_NewerReseedBeforeARoundClosed_SupersedesIt) {
+  const MemberId a = Join("a");
+  const MemberId b = Join("b");
+  SyncCapture seed_a, ra;
+  std::unique_ptr<SyncSession> sa =
+      job()->BeginSync(a, 0, seed_a.Callback(), SeedOrigin{5, 2}).value();
+  Send(*sa, Ramp(1));
+  ASSERT_TRUE(seed_a.fired());
+  std::unique_ptr<SyncSession> a6 = Contribute(a, 6, Ramp(2), ra);
+  EXPECT_FALSE(ra.fired()) << "round 6 closed before the regather ended";
+  SyncCapture seed_b;
+  std::unique_ptr<SyncSession> sb =
+      job()->BeginSync(b, 0, seed_b.Callback(), SeedOrigin{6, 2}).value();
+  ASSERT_TRUE(ra.fired());
+  EXPECT_EQ(ra.result().status().code(), absl::StatusCode::kAborted)
+      << ra.result().status();
+  Send(*sb, Ramp(3));
+  ASSERT_TRUE(seed_b.fired());
+  ASSERT_TRUE(seed_b.result().ok()) << seed_b.result().status();
+  EXPECT_EQ(seed_b.result()->round, 6u);
+  EXPECT_EQ(StateValues(b), Ramp(3));
+  SyncCapture retry;
+  std::unique_ptr<SyncSession> a6b = Contribute(a, 6, Ramp(2), retry);
+  ASSERT_TRUE(retry.fired());
+  ASSERT_TRUE(retry.result().ok()) << retry.result().status();
+  EXPECT_EQ(retry.result()->round, 6u);
+  EXPECT_TRUE(retry.result()->late);
+  EXPECT_EQ(ValuesOf(retry.result()), Ramp(3));
+}
+
+// Once a round has closed on a re-seeded state, a newer re-seed no longer
+// replaces it (members have trained from it): the re-seeder adopts.
+TEST_F(JobTest, Reseed_NewerReseedAfterARoundClosed_Adopts) {
+  const MemberId a = Join("a");
+  SyncCapture seed_a, ra;
+  std::unique_ptr<SyncSession> sa =
+      job()->BeginSync(a, 0, seed_a.Callback(), SeedOrigin{5, 1}).value();
+  Send(*sa, Ramp(1));
+  std::unique_ptr<SyncSession> a6 = Contribute(a, 6, Ramp(2), ra);
+  ASSERT_TRUE(ra.fired()) << "the regather waits for 1, back already";
+  const MemberId b = Join("b");
+  SyncCapture seed_b;
+  std::unique_ptr<SyncSession> sb =
+      job()->BeginSync(b, 0, seed_b.Callback(), SeedOrigin{7, 2}).value();
+  ASSERT_TRUE(seed_b.fired()) << "a seed of a job with state adopts at once";
+  ASSERT_TRUE(seed_b.result().ok()) << seed_b.result().status();
+  EXPECT_EQ(seed_b.result()->round, 6u);
+  EXPECT_FALSE(seed_b.result()->contributed);
+  EXPECT_EQ(StateValues(a), Ramp(2));
+}
+
 // Fewer come back than the re-seed waits for: the round closes at the end
 // of the lease with those that did.
 TEST_F(JobTest, Reseed_WithContributors_FewerBack_ClosesAtTheLeaseEnd) {
