@@ -2,10 +2,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/flags/commandlineflag.h"
@@ -19,9 +23,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "glog/logging.h"
+#include "ha/election.h"
 #include "server/server.h"
+#include "server/serving_gate.h"
 #include "src/malloc_tuning.h"
 #include "src/settings.h"
 
@@ -157,6 +165,30 @@ ABSL_FLAG(std::string, state_dir, "",
           "jobs are restored from it on start, before serving. Empty: no "
           "checkpoints; a restarted coordinator then re-seeds jobs from the "
           "workers' next Sync.");
+ABSL_FLAG(std::string, ha_etcd, "",
+          "High availability: etcd client endpoints (host:port,...). Set, "
+          "this coordinator is one of its shard's primary and standbys "
+          "(--ha_group, --shard_index): it serves only while it holds the "
+          "shard's key in etcd under a lease of --ha_lease_ttl (the key's "
+          "revision is the epoch stamped on what it answers), answers "
+          "UNAVAILABLE naming the primary while it is a standby, restores "
+          "--state_dir when it wins, and exits with status 3 when it loses "
+          "the lease (its supervisor restarts it as a standby). Empty: no "
+          "election; this coordinator serves from its start.");
+ABSL_FLAG(std::string, ha_group, "localsgd",
+          "High availability: the coordinators that elect together, one "
+          "election per shard index (a name of at most 63 of "
+          "[A-Za-z0-9._-]).");
+ABSL_FLAG(std::string, ha_advertise, "",
+          "High availability: the host:port members reach this coordinator "
+          "at, shown to members and standbys as the primary's address. "
+          "Empty: this host's name and the bound port.");
+ABSL_FLAG(absl::Duration, ha_lease_ttl, absl::Seconds(2),
+          "High availability: the etcd lease of the primary's key (whole "
+          "seconds, at least etcd's minimum, 2 s with its defaults). A "
+          "primary that cannot renew it stops serving before it expires; a "
+          "standby takes over once it has. Shorter: faster failover, more "
+          "false failovers when etcd or the network is slow.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "The drain on SIGTERM/SIGINT: health goes NOT_SERVING at once and "
           "no new round opens; rounds already open get this long to close, "
@@ -301,6 +333,156 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   return options;
 }
 
+// The exit status of a primary that lost its lease.
+constexpr int kExitDeposed = 3;
+
+// --ha_etcd: this coordinator's place in its shard's election, and the
+// server's serving gate. The elector campaigns; when it wins, the role
+// thread promotes the server (restores the checkpoints, stamps the epoch)
+// and opens the gate; when a primary loses its role, the process ends
+// (kExitDeposed) without another write: it holds a state a newer primary
+// may have moved past, and its supervisor restarts it as a standby.
+class HaRole final : public localsgd::ServingGate {
+ public:
+  explicit HaRole(uint32_t shard) : shard_(shard) {}
+  ~HaRole() override {
+    Resign();
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  absl::Status Start(localsgd::ElectorOptions options,
+                     localsgd::CoordinatorServer* server) {
+    server_ = server;
+    advertise_ = options.advertise;
+    options.on_change = [this](const localsgd::ElectorRole& role) {
+      absl::MutexLock lock(&mu_);
+      changes_.push_back(role);
+    };
+    absl::StatusOr<std::unique_ptr<localsgd::Elector>> elector =
+        localsgd::Elector::Create(std::move(options));
+    if (!elector.ok()) return elector.status();
+    elector_ = *std::move(elector);
+    live_.store(elector_.get(), std::memory_order_release);
+    thread_ = std::thread([this] { RoleLoop(); });
+    elector_->Start();
+    return absl::OkStatus();
+  }
+
+  // A clean stop (SIGTERM, after the drain): the key goes, so that a
+  // standby wins at once.
+  void Resign() {
+    resigning_.store(true, std::memory_order_release);
+    if (elector_ != nullptr) elector_->Stop();
+  }
+
+  absl::Status Check() const override {
+    // Calls may come before Start (the port is bound first).
+    const localsgd::Elector* elector = live_.load(std::memory_order_acquire);
+    if (elector == nullptr) {
+      return absl::UnavailableError(
+          "this coordinator has not joined its shard's election yet");
+    }
+    if (promoted_.load(std::memory_order_acquire) &&
+        elector->Serving(absl::Now())) {
+      return absl::OkStatus();
+    }
+    const localsgd::ElectorRole role = elector->role();
+    std::string what;
+    if (role.kind == localsgd::ElectorRole::kPrimary) {
+      what = promoted_.load() ? "lost its lease in etcd (it stops)"
+                              : "won the election and is restoring its state";
+    } else {
+      what = "is a standby";
+    }
+    const bool other = !role.primary.empty() && role.primary != advertise_;
+    return absl::UnavailableError(absl::StrCat(
+        "coordinator ", advertise_, " of shard ", shard_, " ", what, "; ",
+        other ? absl::StrCat("the primary is ", role.primary, " (epoch ",
+                             role.epoch, ")")
+              : std::string("no other primary is known yet"),
+        ": retry there, or later"));
+  }
+
+ private:
+  void RoleLoop() {
+    bool was_primary = false;
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      mu_.Await(absl::Condition(
+          +[](HaRole* r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return r->stop_ || !r->changes_.empty();
+          },
+          this));
+      if (stop_) return;
+      const localsgd::ElectorRole role = changes_.front();
+      changes_.pop_front();
+      mu_.Unlock();
+      LOG(INFO) << "shard " << shard_ << ": "
+                << localsgd::ElectorRoleKindName(role.kind) << " at epoch "
+                << role.epoch
+                << (role.primary.empty()
+                        ? ""
+                        : absl::StrCat(", primary ", role.primary));
+      if (role.kind == localsgd::ElectorRole::kPrimary && !was_primary) {
+        was_primary = true;
+        if (absl::Status s = server_->Promote(role.epoch); !s.ok()) {
+          LOG(ERROR) << "cannot serve as the primary: " << s;
+          std::_Exit(1);
+        }
+        promoted_.store(true, std::memory_order_release);
+      } else if (role.kind != localsgd::ElectorRole::kPrimary && was_primary &&
+                 !resigning_.load(std::memory_order_acquire)) {
+        LOG(ERROR) << "shard " << shard_
+                   << ": no longer the primary (the lease in etcd could not "
+                      "be renewed in time); exiting without another write so "
+                      "that a supervisor restarts this coordinator as a "
+                      "standby";
+        std::_Exit(kExitDeposed);
+      }
+      mu_.Lock();
+    }
+  }
+
+  const uint32_t shard_;
+  // Set in Start, before live_.
+  std::string advertise_;
+  localsgd::CoordinatorServer* server_ = nullptr;
+  std::unique_ptr<localsgd::Elector> elector_;
+  std::atomic<const localsgd::Elector*> live_{nullptr};
+  std::atomic<bool> promoted_{false};
+  std::atomic<bool> resigning_{false};
+  std::thread thread_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<localsgd::ElectorRole> changes_ ABSL_GUARDED_BY(mu_);
+};
+
+// The elector's options from the flags, once the server has its port.
+absl::StatusOr<localsgd::ElectorOptions> ElectorOptionsFromFlags(
+    const localsgd::ServerOptions& server, int port) {
+  localsgd::ElectorOptions o;
+  o.group = absl::GetFlag(FLAGS_ha_group);
+  o.shard = server.coordinator.shard.index;
+  o.advertise = absl::GetFlag(FLAGS_ha_advertise);
+  if (o.advertise.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    o.advertise = absl::StrCat(host, ":", port);
+  }
+  o.lease_ttl = absl::GetFlag(FLAGS_ha_lease_ttl);
+  o.etcd.endpoints =
+      absl::StrSplit(absl::GetFlag(FLAGS_ha_etcd), ',', absl::SkipWhitespace());
+  if (absl::Status s = o.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ha_etcd/--ha_group/--ha_advertise/--ha_lease_ttl: ", s.message()));
+  }
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -351,6 +533,14 @@ int main(int argc, char** argv) {
                  options.status().ToString().c_str());
     return 2;
   }
+  const bool ha = !absl::GetFlag(FLAGS_ha_etcd).empty();
+  std::unique_ptr<HaRole> ha_role;
+  if (ha) {
+    // The advertise address is known only once the port is bound; the gate
+    // reads it for messages only.
+    ha_role = std::make_unique<HaRole>(options->coordinator.shard.index);
+    options->gate = ha_role.get();
+  }
   absl::StatusOr<std::unique_ptr<localsgd::CoordinatorServer>> server =
       localsgd::CoordinatorServer::Start(*options);
   if (!server.ok()) {
@@ -369,6 +559,20 @@ int main(int argc, char** argv) {
       !WritePortFile(http_port_file, (*server)->http_port())) {
     return 1;
   }
+  if (ha) {
+    absl::StatusOr<localsgd::ElectorOptions> elector =
+        ElectorOptionsFromFlags(*options, (*server)->port());
+    if (!elector.ok()) {
+      std::fprintf(stderr, "%s: %s\n", kProgram,
+                   std::string(elector.status().message()).c_str());
+      return 2;
+    }
+    if (absl::Status s = ha_role->Start(*std::move(elector), server->get());
+        !s.ok()) {
+      std::fprintf(stderr, "%s: %s\n", kProgram, s.ToString().c_str());
+      return 1;
+    }
+  }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
     return 1;
@@ -385,5 +589,8 @@ int main(int argc, char** argv) {
   LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
             << "; draining";
   (*server)->Drain(absl::GetFlag(FLAGS_shutdown_grace));
+  // After the drain (the checkpoints are written): the key goes, so that a
+  // standby takes over at once.
+  if (ha_role != nullptr) ha_role->Resign();
   return 0;
 }

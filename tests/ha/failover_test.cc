@@ -1,0 +1,366 @@
+// Standby coordinators through a real etcd and the real coordinator binary
+// (--ha_etcd): members go on through failovers, and a deposed primary ends
+// itself. Each test starts its own etcd and coordinators on loopback and
+// ends on its own; no timed assertion (waits are on conditions, bounded).
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "localsgd/v1/coordinator.grpc.pb.h"
+#include "tests/ha/etcd_process.h"
+#include "tests/testkit/testkit.h"
+
+namespace localsgd {
+namespace {
+
+using ha_test::EtcdProcess;
+using testkit::AwaitCondition;
+using testkit::TempDir;
+
+// A loopback port nothing listens on now (the coordinators keep theirs
+// across restarts, so the members' address lists stay true).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// One localsgd-coordinator process of shard 0 of group "t".
+class CoordinatorProcess {
+ public:
+  CoordinatorProcess(std::string etcd, int port, std::string log)
+      : etcd_(std::move(etcd)), port_(port), log_(std::move(log)) {}
+  ~CoordinatorProcess() { Kill(); }
+
+  void Start() {
+    ASSERT_LT(pid_, 0);
+    std::vector<std::string> args = {LOCALSGD_COORDINATOR,
+                                     absl::StrCat("--listen=127.0.0.1:", port_),
+                                     absl::StrCat("--ha_etcd=", etcd_),
+                                     "--ha_group=t",
+                                     absl::StrCat("--ha_advertise=", address()),
+                                     "--ha_lease_ttl=1s",
+                                     "--lease_ttl=20s",
+                                     "--shutdown_grace=1s"};
+    pid_ = fork();
+    ASSERT_GE(pid_, 0);
+    if (pid_ == 0) {
+      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+
+  // SIGKILL (or `signal`), and the exit status once it has ended.
+  int Kill(int signal = SIGKILL) {
+    if (pid_ < 0) return -1;
+    kill(pid_, signal);
+    return Wait();
+  }
+  int Wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+  void Signal(int signal) { kill(pid_, signal); }
+  bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  // Whether it serves (the primary): GetJobStatus answers anything but
+  // UNAVAILABLE.
+  bool Serving() const {
+    auto stub = v1::Coordinator::NewStub(
+        grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    v1::GetJobStatusRequest request;
+    v1::GetJobStatusResponse response;
+    return stub->GetJobStatus(&context, request, &response).error_code() !=
+           grpc::StatusCode::UNAVAILABLE;
+  }
+
+ private:
+  const std::string etcd_;
+  const int port_;
+  const std::string log_;
+  pid_t pid_ = -1;
+};
+
+std::string Tail(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  const std::string text = s.str();
+  return text.size() > 4000 ? text.substr(text.size() - 4000) : text;
+}
+
+class FailoverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!EtcdProcess::Available()) GTEST_SKIP() << "no /usr/bin/etcd";
+    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start();
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = *std::move(etcd);
+    for (int i = 0; i < 2; ++i) {
+      coordinators_.push_back(std::make_unique<CoordinatorProcess>(
+          etcd_->endpoint(), FreePort(),
+          dir_.File(absl::StrCat("c", i, ".log"))));
+      coordinators_.back()->Start();
+    }
+    ASSERT_TRUE(AwaitCondition([&] { return Primary() != nullptr; })) << Logs();
+  }
+
+  // The coordinator that serves; null if none does (now).
+  CoordinatorProcess* Primary() {
+    for (auto& c : coordinators_) {
+      if (c->running() && c->Serving()) return c.get();
+    }
+    return nullptr;
+  }
+
+  std::string Targets() const {
+    return absl::StrCat(coordinators_[0]->address(), "|",
+                        coordinators_[1]->address());
+  }
+
+  std::string Logs() const {
+    std::string out;
+    for (int i = 0; i < 2; ++i) {
+      out += absl::StrCat("--- coordinator ", i, ":\n",
+                          Tail(dir_.File(absl::StrCat("c", i, ".log"))));
+    }
+    return out;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<EtcdProcess> etcd_;
+  std::vector<std::unique_ptr<CoordinatorProcess>> coordinators_;
+};
+
+// Members that add 1/4, 1/2 and 3/2 to every parameter per round: the mean
+// of all three is exactly 3/4 and the mean of any other set is not, so the
+// state after round r is exactly 3r/4 only if every round counted every
+// member, whatever failovers happened in between.
+struct Members {
+  static constexpr int kMembers = 3;
+
+  Members(const std::string& targets, int rounds) : rounds(rounds) {
+    for (int i = 0; i < kMembers; ++i) {
+      ClientOptions o;
+      o.target = targets;
+      o.job_id = "ha";
+      o.member_name = absl::StrCat("m", i);
+      o.max_retry_time = absl::Seconds(30);
+      o.rpc_timeout = absl::Seconds(5);
+      o.sync_timeout = absl::Seconds(30);
+      o.max_backoff = absl::Milliseconds(200);
+      options.push_back(o);
+    }
+  }
+
+  void Run() {
+    for (int i = 0; i < kMembers; ++i) {
+      threads.emplace_back([this, i] { RunMember(i); });
+    }
+  }
+  void Join() {
+    for (std::thread& t : threads) t.join();
+  }
+
+  void RunMember(int i) {
+    auto client = Client::Create(options[i]);
+    if (!client.ok()) return Fail(i, client.status());
+    std::vector<float> params(testkit::kElements, 0.0f);
+    if (absl::Status s = (*client)->Join(testkit::TestLayout()); !s.ok()) {
+      return Fail(i, s);
+    }
+    if (absl::Status s = (*client)->Initialize(absl::MakeSpan(params));
+        !s.ok()) {
+      return Fail(i, s);
+    }
+    RoundId last = (*client)->state_round();
+    while (last < static_cast<RoundId>(rounds)) {
+      static constexpr float kAdd[kMembers] = {0.25f, 0.5f, 1.5f};
+      for (float& p : params) p += kAdd[i];
+      absl::StatusOr<SyncOutcome> out = (*client)->Sync(absl::MakeSpan(params));
+      if (!out.ok()) return Fail(i, out.status());
+      absl::MutexLock lock(&mu);
+      // Every Sync ends with the round after the last: never one back, none
+      // skipped. (A member whose result the dead primary did not send gets
+      // that round's state from the new one: late, yet the round it asked
+      // for, its contribution in it.)
+      if (out->round != last + 1) {
+        errors.push_back(
+            absl::StrCat("m", i, ": round ", out->round, " after round ", last,
+                         out->rejoined ? " (after a rejoin)" : ""));
+      }
+      if (out->rejoined) ++rejoins;
+      last = out->round;
+      progress = std::max<int>(progress, static_cast<int>(last));
+      finals[i] = params;
+      final_rounds[i] = last;
+    }
+    (*client)->Leave().IgnoreError();
+  }
+
+  void Fail(int i, const absl::Status& s) {
+    absl::MutexLock lock(&mu);
+    errors.push_back(absl::StrCat("m", i, ": ", s.ToString()));
+  }
+
+  int Progress() {
+    absl::MutexLock lock(&mu);
+    return progress;
+  }
+
+  const int rounds;
+  std::vector<ClientOptions> options;
+  std::vector<std::thread> threads;
+  absl::Mutex mu;
+  int progress ABSL_GUARDED_BY(mu) = 0;
+  int rejoins ABSL_GUARDED_BY(mu) = 0;
+  std::vector<std::string> errors ABSL_GUARDED_BY(mu);
+  std::vector<float> finals[kMembers];
+  RoundId final_rounds[kMembers] = {};
+};
+
+TEST_F(FailoverTest, PrimaryKilledRepeatedly_MembersGoOnWithExactState) {
+  constexpr int kRounds = 60;
+  constexpr int kKills = 3;
+  Members members(Targets(), kRounds);
+  members.Run();
+  for (int k = 0; k < kKills; ++k) {
+    // Kill the primary once the rounds have moved on since the last kill.
+    const int at = (k + 1) * kRounds / (kKills + 2);
+    ASSERT_TRUE(AwaitCondition([&] { return members.Progress() >= at; },
+                               absl::Seconds(60)))
+        << "rounds stuck at " << members.Progress() << "\n"
+        << Logs();
+    CoordinatorProcess* primary = Primary();
+    ASSERT_NE(primary, nullptr) << Logs();
+    primary->Kill();
+    primary->Start();  // back as a standby
+    ASSERT_TRUE(
+        AwaitCondition([&] { return Primary() != nullptr; }, absl::Seconds(30)))
+        << Logs();
+  }
+  members.Join();
+  absl::MutexLock lock(&members.mu);
+  EXPECT_TRUE(members.errors.empty())
+      << absl::StrJoin(members.errors, "\n") << "\n"
+      << Logs();
+  for (int i = 0; i < Members::kMembers; ++i) {
+    ASSERT_EQ(members.final_rounds[i], static_cast<RoundId>(kRounds)) << i;
+    EXPECT_EQ(members.finals[i],
+              std::vector<float>(testkit::kElements, 0.75f * kRounds))
+        << "member " << i;
+  }
+}
+
+// The primary paused for longer than its lease: the standby takes over and
+// the rounds go on there; the old primary, resumed, refuses everything and
+// ends itself (status 3) instead of serving under its old epoch.
+TEST_F(FailoverTest, PrimaryPausedPastItsLease_StandbyServesAndOldOneExits) {
+  constexpr int kRounds = 30;
+  Members members(Targets(), kRounds);
+  members.Run();
+  ASSERT_TRUE(AwaitCondition([&] { return members.Progress() >= 10; },
+                             absl::Seconds(60)))
+      << Logs();
+  CoordinatorProcess* old = Primary();
+  ASSERT_NE(old, nullptr);
+  CoordinatorProcess* other = old == coordinators_[0].get()
+                                  ? coordinators_[1].get()
+                                  : coordinators_[0].get();
+  old->Signal(SIGSTOP);
+  ASSERT_TRUE(
+      AwaitCondition([&] { return other->Serving(); }, absl::Seconds(30)))
+      << Logs();
+  const int before = members.Progress();
+  ASSERT_TRUE(AwaitCondition([&] { return members.Progress() > before + 3; },
+                             absl::Seconds(60)))
+      << "no round closed at the new primary\n"
+      << Logs();
+  old->Signal(SIGCONT);
+  const int status = old->Wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3)
+      << "status " << status << "\n"
+      << Logs();
+  members.Join();
+  absl::MutexLock lock(&members.mu);
+  EXPECT_TRUE(members.errors.empty())
+      << absl::StrJoin(members.errors, "\n") << "\n"
+      << Logs();
+  for (int i = 0; i < Members::kMembers; ++i) {
+    EXPECT_EQ(members.finals[i],
+              std::vector<float>(testkit::kElements, 0.75f * kRounds))
+        << "member " << i;
+  }
+}
+
+// SIGTERM: the primary drains, exits 0 and gives up its key, so that the
+// standby takes over without waiting for the lease to run out.
+TEST_F(FailoverTest, PrimaryTerminated_ExitsCleanlyAndTheStandbyTakesOver) {
+  constexpr int kRounds = 30;
+  Members members(Targets(), kRounds);
+  members.Run();
+  ASSERT_TRUE(AwaitCondition([&] { return members.Progress() >= 10; },
+                             absl::Seconds(60)))
+      << Logs();
+  CoordinatorProcess* old = Primary();
+  ASSERT_NE(old, nullptr);
+  const int status = old->Kill(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << "\n"
+      << Logs();
+  members.Join();
+  absl::MutexLock lock(&members.mu);
+  EXPECT_TRUE(members.errors.empty())
+      << absl::StrJoin(members.errors, "\n") << "\n"
+      << Logs();
+  for (int i = 0; i < Members::kMembers; ++i) {
+    EXPECT_EQ(members.finals[i],
+              std::vector<float>(testkit::kElements, 0.75f * kRounds))
+        << "member " << i;
+  }
+}
+
+}  // namespace
+}  // namespace localsgd
