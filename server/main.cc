@@ -427,8 +427,11 @@ class HaRole final : public localsgd::ServingGate {
                 << (role.primary.empty()
                         ? ""
                         : absl::StrCat(", primary ", role.primary));
+      server_->metrics()->SetHaRole(localsgd::ElectorRoleKindName(role.kind),
+                                    static_cast<uint64_t>(role.epoch));
       if (role.kind == localsgd::ElectorRole::kPrimary && !was_primary) {
         was_primary = true;
+        if (resigning_.load(std::memory_order_acquire)) return;
         if (absl::Status s = server_->Promote(role.epoch); !s.ok()) {
           LOG(ERROR) << "cannot serve as the primary: " << s;
           std::_Exit(1);
@@ -591,6 +594,9 @@ int main(int argc, char** argv) {
   (*server)->Drain(absl::GetFlag(FLAGS_shutdown_grace));
   // After the drain (the checkpoints are written): the key goes, so that a
   // standby takes over at once.
-  if (ha_role != nullptr) ha_role->Resign();
+  if (ha_role != nullptr) {
+    ha_role->Resign();
+    ha_role.reset();  // its thread is done with the server
+  }
   return 0;
 }

@@ -128,7 +128,32 @@ Metrics::Metrics()
                     .Name("localsgd_requests_rejected_total")
                     .Help("Calls that ended with a non-OK gRPC status, by "
                           "method and status code")
-                    .Register(*registry_)) {}
+                    .Register(*registry_)),
+      ha_role_(prometheus::BuildGauge()
+                   .Name("localsgd_ha_role")
+                   .Help("With --ha_etcd: 1 for this coordinator's role in "
+                         "its shard's election (primary, standby, "
+                         "candidate), 0 for the others")
+                   .Register(*registry_)),
+      ha_epoch_(prometheus::BuildGauge()
+                    .Name("localsgd_ha_epoch")
+                    .Help("With --ha_etcd: the epoch (etcd revision of the "
+                          "shard's election) this coordinator knows of")
+                    .Register(*registry_)),
+      ha_promotions_(prometheus::BuildCounter()
+                         .Name("localsgd_ha_promotions_total")
+                         .Help("With --ha_etcd: times this process became "
+                               "its shard's primary")
+                         .Register(*registry_)) {}
+
+void Metrics::SetHaRole(absl::string_view role, uint64_t epoch) {
+  for (const char* r : {"primary", "standby", "candidate"}) {
+    ha_role_.Add({{"role", r}}).Set(role == r ? 1 : 0);
+  }
+  ha_epoch_.Add({}).Set(static_cast<double>(epoch));
+  prometheus::Counter& promotions = ha_promotions_.Add({});
+  if (role == "primary") promotions.Increment();
+}
 
 Metrics::~Metrics() { StopServing(); }
 

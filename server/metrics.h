@@ -43,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "src/coordinator.h"
@@ -95,6 +96,12 @@ class Metrics final : public CoordinatorObserver {
   void LateContribution(absl::string_view job_id, RoundId round) override;
   void JobRemoved(absl::string_view job_id, absl::string_view reason) override;
 
+  // With an election (--ha_etcd): this coordinator's role in it ("primary",
+  // "standby", "candidate": localsgd_ha_role{role} is 1 for it, 0 for the
+  // others), the epoch it knows of, and one more failover each time it
+  // becomes the primary after the first (localsgd_ha_promotions_total).
+  void SetHaRole(absl::string_view role, uint64_t epoch);
+
  private:
   class JobGauges;
   // Creates every per-job series (at 0) the first time a job is seen, so
@@ -113,6 +120,9 @@ class Metrics final : public CoordinatorObserver {
   prometheus::Family<prometheus::Counter>& bytes_received_;
   prometheus::Family<prometheus::Counter>& bytes_sent_;
   prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Family<prometheus::Gauge>& ha_role_;
+  prometheus::Family<prometheus::Gauge>& ha_epoch_;
+  prometheus::Family<prometheus::Counter>& ha_promotions_;
 
   absl::Mutex mu_;
   absl::flat_hash_set<std::string> jobs_seen_ ABSL_GUARDED_BY(mu_);

@@ -347,3 +347,30 @@ TEST(MetricsServeTest, Start_NoMetricsAddress_NoEndpoint) {
 
 }  // namespace
 }  // namespace localsgd
+
+namespace localsgd {
+namespace {
+
+// The election's gauges (--ha_etcd sets them from its role changes).
+TEST(HaMetricsTest, SetHaRole_OneRoleAtATimeAndPromotionsCounted) {
+  Metrics metrics;
+  absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
+      Coordinator::Create(CoordinatorOptions());
+  ASSERT_TRUE(coordinator.ok());
+  metrics.SetHaRole("standby", 5);
+  std::string text = metrics.ScrapeText(coordinator->get());
+  EXPECT_TRUE(absl::StrContains(text, "localsgd_ha_role{role=\"standby\"} 1"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text, "localsgd_ha_role{role=\"primary\"} 0"));
+  EXPECT_TRUE(absl::StrContains(text, "localsgd_ha_epoch 5"));
+  EXPECT_TRUE(absl::StrContains(text, "localsgd_ha_promotions_total 0"));
+  metrics.SetHaRole("primary", 9);
+  text = metrics.ScrapeText(coordinator->get());
+  EXPECT_TRUE(absl::StrContains(text, "localsgd_ha_role{role=\"primary\"} 1"));
+  EXPECT_TRUE(absl::StrContains(text, "localsgd_ha_role{role=\"standby\"} 0"));
+  EXPECT_TRUE(absl::StrContains(text, "localsgd_ha_epoch 9"));
+  EXPECT_TRUE(absl::StrContains(text, "localsgd_ha_promotions_total 1"));
+}
+
+}  // namespace
+}  // namespace localsgd
