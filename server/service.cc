@@ -267,46 +267,94 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// A unary method registered raw (grpc::ByteBuffer in and out): the request
+// is parsed here, so that a body that does not parse answers
+// INVALID_ARGUMENT saying so (gRPC's typed handlers refuse it with an empty
+// UNIMPLEMENTED before any code of ours runs); `handle` gets the parsed
+// request and fills the response, which is serialized here.
+template <typename Request, typename Response, typename Handle>
+grpc::ServerUnaryReactor* RawUnary(grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer& raw_request,
+                                   grpc::ByteBuffer* raw_response,
+                                   Metrics* metrics, absl::string_view method,
+                                   Handle handle) {
+  Request request;
+  Response response;
+  absl::Status status =
+      ParseMessage(raw_request, &request, absl::StrCat(method, " request"));
+  if (status.ok()) status = handle(&request, &response);
+  if (status.ok()) {
+    bool own_buffer = false;
+    const grpc::Status s = grpc::SerializationTraits<Response>::Serialize(
+        response, raw_response, &own_buffer);
+    if (!s.ok()) {
+      status = absl::InternalError(absl::StrCat(
+          method, " response does not serialize: ", s.error_message()));
+    }
+  }
+  return FinishUnary(context, metrics, method, status);
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* CoordinatorService::Join(
-    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
-    v1::JoinResponse* response) {
-  absl::Status status = [&]() -> absl::Status {
-    // --- security: the job's token; the member is bound to the caller.
-    absl::StatusOr<Principal> principal =
-        AuthorizeCall(CallerFromContext(*context), request->job_id());
-    if (!principal.ok()) return principal.status();
-    return HandleJoin(*coordinator_, *request, principal->BindingKey(),
-                      static_cast<uint64_t>(max_message_bytes_), response);
-  }();
-  if (!status.ok()) {
-    // The names as sent, escaped: a refused Join's may hold anything.
-    LOG(WARNING) << "Join of '" << LogSafe(request->member_name())
-                 << "' to job '" << LogSafe(request->job_id()) << "' from "
-                 << context->peer() << " refused: " << status;
-  }
-  return FinishUnary(context, metrics_, "Join", status);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request,
+    grpc::ByteBuffer* raw_response) {
+  return RawUnary<v1::JoinRequest, v1::JoinResponse>(
+      context, *raw_request, raw_response, metrics_, "Join",
+      [&](const v1::JoinRequest* request,
+          v1::JoinResponse* response) -> absl::Status {
+        absl::Status status = [&]() -> absl::Status {
+          // --- security: the job's token; the member is bound to the caller.
+          absl::StatusOr<Principal> principal =
+              AuthorizeCall(CallerFromContext(*context), request->job_id());
+          if (!principal.ok()) return principal.status();
+          return HandleJoin(*coordinator_, *request, principal->BindingKey(),
+                            static_cast<uint64_t>(max_message_bytes_),
+                            response);
+        }();
+        if (!status.ok()) {
+          // The names as sent, escaped: a refused Join's may hold anything.
+          LOG(WARNING) << "Join of '" << LogSafe(request->member_name())
+                       << "' to job '" << LogSafe(request->job_id())
+                       << "' from " << context->peer()
+                       << " refused: " << status;
+        }
+        return status;
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Leave(
-    grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
-    v1::LeaveResponse* response) {
-  // --- security: the job's token and the member's binding.
-  absl::Status status = AuthorizeMemberCall(
-      CallerFromContext(*context), request->job_id(), request->member_id());
-  if (status.ok()) status = HandleLeave(*coordinator_, *request);
-  return FinishUnary(context, metrics_, "Leave", status);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request,
+    grpc::ByteBuffer* raw_response) {
+  return RawUnary<v1::LeaveRequest, v1::LeaveResponse>(
+      context, *raw_request, raw_response, metrics_, "Leave",
+      [&](const v1::LeaveRequest* request,
+          v1::LeaveResponse* response) -> absl::Status {
+        // --- security: the job's token and the member's binding.
+        absl::Status status =
+            AuthorizeMemberCall(CallerFromContext(*context), request->job_id(),
+                                request->member_id());
+        if (status.ok()) status = HandleLeave(*coordinator_, *request);
+        return status;
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
-    grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
-    v1::HeartbeatResponse* response) {
-  // --- security: the job's token and the member's binding.
-  absl::Status status = AuthorizeMemberCall(
-      CallerFromContext(*context), request->job_id(), request->member_id());
-  if (status.ok()) status = HandleHeartbeat(*coordinator_, *request, response);
-  return FinishUnary(context, metrics_, "Heartbeat", status);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request,
+    grpc::ByteBuffer* raw_response) {
+  return RawUnary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      context, *raw_request, raw_response, metrics_, "Heartbeat",
+      [&](const v1::HeartbeatRequest* request,
+          v1::HeartbeatResponse* response) -> absl::Status {
+        // --- security: the job's token and the member's binding.
+        absl::Status status =
+            AuthorizeMemberCall(CallerFromContext(*context), request->job_id(),
+                                request->member_id());
+        if (status.ok())
+          status = HandleHeartbeat(*coordinator_, *request, response);
+        return status;
+      });
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
@@ -415,42 +463,58 @@ bool CoordinatorService::AwaitNoStreams(absl::Time deadline) {
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::DeleteJob(
-    grpc::CallbackServerContext* context, const v1::DeleteJobRequest* request,
-    v1::DeleteJobResponse* response) {
-  // --- security: the job's token.
-  absl::Status status =
-      AuthorizeCall(CallerFromContext(*context), request->job_id()).status();
-  if (status.ok()) status = HandleDeleteJob(*coordinator_, *request, response);
-  if (status.ok()) {
-    LOG(INFO) << "job " << request->job_id() << " deleted by "
-              << context->peer();
-  }
-  return FinishUnary(context, metrics_, "DeleteJob", status);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request,
+    grpc::ByteBuffer* raw_response) {
+  return RawUnary<v1::DeleteJobRequest, v1::DeleteJobResponse>(
+      context, *raw_request, raw_response, metrics_, "DeleteJob",
+      [&](const v1::DeleteJobRequest* request,
+          v1::DeleteJobResponse* response) -> absl::Status {
+        // --- security: the job's token.
+        absl::Status status =
+            AuthorizeCall(CallerFromContext(*context), request->job_id())
+                .status();
+        if (status.ok())
+          status = HandleDeleteJob(*coordinator_, *request, response);
+        if (status.ok()) {
+          LOG(INFO) << "job " << request->job_id() << " deleted by "
+                    << context->peer();
+        }
+        return status;
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetJobStatus(
-    grpc::CallbackServerContext* context,
-    const v1::GetJobStatusRequest* request,
-    v1::GetJobStatusResponse* response) {
-  // --- security: with tokens, a job is visible only with its token.
-  const CallerCredentials caller = CallerFromContext(*context);
-  absl::Status status =
-      !request->job_id().empty()
-          ? AuthorizeCall(caller, request->job_id()).status()
-      : gate_ != nullptr && !gate_->Check().ok() ? gate_->Check()
-      : authenticator_ == nullptr                ? absl::OkStatus()
-                                  : authenticator_->Authenticate(caller);
-  if (status.ok()) {
-    std::function<bool(const std::string&)> may_see;
-    if (authenticator_ != nullptr) {
-      may_see = [&](const std::string& job_id) {
-        return authenticator_->MayAccess(caller, job_id);
-      };
-    }
-    status = HandleGetJobStatus(*coordinator_, *request, absl::Now(), may_see,
-                                response);
-  }
-  return FinishUnary(context, metrics_, "GetJobStatus", status);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request,
+    grpc::ByteBuffer* raw_response) {
+  return RawUnary<v1::GetJobStatusRequest, v1::GetJobStatusResponse>(
+      context, *raw_request, raw_response, metrics_, "GetJobStatus",
+      [&](const v1::GetJobStatusRequest* request,
+          v1::GetJobStatusResponse* response) -> absl::Status {
+        // --- security: with tokens, a job is visible only with its token.
+        const CallerCredentials caller = CallerFromContext(*context);
+        absl::Status status;
+        if (!request->job_id().empty()) {
+          status = AuthorizeCall(caller, request->job_id()).status();
+        } else {
+          // Every job (those the caller may see): the gate, then only who
+          // the caller is.
+          if (gate_ != nullptr) status = gate_->Check();
+          if (status.ok() && authenticator_ != nullptr) {
+            status = authenticator_->Authenticate(caller);
+          }
+        }
+        if (status.ok()) {
+          std::function<bool(const std::string&)> may_see;
+          if (authenticator_ != nullptr) {
+            may_see = [&](const std::string& job_id) {
+              return authenticator_->MayAccess(caller, job_id);
+            };
+          }
+          status = HandleGetJobStatus(*coordinator_, *request, absl::Now(),
+                                      may_see, response);
+        }
+        return status;
+      });
 }
 
 }  // namespace localsgd

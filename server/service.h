@@ -25,19 +25,20 @@
 
 namespace localsgd {
 
-// Every method with the callback API (as v1::Coordinator::CallbackService,
-// which this spells out): Sync and FetchState registered raw
-// (grpc::ByteBuffer in and out), so that their chunk messages are written
-// without protobuf copies of the payload (proto/chunk_wire.h); every other
-// message goes through protobuf. A method added to the proto must be added
-// here (tests/integration's every-method test fails otherwise).
-using CoordinatorServiceBase = v1::Coordinator::WithCallbackMethod_Join<
-    v1::Coordinator::WithCallbackMethod_Leave<
-        v1::Coordinator::WithCallbackMethod_Heartbeat<
+// Every method with the callback API, registered raw (grpc::ByteBuffer in
+// and out): Sync and FetchState so that their chunk messages are written
+// without protobuf copies of the payload (proto/chunk_wire.h); the unary
+// methods so that a request that does not parse is answered
+// INVALID_ARGUMENT by our code (server/service.cc RawUnary) rather than
+// UNIMPLEMENTED by gRPC's. A method added to the proto must be added here
+// (tests/integration's every-method test fails otherwise).
+using CoordinatorServiceBase = v1::Coordinator::WithRawCallbackMethod_Join<
+    v1::Coordinator::WithRawCallbackMethod_Leave<
+        v1::Coordinator::WithRawCallbackMethod_Heartbeat<
             v1::Coordinator::WithRawCallbackMethod_Sync<
                 v1::Coordinator::WithRawCallbackMethod_FetchState<
-                    v1::Coordinator::WithCallbackMethod_GetJobStatus<
-                        v1::Coordinator::WithCallbackMethod_DeleteJob<
+                    v1::Coordinator::WithRawCallbackMethod_GetJobStatus<
+                        v1::Coordinator::WithRawCallbackMethod_DeleteJob<
                             v1::Coordinator::Service>>>>>>>;
 
 class CoordinatorService final : public CoordinatorServiceBase {
@@ -63,15 +64,17 @@ class CoordinatorService final : public CoordinatorServiceBase {
         max_streams_per_member_(max_streams_per_member),
         gate_(gate) {}
 
+  // The unary methods: a serialized request in, a serialized response out
+  // (see CoordinatorServiceBase).
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
-                                 const v1::JoinRequest* request,
-                                 v1::JoinResponse* response) override;
+                                 const grpc::ByteBuffer* raw_request,
+                                 grpc::ByteBuffer* raw_response) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
-                                  const v1::LeaveRequest* request,
-                                  v1::LeaveResponse* response) override;
+                                  const grpc::ByteBuffer* raw_request,
+                                  grpc::ByteBuffer* raw_response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
-                                      const v1::HeartbeatRequest* request,
-                                      v1::HeartbeatResponse* response) override;
+                                      const grpc::ByteBuffer* raw_request,
+                                      grpc::ByteBuffer* raw_response) override;
   // localsgd.v1 SyncRequest in, SyncResponse out, serialized.
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Sync(
       grpc::CallbackServerContext* context) override;
@@ -80,12 +83,11 @@ class CoordinatorService final : public CoordinatorServiceBase {
       grpc::CallbackServerContext* context,
       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetJobStatus(
-      grpc::CallbackServerContext* context,
-      const v1::GetJobStatusRequest* request,
-      v1::GetJobStatusResponse* response) override;
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request,
+      grpc::ByteBuffer* raw_response) override;
   grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context,
-                                      const v1::DeleteJobRequest* request,
-                                      v1::DeleteJobResponse* response) override;
+                                      const grpc::ByteBuffer* raw_request,
+                                      grpc::ByteBuffer* raw_response) override;
 
   // Blocks until no Sync or FetchState stream is in progress, or until
   // `deadline`; returns whether none is. For shutdown: once the core is

@@ -66,7 +66,7 @@ class CoordinatorProcess {
                                      absl::StrCat("--ha_etcd=", etcd_),
                                      "--ha_group=t",
                                      absl::StrCat("--ha_advertise=", address()),
-                                     "--ha_lease_ttl=1s",
+                                     "--ha_lease_ttl=2s",
                                      "--lease_ttl=20s",
                                      "--shutdown_grace=1s"};
     pid_ = fork();
