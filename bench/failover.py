@@ -4,8 +4,9 @@
 Starts, on loopback: an etcd, a primary and a standby coordinator of one
 shard (each restarted as a standby when it ends, as a supervisor would),
 and --world Python worker processes (localsgd.Client, --millions fp32
-parameters) that sync round after round against "primary|standby". Every
---every seconds the primary is SIGKILLed, --kills times. Per kill, the
+parameters) that sync round after round against "primary|standby". The
+primary is SIGKILLed --kills times, each once every member has had two
+results since the one before, then --every seconds more. Per kill, the
 failover wait is the longest gap between two consecutive results at any
 member across the kill (its round in flight when the primary died, the
 standby's election, the re-join); the steady round time is the median gap
@@ -135,10 +136,18 @@ def main():
             if primary is None:
                 time.sleep(0.2)
                 continue
-            kills.append(time.monotonic())
+            killed = time.monotonic()
+            kills.append(killed)
             primary.proc.kill()
             primary.proc.wait()
             primary.start()  # back as the standby
+            # The next kill only once every member has had two results
+            # since this one: each wait is one failover's.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not all(
+                    sum(1 for t in times[r * slots:(r + 1) * slots]
+                        if t > killed) >= 2 for r in range(args.world)):
+                time.sleep(0.1)
             time.sleep(args.every)
     finally:
         stop.set()

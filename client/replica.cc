@@ -22,6 +22,11 @@ namespace {
 // READY (the coordinator answered, with an error), else until it connects
 // again or the deadline, whichever comes first; not at all where the call
 // is to go to another address.
+// Re-joins one Sync may make (Replica::Sync).
+constexpr int kMaxRejoinsPerSync = 4;
+// The longest retry backoff against a shard with standbys.
+constexpr absl::Duration kStandbyMaxBackoff = absl::Milliseconds(200);
+
 class ChannelWaiter final : public RetryWaiter {
  public:
   explicit ChannelWaiter(ShardEndpoints* endpoints) : endpoints_(endpoints) {}
@@ -285,11 +290,19 @@ absl::StatusOr<SyncOutcome> Replica::Sync(const Layout& layout,
   plan.round = member_.state_round() + 1;
   absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, plan, params);
   // The coordinator forgot the member or the job, or is behind it
-  // (rejoin_policy.h): joining again mends it.
+  // (rejoin_policy.h): joining again mends it. Again if the member is
+  // forgotten again (NOT_FOUND): the coordinator that took it back failed
+  // over before its round was through, to a standby that has not seen it.
   if (SyncNeedsRejoin(outcome.status())) {
-    LOG(WARNING) << "job " << options_.job_id << " at " << address() << ": "
-                 << outcome.status().message() << "; joining again";
-    outcome = Rejoin(layout, params);
+    for (int rejoins = 1;; ++rejoins) {
+      LOG(WARNING) << "job " << options_.job_id << " at " << address() << ": "
+                   << outcome.status().message() << "; joining again";
+      outcome = Rejoin(layout, params);
+      if (!absl::IsNotFound(outcome.status()) ||
+          rejoins == kMaxRejoinsPerSync) {
+        break;
+      }
+    }
   }
   return outcome;
 }
@@ -486,6 +499,12 @@ absl::Status Replica::WithRetries(
   RetryPolicy policy;
   policy.initial_backoff = options_.initial_backoff;
   policy.max_backoff = options_.max_backoff;
+  if (endpoints_->size() > 1) {
+    // A shard with standbys: while they elect, every address refuses at
+    // once and cheaply; ask often, so that the member is back within a
+    // fraction of a second of the new primary serving.
+    policy.max_backoff = std::min(policy.max_backoff, kStandbyMaxBackoff);
+  }
   policy.max_retry_time = options_.max_retry_time;
   ChannelWaiter waiter(endpoints_.get());
   return RunWithRetries(
