@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <exception>
-#include <functional>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <utility>
@@ -16,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/log_bridge.h"
 #include "client/node_group_c10d.h"
+#include "client/node_sync.h"
 #include "client/sync_schedule.h"
 #include "src/member_ref.h"
 
@@ -34,7 +34,8 @@ struct LocalSGD::Params {
   // CPU (no copy), otherwise one host buffer, pinned for fast, reusable
   // device <-> host copies.
   at::Tensor host;
-  // The leader's status broadcast (see Status* below), on flat's device.
+  // The leader's status broadcast (node_sync::StatusField), on flat's
+  // device.
   at::Tensor status;
   // The node group; null without one.
   c10::intrusive_ptr<c10d::ProcessGroup> group;
@@ -73,158 +74,6 @@ absl::Status FromException(absl::string_view what, const std::exception& e) {
 absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
-}
-
-// The leader's status tensor (int64): kStatusSize fields.
-enum StatusField : int64_t {
-  kKind = 0,          // StatusKind
-  kCode = 1,          // absl::StatusCode when kError
-  kRound = 2,         // SyncOutcome.round
-  kContributors = 3,  // SyncOutcome.contributors
-  kFlags = 4,         // NodeFlag bits
-  kStatusSize = 5,
-};
-enum StatusKind : int64_t { kOk = 0, kSkipped = 1, kError = 2 };
-enum NodeFlag : int64_t {
-  kContributed = 1,
-  kLate = 2,
-  kRejoined = 4,
-  kMerged = 8,    // overlap: a background round's result was merged
-  kStarted = 16,  // overlap: the next round started in the background
-};
-
-// What the node's leader tells its group after its part of a sync.
-struct NodeReport {
-  StatusKind kind = kOk;
-  int64_t code = 0;     // absl::StatusCode when kError
-  SyncOutcome outcome;  // round, contributors and flags when kOk
-  bool merged = false;
-  bool started = false;
-};
-
-// Broadcasts the leader's report through `status` (the int64 tensor of
-// kStatusSize on the group's device); what `mine` holds on the other ranks
-// is ignored. Returns the leader's report on every rank.
-absl::StatusOr<NodeReport> ShareReport(c10d::ProcessGroup& group,
-                                       at::Tensor& status, bool leader,
-                                       const NodeReport& mine);
-
-// Runs a collective and waits for it. A failure (a peer died, a timeout) is
-// ABORTED: the group cannot go on in lockstep.
-absl::Status RunCollective(
-    absl::string_view what,
-    const std::function<c10::intrusive_ptr<c10d::Work>()>& collective) {
-  try {
-    c10::intrusive_ptr<c10d::Work> work = collective();
-    work->wait();
-  } catch (const std::exception& e) {
-    std::string message = e.what();
-    if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
-      message = error->what_without_backtrace();
-    }
-    return absl::AbortedError(absl::StrCat(
-        "LocalSGD: node group ", what,
-        " failed: a process of this node (perhaps its leader, local rank 0) "
-        "died or timed out, so the node has left the job; restart the whole "
-        "node (torchrun restarts all local workers) and it re-joins as a "
-        "late joiner. Cause: ",
-        message));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Allreduce(c10d::ProcessGroup& group, at::Tensor& tensor,
-                       c10d::ReduceOp op, absl::string_view what) {
-  return RunCollective(what, [&] {
-    std::vector<at::Tensor> tensors{tensor};
-    c10d::AllreduceOptions options;
-    options.reduceOp = op;
-    return group.allreduce(tensors, options);
-  });
-}
-
-absl::Status Broadcast(c10d::ProcessGroup& group, at::Tensor& tensor,
-                       absl::string_view what) {
-  return RunCollective(what, [&] {
-    std::vector<at::Tensor> tensors{tensor};
-    c10d::BroadcastOptions options;
-    options.rootRank = 0;
-    options.rootTensor = 0;
-    return group.broadcast(tensors, options);
-  });
-}
-
-absl::StatusOr<NodeReport> ShareReport(c10d::ProcessGroup& group,
-                                       at::Tensor& status, bool leader,
-                                       const NodeReport& mine) {
-  try {
-    std::vector<int64_t> fields(kStatusSize, 0);
-    if (leader) {
-      fields[kKind] = mine.kind;
-      fields[kCode] = mine.code;
-      if (mine.kind == kOk) {
-        fields[kRound] = static_cast<int64_t>(mine.outcome.round);
-        fields[kContributors] = mine.outcome.contributors;
-        fields[kFlags] = (mine.outcome.contributed ? kContributed : 0) |
-                         (mine.outcome.late ? kLate : 0) |
-                         (mine.outcome.rejoined ? kRejoined : 0);
-      }
-      fields[kFlags] |=
-          (mine.merged ? kMerged : 0) | (mine.started ? kStarted : 0);
-    }
-    status.copy_(at::tensor(fields, at::kLong));
-  } catch (const c10::Error& e) {
-    return FromTorch("LocalSGD: status", e);
-  }
-  if (absl::Status s = Broadcast(group, status, "status"); !s.ok()) return s;
-  NodeReport report;
-  try {
-    const at::Tensor fields = status.cpu();
-    report.kind = static_cast<StatusKind>(fields[kKind].item<int64_t>());
-    report.code = fields[kCode].item<int64_t>();
-    const int64_t flags = fields[kFlags].item<int64_t>();
-    report.outcome.round = static_cast<RoundId>(fields[kRound].item<int64_t>());
-    report.outcome.contributors =
-        static_cast<uint32_t>(fields[kContributors].item<int64_t>());
-    report.outcome.contributed = (flags & kContributed) != 0;
-    report.outcome.late = (flags & kLate) != 0;
-    report.outcome.rejoined = (flags & kRejoined) != 0;
-    report.merged = (flags & kMerged) != 0;
-    report.started = (flags & kStarted) != 0;
-  } catch (const c10::Error& e) {
-    return FromTorch("LocalSGD: status", e);
-  }
-  return report;
-}
-
-// `flat` becomes the node mean in place (Gloo has no AVG; SUM then divide
-// works everywhere). A failed all-reduce is returned (ABORTED: the group
-// cannot go on in lockstep); a failed division goes into `local`, this
-// rank's own error, which it reports after the group's collectives.
-absl::Status NodeMean(c10d::ProcessGroup& group, at::Tensor& flat,
-                      absl::Status& local) {
-  if (absl::Status s =
-          Allreduce(group, flat, c10d::ReduceOp::SUM, "all-reduce");
-      !s.ok()) {
-    return s;
-  }
-  try {
-    flat.div_(static_cast<double>(group.getSize()));
-  } catch (const c10::Error& e) {
-    if (local.ok()) local = FromTorch("LocalSGD: node mean", e);
-  }
-  return absl::OkStatus();
-}
-
-// Error returned on a follower when the leader's step failed with `code`.
-absl::Status LeaderFailed(int64_t code, absl::string_view what) {
-  return absl::Status(
-      static_cast<absl::StatusCode>(code),
-      absl::StrCat(
-          "LocalSGD: the node's leader (local rank 0) failed ", what,
-          " with code ",
-          absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
-          "; its log has the cause"));
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
@@ -287,7 +136,8 @@ absl::Status LocalSGD::ReadParameters(torch::nn::Module& module, Params& params,
               : at::empty(
                     {static_cast<int64_t>(offset)},
                     at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
-      params.status = at::zeros({kStatusSize}, on_device.dtype(at::kLong));
+      params.status =
+          at::zeros({node_sync::kStatusSize}, on_device.dtype(at::kLong));
     }
   } catch (const c10::Error& e) {
     return FromTorch("LocalSGD::Create: reading the module's parameters", e);
@@ -409,8 +259,8 @@ absl::Status LocalSGD::CheckNodeGroup(bool misconfigured) {
   } catch (const c10::Error& e) {
     return FromTorch("LocalSGD::Create: node group check", e);
   }
-  if (absl::Status s =
-          Allreduce(*group, check, c10d::ReduceOp::MAX, "check at Create");
+  if (absl::Status s = node_sync::Allreduce(*group, check, c10d::ReduceOp::MAX,
+                                            "check at Create");
       !s.ok()) {
     return s;
   }
@@ -475,24 +325,27 @@ absl::Status LocalSGD::ShareInitialState(const absl::Status& status) {
     params_->status.zero_();
     if (is_leader() && !status.ok()) {
       params_->status.copy_(at::tensor(
-          std::vector<int64_t>{kError, static_cast<int64_t>(status.code()), 0,
-                               0, 0},
+          std::vector<int64_t>{node_sync::kError,
+                               static_cast<int64_t>(status.code()), 0, 0, 0},
           at::kLong));
     }
   } catch (const c10::Error& e) {
     return FromTorch("LocalSGD::Create: status", e);
   }
-  if (absl::Status s = Broadcast(*group, params_->status, "status at Create");
+  if (absl::Status s =
+          node_sync::Broadcast(*group, params_->status, "status at Create");
       !s.ok()) {
     return s;
   }
   const at::Tensor leader_status = params_->status.cpu();
-  if (leader_status[kKind].item<int64_t>() != kOk) {
+  if (leader_status[node_sync::kKind].item<int64_t>() != node_sync::kOk) {
     return is_leader() ? status
-                       : LeaderFailed(leader_status[kCode].item<int64_t>(),
-                                      "to join and initialize");
+                       : node_sync::LeaderFailed(
+                             leader_status[node_sync::kCode].item<int64_t>(),
+                             "to join and initialize");
   }
-  if (absl::Status s = Broadcast(*group, params_->flat, "initial state");
+  if (absl::Status s =
+          node_sync::Broadcast(*group, params_->flat, "initial state");
       !s.ok()) {
     return s;
   }
@@ -635,14 +488,15 @@ absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
   c10d::ProcessGroup& group = *params_->group;
   // 1. The node mean, as in DoSync (a failed Flatten still takes part).
   absl::Status status = Flatten();
-  if (absl::Status s = NodeMean(group, params_->flat, status); !s.ok()) {
+  if (absl::Status s = node_sync::NodeMean(group, params_->flat, status);
+      !s.ok()) {
     sync_seconds_total_ += SecondsSince(start);
     return s;
   }
   // 2. The leader merges the round in flight into the node mean (theta_r +
   // (mean_now - mean_then): the node's progress since its contribution) and
   // starts the next round from that.
-  NodeReport mine;
+  node_sync::NodeReport mine;
   double round_seconds = 0;
   if (is_leader()) {
     if (status.ok()) status = ToHost();
@@ -659,7 +513,7 @@ absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
         LOCALSGD_LOG(WARNING)
             << "LocalSGD background sync before step " << steps_
             << " skipped, training on locally: " << outcome.status();
-        mine.kind = kSkipped;
+        mine.kind = node_sync::kSkipped;
       } else {
         status = outcome.status();
       }
@@ -678,26 +532,28 @@ absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
     // every rank must know it (sync_in_flight, Close) to merge it later.
     mine.started = background_ != nullptr && background_->in_flight();
     if (!status.ok()) {
-      mine.kind = kError;
+      mine.kind = node_sync::kError;
       mine.code = static_cast<int64_t>(status.code());
     }
   }
   // 3. The leader's report, then (if it merged) the merged parameters, to
   // every rank. Otherwise every rank already holds the node mean.
-  absl::StatusOr<NodeReport> leader =
-      ShareReport(group, params_->status, is_leader(), mine);
+  absl::StatusOr<node_sync::NodeReport> leader =
+      node_sync::ShareReport(group, params_->status, is_leader(), mine);
   if (!leader.ok()) {
     sync_seconds_total_ += SecondsSince(start);
     return leader.status();
   }
   node_round_in_flight_ = leader->started;
-  if (leader->kind == kError) {
+  if (leader->kind == node_sync::kError) {
     sync_seconds_total_ += SecondsSince(start);
-    return is_leader() ? status
-                       : LeaderFailed(leader->code, "its background sync");
+    return is_leader()
+               ? status
+               : node_sync::LeaderFailed(leader->code, "its background sync");
   }
   if (leader->merged) {
-    if (absl::Status s = Broadcast(group, params_->flat, "broadcast");
+    if (absl::Status s =
+            node_sync::Broadcast(group, params_->flat, "broadcast");
         !s.ok()) {
       sync_seconds_total_ += SecondsSince(start);
       return s;
@@ -709,7 +565,7 @@ absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
   if (status.ok()) status = Unflatten();
   sync_seconds_total_ += SecondsSince(start);
   if (!status.ok()) return status;
-  if (leader->kind == kSkipped) {
+  if (leader->kind == node_sync::kSkipped) {
     ++num_skipped_syncs_;
     last_sync_skipped_ = true;
   } else if (leader->merged) {
@@ -750,7 +606,8 @@ absl::Status LocalSGD::DoSync() {
   if (group != nullptr) {
     // A failed Flatten (LibTorch error, not expected) still takes part, so
     // that the group stays in lockstep; it reports its error at the end.
-    if (absl::Status s = NodeMean(*group, params_->flat, status); !s.ok()) {
+    if (absl::Status s = node_sync::NodeMean(*group, params_->flat, status);
+        !s.ok()) {
       sync_seconds_total_ += SecondsSince(start);
       return s;
     }
@@ -776,33 +633,34 @@ absl::Status LocalSGD::DoSync() {
   }
   // 3. The leader's outcome and the global mean to the whole node.
   if (group != nullptr) {
-    NodeReport mine;
+    node_sync::NodeReport mine;
     if (is_leader()) {
       if (!status.ok()) {
-        mine.kind = kError;
+        mine.kind = node_sync::kError;
         mine.code = static_cast<int64_t>(status.code());
       } else if (skipped) {
-        mine.kind = kSkipped;
+        mine.kind = node_sync::kSkipped;
       } else {
         mine.outcome = *outcome;
       }
     }
-    absl::StatusOr<NodeReport> leader =
-        ShareReport(*group, params_->status, is_leader(), mine);
+    absl::StatusOr<node_sync::NodeReport> leader =
+        node_sync::ShareReport(*group, params_->status, is_leader(), mine);
     if (!leader.ok()) {
       sync_seconds_total_ += SecondsSince(start);
       return leader.status();
     }
     if (!is_leader()) {
-      if (leader->kind == kError) {
+      if (leader->kind == node_sync::kError) {
         sync_seconds_total_ += SecondsSince(start);
-        return LeaderFailed(leader->code, "its sync");
+        return node_sync::LeaderFailed(leader->code, "its sync");
       }
-      skipped = leader->kind == kSkipped;
-      if (leader->kind == kOk) outcome = leader->outcome;
+      skipped = leader->kind == node_sync::kSkipped;
+      if (leader->kind == node_sync::kOk) outcome = leader->outcome;
     }
-    if (leader->kind == kOk) {
-      if (absl::Status s = Broadcast(*group, params_->flat, "broadcast");
+    if (leader->kind == node_sync::kOk) {
+      if (absl::Status s =
+              node_sync::Broadcast(*group, params_->flat, "broadcast");
           !s.ok()) {
         sync_seconds_total_ += SecondsSince(start);
         return s;

@@ -54,7 +54,8 @@
 // all local workers together) brings it back as a late joiner: the new
 // leader fetches the job's state in Create and broadcasts it to the node.
 //
-// This header includes no LibTorch header; only local_sgd.cc does.
+// This header includes no LibTorch header; local_sgd.cc and the internal
+// client/node_sync.h (the node group's collectives) do.
 //
 // Thread-safety: none. One thread drives a LocalSGD (the thread that trains
 // the module); the module must not be trained concurrently with Step(),
