@@ -483,98 +483,124 @@ absl::Status LocalSGD::MergeInFlight() {
              : MergeBackgroundSync();
 }
 
+// One overlapped node sync point on this rank, from step to step.
+struct LocalSGD::SyncPoint {
+  std::chrono::steady_clock::time_point start;
+  // This rank's own error so far (Flatten, the node mean, the leader's
+  // part); a rank reports it after the node's collectives.
+  absl::Status status;
+  // The leader: its report to the node, and how long the merged round took.
+  node_sync::NodeReport mine;
+  double round_seconds = 0;
+  // Every rank: the leader's report as the node received it.
+  node_sync::NodeReport leader;
+};
+
 absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
-  const auto start = std::chrono::steady_clock::now();
+  SyncPoint point;
+  point.start = std::chrono::steady_clock::now();
   c10d::ProcessGroup& group = *params_->group;
   // 1. The node mean, as in DoSync (a failed Flatten still takes part).
-  absl::Status status = Flatten();
-  if (absl::Status s = node_sync::NodeMean(group, params_->flat, status);
+  point.status = Flatten();
+  if (absl::Status s = node_sync::NodeMean(group, params_->flat, point.status);
       !s.ok()) {
-    sync_seconds_total_ += SecondsSince(start);
+    sync_seconds_total_ += SecondsSince(point.start);
     return s;
   }
   // 2. The leader merges the round in flight into the node mean (theta_r +
   // (mean_now - mean_then): the node's progress since its contribution) and
   // starts the next round from that.
-  node_sync::NodeReport mine;
-  double round_seconds = 0;
-  if (is_leader()) {
-    if (status.ok()) status = ToHost();
-    if (status.ok() && background_ != nullptr && background_->in_flight()) {
-      absl::StatusOr<SyncOutcome> outcome = background_->Finish(
-          absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
-      round_seconds = SecondsSince(background_start_);
-      if (outcome.ok()) {
-        mine.merged = true;
-        mine.outcome = *outcome;
-      } else if ((absl::IsUnavailable(outcome.status()) ||
-                  absl::IsDeadlineExceeded(outcome.status())) &&
-                 options_.keep_training_when_unavailable) {
-        LOCALSGD_LOG(WARNING)
-            << "LocalSGD background sync before step " << steps_
-            << " skipped, training on locally: " << outcome.status();
-        mine.kind = node_sync::kSkipped;
-      } else {
-        status = outcome.status();
-      }
-    }
-    if (status.ok() && mine.merged) status = FromHost("merged");
-    if (status.ok() && start_next) {
-      if (background_ == nullptr) {
-        background_ = std::make_unique<BackgroundSync>(client_);
-      }
-      background_start_ = std::chrono::steady_clock::now();
-      status = background_->Start(
-          absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_));
-    }
-    // What is in flight now, whatever failed: a round this sync point could
-    // not finish (an error before Finish) is still the sync thread's, and
-    // every rank must know it (sync_in_flight, Close) to merge it later.
-    mine.started = background_ != nullptr && background_->in_flight();
-    if (!status.ok()) {
-      mine.kind = node_sync::kError;
-      mine.code = static_cast<int64_t>(status.code());
-    }
-  }
+  if (is_leader()) MergeAndStartRound(start_next, point);
   // 3. The leader's report, then (if it merged) the merged parameters, to
   // every rank. Otherwise every rank already holds the node mean.
   absl::StatusOr<node_sync::NodeReport> leader =
-      node_sync::ShareReport(group, params_->status, is_leader(), mine);
+      node_sync::ShareReport(group, params_->status, is_leader(), point.mine);
   if (!leader.ok()) {
-    sync_seconds_total_ += SecondsSince(start);
+    sync_seconds_total_ += SecondsSince(point.start);
     return leader.status();
   }
-  node_round_in_flight_ = leader->started;
-  if (leader->kind == node_sync::kError) {
-    sync_seconds_total_ += SecondsSince(start);
-    return is_leader()
-               ? status
-               : node_sync::LeaderFailed(leader->code, "its background sync");
+  point.leader = *leader;
+  node_round_in_flight_ = point.leader.started;
+  if (point.leader.kind == node_sync::kError) {
+    sync_seconds_total_ += SecondsSince(point.start);
+    return is_leader() ? point.status
+                       : node_sync::LeaderFailed(point.leader.code,
+                                                 "its background sync");
   }
-  if (leader->merged) {
+  if (point.leader.merged) {
     if (absl::Status s =
             node_sync::Broadcast(group, params_->flat, "broadcast");
         !s.ok()) {
-      sync_seconds_total_ += SecondsSince(start);
+      sync_seconds_total_ += SecondsSince(point.start);
       return s;
     }
   }
   // Every rank continues from the node's state: merged, or the node mean;
   // a rank whose own part failed (Flatten, the mean) keeps its parameters
   // and returns its error.
-  if (status.ok()) status = Unflatten();
-  sync_seconds_total_ += SecondsSince(start);
-  if (!status.ok()) return status;
-  if (leader->kind == node_sync::kSkipped) {
+  if (point.status.ok()) point.status = Unflatten();
+  sync_seconds_total_ += SecondsSince(point.start);
+  if (!point.status.ok()) return point.status;
+  CountSyncPoint(point);
+  return absl::OkStatus();
+}
+
+// The leader's step 2 of a sync point: the node mean to the host, the round
+// in flight (if any) finished and merged into it, and the next one started
+// (`start_next`). Fills point.mine; an error goes into point.status.
+void LocalSGD::MergeAndStartRound(bool start_next, SyncPoint& point) {
+  absl::Status& status = point.status;
+  node_sync::NodeReport& mine = point.mine;
+  if (status.ok()) status = ToHost();
+  if (status.ok() && background_ != nullptr && background_->in_flight()) {
+    absl::StatusOr<SyncOutcome> outcome = background_->Finish(
+        absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
+    point.round_seconds = SecondsSince(background_start_);
+    if (outcome.ok()) {
+      mine.merged = true;
+      mine.outcome = *outcome;
+    } else if ((absl::IsUnavailable(outcome.status()) ||
+                absl::IsDeadlineExceeded(outcome.status())) &&
+               options_.keep_training_when_unavailable) {
+      LOCALSGD_LOG(WARNING)
+          << "LocalSGD background sync before step " << steps_
+          << " skipped, training on locally: " << outcome.status();
+      mine.kind = node_sync::kSkipped;
+    } else {
+      status = outcome.status();
+    }
+  }
+  if (status.ok() && mine.merged) status = FromHost("merged");
+  if (status.ok() && start_next) {
+    if (background_ == nullptr) {
+      background_ = std::make_unique<BackgroundSync>(client_);
+    }
+    background_start_ = std::chrono::steady_clock::now();
+    status = background_->Start(
+        absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_));
+  }
+  // What is in flight now, whatever failed: a round this sync point could
+  // not finish (an error before Finish) is still the sync thread's, and
+  // every rank must know it (sync_in_flight, Close) to merge it later.
+  mine.started = background_ != nullptr && background_->in_flight();
+  if (!status.ok()) {
+    mine.kind = node_sync::kError;
+    mine.code = static_cast<int64_t>(status.code());
+  }
+}
+
+// A sync point's end on every rank, once the parameters hold the node's
+// state: counts what the leader reported (a skip, or a merged round).
+void LocalSGD::CountSyncPoint(const SyncPoint& point) {
+  if (point.leader.kind == node_sync::kSkipped) {
     ++num_skipped_syncs_;
     last_sync_skipped_ = true;
-  } else if (leader->merged) {
+  } else if (point.leader.merged) {
     last_sync_skipped_ = false;
     ++num_merges_;
-    CountOutcome(is_leader() ? mine.outcome : leader->outcome,
-                 is_leader() ? round_seconds : SecondsSince(start));
+    CountOutcome(is_leader() ? point.mine.outcome : point.leader.outcome,
+                 is_leader() ? point.round_seconds : SecondsSince(point.start));
   }
-  return absl::OkStatus();
 }
 
 absl::Status LocalSGD::Close() {
@@ -598,88 +624,120 @@ absl::Status LocalSGD::Close() {
   return absl::OkStatus();
 }
 
+// One blocking sync on this rank, from step to step.
+struct LocalSGD::SyncAttempt {
+  // This rank's own error so far (Flatten, the node mean, the leader's
+  // exchange); a rank reports it after the node's collectives.
+  absl::Status status;
+  // The round's outcome: the leader's own, or on the other ranks of a node
+  // group the leader's report (set when it is ok).
+  absl::StatusOr<SyncOutcome> outcome;
+  // The leader skipped the sync (coordinator unreachable and
+  // keep_training_when_unavailable).
+  bool skipped = false;
+};
+
 absl::Status LocalSGD::DoSync() {
   const auto start = std::chrono::steady_clock::now();
   c10d::ProcessGroup* group = params_->group.get();
-  absl::Status status = Flatten();
+  SyncAttempt sync;
+  sync.status = Flatten();
   // 1. The node mean.
   if (group != nullptr) {
     // A failed Flatten (LibTorch error, not expected) still takes part, so
     // that the group stays in lockstep; it reports its error at the end.
-    if (absl::Status s = node_sync::NodeMean(*group, params_->flat, status);
+    if (absl::Status s =
+            node_sync::NodeMean(*group, params_->flat, sync.status);
         !s.ok()) {
       sync_seconds_total_ += SecondsSince(start);
       return s;
     }
   }
   // 2. The leader exchanges it with the coordinator.
-  absl::StatusOr<SyncOutcome> outcome;
-  bool skipped = false;
-  if (is_leader()) {
-    if (status.ok()) status = ToHost();
-    if (status.ok()) {
-      outcome = client_->Sync(
-          absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
-      status = outcome.status();
-    }
-    if (status.ok()) status = FromHost("averaged");
-    if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) &&
-        options_.keep_training_when_unavailable) {
-      LOCALSGD_LOG(WARNING) << "LocalSGD sync at step " << steps_
-                            << " skipped, training on locally: " << status;
-      skipped = true;
-      status = absl::OkStatus();
-    }
-  }
+  if (is_leader()) SyncWithCoordinator(sync);
   // 3. The leader's outcome and the global mean to the whole node.
   if (group != nullptr) {
-    node_sync::NodeReport mine;
-    if (is_leader()) {
-      if (!status.ok()) {
-        mine.kind = node_sync::kError;
-        mine.code = static_cast<int64_t>(status.code());
-      } else if (skipped) {
-        mine.kind = node_sync::kSkipped;
-      } else {
-        mine.outcome = *outcome;
-      }
-    }
-    absl::StatusOr<node_sync::NodeReport> leader =
-        node_sync::ShareReport(*group, params_->status, is_leader(), mine);
-    if (!leader.ok()) {
+    if (absl::Status s = ShareSyncResult(sync); !s.ok()) {
       sync_seconds_total_ += SecondsSince(start);
-      return leader.status();
-    }
-    if (!is_leader()) {
-      if (leader->kind == node_sync::kError) {
-        sync_seconds_total_ += SecondsSince(start);
-        return node_sync::LeaderFailed(leader->code, "its sync");
-      }
-      skipped = leader->kind == node_sync::kSkipped;
-      if (leader->kind == node_sync::kOk) outcome = leader->outcome;
-    }
-    if (leader->kind == node_sync::kOk) {
-      if (absl::Status s =
-              node_sync::Broadcast(*group, params_->flat, "broadcast");
-          !s.ok()) {
-        sync_seconds_total_ += SecondsSince(start);
-        return s;
-      }
+      return s;
     }
   }
+  return FinishSync(sync, start);
+}
+
+// DoSync's step 2 on the leader: the flat parameters (the node mean) to the
+// host, Client::Sync, the global mean back. An error goes into sync.status;
+// an unreachable coordinator with keep_training_when_unavailable is a skip
+// instead (logged; sync.status cleared).
+void LocalSGD::SyncWithCoordinator(SyncAttempt& sync) {
+  absl::Status& status = sync.status;
+  if (status.ok()) status = ToHost();
+  if (status.ok()) {
+    sync.outcome = client_->Sync(
+        absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
+    status = sync.outcome.status();
+  }
+  if (status.ok()) status = FromHost("averaged");
+  if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) &&
+      options_.keep_training_when_unavailable) {
+    LOCALSGD_LOG(WARNING) << "LocalSGD sync at step " << steps_
+                          << " skipped, training on locally: " << status;
+    sync.skipped = true;
+    status = absl::OkStatus();
+  }
+}
+
+// DoSync's step 3 with a node group, on every rank: the leader's report
+// (error, skip or outcome), then, if ok, the global mean from the leader.
+// The other ranks take the skip and the outcome from the report. Returns
+// the error that ends the sync here: a failed collective, or on the other
+// ranks the leader's failure.
+absl::Status LocalSGD::ShareSyncResult(SyncAttempt& sync) {
+  c10d::ProcessGroup& group = *params_->group;
+  node_sync::NodeReport mine;
+  if (is_leader()) {
+    if (!sync.status.ok()) {
+      mine.kind = node_sync::kError;
+      mine.code = static_cast<int64_t>(sync.status.code());
+    } else if (sync.skipped) {
+      mine.kind = node_sync::kSkipped;
+    } else {
+      mine.outcome = *sync.outcome;
+    }
+  }
+  absl::StatusOr<node_sync::NodeReport> leader =
+      node_sync::ShareReport(group, params_->status, is_leader(), mine);
+  if (!leader.ok()) return leader.status();
+  if (!is_leader()) {
+    if (leader->kind == node_sync::kError) {
+      return node_sync::LeaderFailed(leader->code, "its sync");
+    }
+    sync.skipped = leader->kind == node_sync::kSkipped;
+    if (leader->kind == node_sync::kOk) sync.outcome = leader->outcome;
+  }
+  if (leader->kind == node_sync::kOk) {
+    return node_sync::Broadcast(group, params_->flat, "broadcast");
+  }
+  return absl::OkStatus();
+}
+
+// DoSync's end on every rank: the global mean into the parameters unless
+// the sync failed or was skipped, then the sync counted.
+absl::Status LocalSGD::FinishSync(SyncAttempt& sync,
+                                  std::chrono::steady_clock::time_point start) {
   // The parameters are written only on success: a skipped or failed sync
   // leaves them as they were.
-  if (status.ok() && !skipped) status = Unflatten();
+  if (sync.status.ok() && !sync.skipped) sync.status = Unflatten();
   const double seconds = SecondsSince(start);
   sync_seconds_total_ += seconds;
-  last_sync_skipped_ = skipped;
-  if (skipped) {
+  last_sync_skipped_ = sync.skipped;
+  if (sync.skipped) {
     ++num_skipped_syncs_;
     return absl::OkStatus();
   }
-  if (!status.ok()) return status;
+  if (!sync.status.ok()) return sync.status;
 
-  CountOutcome(*outcome, seconds);
+  CountOutcome(*sync.outcome, seconds);
   LOCALSGD_VLOG(1) << "LocalSGD sync at step " << steps_ << ": round "
                    << last_outcome_.round << ", " << last_outcome_.contributors
                    << " contributors, " << seconds << " s";

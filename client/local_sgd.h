@@ -251,8 +251,20 @@ class LocalSGD {
   LocalSGD(Client* client, LocalSGDOptions options,
            std::unique_ptr<Params> params, Layout layout);
 
-  // SyncNow() without its checks; Close() uses it too.
+  // One sync's state as it passes from one step of DoSync, or of
+  // NodeSyncPointOverlapped, to the next (this rank's own error, the
+  // leader's outcome or report); defined in local_sgd.cc.
+  struct SyncAttempt;
+  struct SyncPoint;
+
+  // SyncNow() without its checks; Close() uses it too. In steps: the node
+  // mean, SyncWithCoordinator (the leader), ShareSyncResult (a node group),
+  // FinishSync.
   absl::Status DoSync();
+  void SyncWithCoordinator(SyncAttempt& sync);
+  absl::Status ShareSyncResult(SyncAttempt& sync);
+  absl::Status FinishSync(SyncAttempt& sync,
+                          std::chrono::steady_clock::time_point start);
   // Overlap: starts the background sync of the current parameters; waits
   // for the one in flight and merges it into the parameters.
   absl::Status StartBackgroundSync();
@@ -261,7 +273,11 @@ class LocalSGD {
   // node mean; the leader merges the round in flight into it and, if
   // `start_next`, starts the next round from the result; the result to
   // every rank). See LocalSGDOptions::overlap.
+  // In steps: the node mean, MergeAndStartRound (the leader), the leader's
+  // report and result to every rank, CountSyncPoint.
   absl::Status NodeSyncPointOverlapped(bool start_next);
+  void MergeAndStartRound(bool start_next, SyncPoint& point);
+  void CountSyncPoint(const SyncPoint& point);
   // The round in flight merged (MergeBackgroundSync, or with a node group
   // NodeSyncPointOverlapped without starting the next).
   absl::Status MergeInFlight();
