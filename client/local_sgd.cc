@@ -76,6 +76,32 @@ absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
 }
 
+// Create's checks of the leader's `client` (LocalSGD enabled; no node
+// group, or its rank 0): INVALID_ARGUMENT when it is null or its
+// ClientOptions name another K than `options`.
+absl::Status CheckLeaderClient(const Client* client,
+                               const LocalSGDOptions& options, bool grouped) {
+  if (client == nullptr) {
+    return absl::InvalidArgumentError(
+        grouped ? "LocalSGD::Create: rank 0 of the node group has a null "
+                  "client; the node's leader needs a Client (joined with "
+                  "ClientOptions.weight = the group's size)"
+                : "LocalSGD::Create: client is null; pass a Client, or set "
+                  "LocalSGDOptions.enabled = false to train without "
+                  "averaging");
+  }
+  const uint32_t client_k = client->options().settings.local_sgd_steps;
+  if (client_k != 0 &&
+      client_k != static_cast<uint32_t>(options.local_sgd_steps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LocalSGD::Create: LocalSGDOptions.local_sgd_steps is ",
+                     options.local_sgd_steps,
+                     " but ClientOptions.settings.local_sgd_steps is ",
+                     client_k, "; pass the same K to both"));
+  }
+  return absl::OkStatus();
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
@@ -154,23 +180,8 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
   const bool grouped = options.enabled && options.node_group.valid();
   const bool leader = !grouped || options.node_group.rank() == 0;
   if (options.enabled && leader) {
-    if (client == nullptr) {
-      return absl::InvalidArgumentError(
-          grouped ? "LocalSGD::Create: rank 0 of the node group has a null "
-                    "client; the node's leader needs a Client (joined with "
-                    "ClientOptions.weight = the group's size)"
-                  : "LocalSGD::Create: client is null; pass a Client, or set "
-                    "LocalSGDOptions.enabled = false to train without "
-                    "averaging");
-    }
-    const uint32_t client_k = client->options().settings.local_sgd_steps;
-    if (client_k != 0 &&
-        client_k != static_cast<uint32_t>(options.local_sgd_steps)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LocalSGD::Create: LocalSGDOptions.local_sgd_steps is ",
-                       options.local_sgd_steps,
-                       " but ClientOptions.settings.local_sgd_steps is ",
-                       client_k, "; pass the same K to both"));
+    if (absl::Status s = CheckLeaderClient(client, options, grouped); !s.ok()) {
+      return s;
     }
   }
 
@@ -205,31 +216,32 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
     local_sgd->closed_ = true;
     return s;
   }
-  if (local_sgd->is_leader()) {
-    LOCALSGD_LOG(INFO) << "LocalSGD: job '" << client->options().job_id
-                       << "' member_ref " << MemberRef(client->info().member_id)
-                       << ": " << local_sgd->layout_.tensors.size()
-                       << " tensors, " << local_sgd->num_elements_
-                       << " elements, K=" << options.local_sgd_steps
-                       << ", starting from state round "
-                       << client->state_round()
-                       << (client->info().has_state
-                               ? " (fetched)"
-                               : " (seeded or adopted seed)")
-                       << (grouped
-                               ? absl::StrCat(", leader of a node group of ",
-                                              options.node_group.size(), " (",
-                                              options.node_group.backend(), ")")
-                               : std::string());
-  } else {
-    LOCALSGD_LOG(INFO) << "LocalSGD: local rank " << options.node_group.rank()
-                       << " of " << options.node_group.size() << " ("
-                       << options.node_group.backend()
-                       << "): adopted the leader's parameters, "
-                       << local_sgd->num_elements_
-                       << " elements, K=" << options.local_sgd_steps;
-  }
+  local_sgd->LogCreated(grouped);
   return local_sgd;
+}
+
+void LocalSGD::LogCreated(bool grouped) const {
+  if (is_leader()) {
+    LOCALSGD_LOG(INFO)
+        << "LocalSGD: job '" << client_->options().job_id << "' member_ref "
+        << MemberRef(client_->info().member_id) << ": "
+        << layout_.tensors.size() << " tensors, " << num_elements_
+        << " elements, K=" << options_.local_sgd_steps
+        << ", starting from state round " << client_->state_round()
+        << (client_->info().has_state ? " (fetched)"
+                                      : " (seeded or adopted seed)")
+        << (grouped ? absl::StrCat(", leader of a node group of ",
+                                   options_.node_group.size(), " (",
+                                   options_.node_group.backend(), ")")
+                    : std::string());
+  } else {
+    LOCALSGD_LOG(INFO) << "LocalSGD: local rank " << options_.node_group.rank()
+                       << " of " << options_.node_group.size() << " ("
+                       << options_.node_group.backend()
+                       << "): adopted the leader's parameters, "
+                       << num_elements_
+                       << " elements, K=" << options_.local_sgd_steps;
+  }
 }
 
 // Checked together, so that a rank with a bad setup fails the whole group

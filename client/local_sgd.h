@@ -283,6 +283,9 @@ class LocalSGD {
   absl::Status MergeInFlight();
   // Counts a finished sync's outcome (DoSync and the merge).
   void CountOutcome(const SyncOutcome& outcome, double seconds);
+  // Create's log line on success (`grouped`: with a node group): the
+  // leader's job, member and starting state, or a follower's rank.
+  void LogCreated(bool grouped) const;
   // Create's steps 2-4 once the LocalSGD exists (see Create);
   // `misconfigured`: this rank of a node group has a setup error that must
   // fail the whole group.
