@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <exception>
-#include <functional>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <utility>
@@ -16,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/log_bridge.h"
 #include "client/node_group_c10d.h"
+#include "client/node_sync.h"
 #include "client/sync_schedule.h"
 #include "src/member_ref.h"
 
@@ -34,7 +34,8 @@ struct LocalSGD::Params {
   // CPU (no copy), otherwise one host buffer, pinned for fast, reusable
   // device <-> host copies.
   at::Tensor host;
-  // The leader's status broadcast (see Status* below), on flat's device.
+  // The leader's status broadcast (node_sync::StatusField), on flat's
+  // device.
   at::Tensor status;
   // The node group; null without one.
   c10::intrusive_ptr<c10d::ProcessGroup> group;
@@ -75,156 +76,30 @@ absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
 }
 
-// The leader's status tensor (int64): kStatusSize fields.
-enum StatusField : int64_t {
-  kKind = 0,          // StatusKind
-  kCode = 1,          // absl::StatusCode when kError
-  kRound = 2,         // SyncOutcome.round
-  kContributors = 3,  // SyncOutcome.contributors
-  kFlags = 4,         // NodeFlag bits
-  kStatusSize = 5,
-};
-enum StatusKind : int64_t { kOk = 0, kSkipped = 1, kError = 2 };
-enum NodeFlag : int64_t {
-  kContributed = 1,
-  kLate = 2,
-  kRejoined = 4,
-  kMerged = 8,    // overlap: a background round's result was merged
-  kStarted = 16,  // overlap: the next round started in the background
-};
-
-// What the node's leader tells its group after its part of a sync.
-struct NodeReport {
-  StatusKind kind = kOk;
-  int64_t code = 0;     // absl::StatusCode when kError
-  SyncOutcome outcome;  // round, contributors and flags when kOk
-  bool merged = false;
-  bool started = false;
-};
-
-// Broadcasts the leader's report through `status` (the int64 tensor of
-// kStatusSize on the group's device); what `mine` holds on the other ranks
-// is ignored. Returns the leader's report on every rank.
-absl::StatusOr<NodeReport> ShareReport(c10d::ProcessGroup& group,
-                                       at::Tensor& status, bool leader,
-                                       const NodeReport& mine);
-
-// Runs a collective and waits for it. A failure (a peer died, a timeout) is
-// ABORTED: the group cannot go on in lockstep.
-absl::Status RunCollective(
-    absl::string_view what,
-    const std::function<c10::intrusive_ptr<c10d::Work>()>& collective) {
-  try {
-    c10::intrusive_ptr<c10d::Work> work = collective();
-    work->wait();
-  } catch (const std::exception& e) {
-    std::string message = e.what();
-    if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
-      message = error->what_without_backtrace();
-    }
-    return absl::AbortedError(absl::StrCat(
-        "LocalSGD: node group ", what,
-        " failed: a process of this node (perhaps its leader, local rank 0) "
-        "died or timed out, so the node has left the job; restart the whole "
-        "node (torchrun restarts all local workers) and it re-joins as a "
-        "late joiner. Cause: ",
-        message));
+// Create's checks of the leader's `client` (LocalSGD enabled; no node
+// group, or its rank 0): INVALID_ARGUMENT when it is null or its
+// ClientOptions name another K than `options`.
+absl::Status CheckLeaderClient(const Client* client,
+                               const LocalSGDOptions& options, bool grouped) {
+  if (client == nullptr) {
+    return absl::InvalidArgumentError(
+        grouped ? "LocalSGD::Create: rank 0 of the node group has a null "
+                  "client; the node's leader needs a Client (joined with "
+                  "ClientOptions.weight = the group's size)"
+                : "LocalSGD::Create: client is null; pass a Client, or set "
+                  "LocalSGDOptions.enabled = false to train without "
+                  "averaging");
+  }
+  const uint32_t client_k = client->options().settings.local_sgd_steps;
+  if (client_k != 0 &&
+      client_k != static_cast<uint32_t>(options.local_sgd_steps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LocalSGD::Create: LocalSGDOptions.local_sgd_steps is ",
+                     options.local_sgd_steps,
+                     " but ClientOptions.settings.local_sgd_steps is ",
+                     client_k, "; pass the same K to both"));
   }
   return absl::OkStatus();
-}
-
-absl::Status Allreduce(c10d::ProcessGroup& group, at::Tensor& tensor,
-                       c10d::ReduceOp op, absl::string_view what) {
-  return RunCollective(what, [&] {
-    std::vector<at::Tensor> tensors{tensor};
-    c10d::AllreduceOptions options;
-    options.reduceOp = op;
-    return group.allreduce(tensors, options);
-  });
-}
-
-absl::Status Broadcast(c10d::ProcessGroup& group, at::Tensor& tensor,
-                       absl::string_view what) {
-  return RunCollective(what, [&] {
-    std::vector<at::Tensor> tensors{tensor};
-    c10d::BroadcastOptions options;
-    options.rootRank = 0;
-    options.rootTensor = 0;
-    return group.broadcast(tensors, options);
-  });
-}
-
-absl::StatusOr<NodeReport> ShareReport(c10d::ProcessGroup& group,
-                                       at::Tensor& status, bool leader,
-                                       const NodeReport& mine) {
-  try {
-    std::vector<int64_t> fields(kStatusSize, 0);
-    if (leader) {
-      fields[kKind] = mine.kind;
-      fields[kCode] = mine.code;
-      if (mine.kind == kOk) {
-        fields[kRound] = static_cast<int64_t>(mine.outcome.round);
-        fields[kContributors] = mine.outcome.contributors;
-        fields[kFlags] = (mine.outcome.contributed ? kContributed : 0) |
-                         (mine.outcome.late ? kLate : 0) |
-                         (mine.outcome.rejoined ? kRejoined : 0);
-      }
-      fields[kFlags] |=
-          (mine.merged ? kMerged : 0) | (mine.started ? kStarted : 0);
-    }
-    status.copy_(at::tensor(fields, at::kLong));
-  } catch (const c10::Error& e) {
-    return FromTorch("LocalSGD: status", e);
-  }
-  if (absl::Status s = Broadcast(group, status, "status"); !s.ok()) return s;
-  NodeReport report;
-  try {
-    const at::Tensor fields = status.cpu();
-    report.kind = static_cast<StatusKind>(fields[kKind].item<int64_t>());
-    report.code = fields[kCode].item<int64_t>();
-    const int64_t flags = fields[kFlags].item<int64_t>();
-    report.outcome.round = static_cast<RoundId>(fields[kRound].item<int64_t>());
-    report.outcome.contributors =
-        static_cast<uint32_t>(fields[kContributors].item<int64_t>());
-    report.outcome.contributed = (flags & kContributed) != 0;
-    report.outcome.late = (flags & kLate) != 0;
-    report.outcome.rejoined = (flags & kRejoined) != 0;
-    report.merged = (flags & kMerged) != 0;
-    report.started = (flags & kStarted) != 0;
-  } catch (const c10::Error& e) {
-    return FromTorch("LocalSGD: status", e);
-  }
-  return report;
-}
-
-// `flat` becomes the node mean in place (Gloo has no AVG; SUM then divide
-// works everywhere). A failed all-reduce is returned (ABORTED: the group
-// cannot go on in lockstep); a failed division goes into `local`, this
-// rank's own error, which it reports after the group's collectives.
-absl::Status NodeMean(c10d::ProcessGroup& group, at::Tensor& flat,
-                      absl::Status& local) {
-  if (absl::Status s =
-          Allreduce(group, flat, c10d::ReduceOp::SUM, "all-reduce");
-      !s.ok()) {
-    return s;
-  }
-  try {
-    flat.div_(static_cast<double>(group.getSize()));
-  } catch (const c10::Error& e) {
-    if (local.ok()) local = FromTorch("LocalSGD: node mean", e);
-  }
-  return absl::OkStatus();
-}
-
-// Error returned on a follower when the leader's step failed with `code`.
-absl::Status LeaderFailed(int64_t code, absl::string_view what) {
-  return absl::Status(
-      static_cast<absl::StatusCode>(code),
-      absl::StrCat(
-          "LocalSGD: the node's leader (local rank 0) failed ", what,
-          " with code ",
-          absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
-          "; its log has the cause"));
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
@@ -287,7 +162,8 @@ absl::Status LocalSGD::ReadParameters(torch::nn::Module& module, Params& params,
               : at::empty(
                     {static_cast<int64_t>(offset)},
                     at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
-      params.status = at::zeros({kStatusSize}, on_device.dtype(at::kLong));
+      params.status =
+          at::zeros({node_sync::kStatusSize}, on_device.dtype(at::kLong));
     }
   } catch (const c10::Error& e) {
     return FromTorch("LocalSGD::Create: reading the module's parameters", e);
@@ -304,23 +180,8 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
   const bool grouped = options.enabled && options.node_group.valid();
   const bool leader = !grouped || options.node_group.rank() == 0;
   if (options.enabled && leader) {
-    if (client == nullptr) {
-      return absl::InvalidArgumentError(
-          grouped ? "LocalSGD::Create: rank 0 of the node group has a null "
-                    "client; the node's leader needs a Client (joined with "
-                    "ClientOptions.weight = the group's size)"
-                  : "LocalSGD::Create: client is null; pass a Client, or set "
-                    "LocalSGDOptions.enabled = false to train without "
-                    "averaging");
-    }
-    const uint32_t client_k = client->options().settings.local_sgd_steps;
-    if (client_k != 0 &&
-        client_k != static_cast<uint32_t>(options.local_sgd_steps)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LocalSGD::Create: LocalSGDOptions.local_sgd_steps is ",
-                       options.local_sgd_steps,
-                       " but ClientOptions.settings.local_sgd_steps is ",
-                       client_k, "; pass the same K to both"));
+    if (absl::Status s = CheckLeaderClient(client, options, grouped); !s.ok()) {
+      return s;
     }
   }
 
@@ -355,31 +216,32 @@ absl::StatusOr<std::unique_ptr<LocalSGD>> LocalSGD::Create(
     local_sgd->closed_ = true;
     return s;
   }
-  if (local_sgd->is_leader()) {
-    LOCALSGD_LOG(INFO) << "LocalSGD: job '" << client->options().job_id
-                       << "' member_ref " << MemberRef(client->info().member_id)
-                       << ": " << local_sgd->layout_.tensors.size()
-                       << " tensors, " << local_sgd->num_elements_
-                       << " elements, K=" << options.local_sgd_steps
-                       << ", starting from state round "
-                       << client->state_round()
-                       << (client->info().has_state
-                               ? " (fetched)"
-                               : " (seeded or adopted seed)")
-                       << (grouped
-                               ? absl::StrCat(", leader of a node group of ",
-                                              options.node_group.size(), " (",
-                                              options.node_group.backend(), ")")
-                               : std::string());
-  } else {
-    LOCALSGD_LOG(INFO) << "LocalSGD: local rank " << options.node_group.rank()
-                       << " of " << options.node_group.size() << " ("
-                       << options.node_group.backend()
-                       << "): adopted the leader's parameters, "
-                       << local_sgd->num_elements_
-                       << " elements, K=" << options.local_sgd_steps;
-  }
+  local_sgd->LogCreated(grouped);
   return local_sgd;
+}
+
+void LocalSGD::LogCreated(bool grouped) const {
+  if (is_leader()) {
+    LOCALSGD_LOG(INFO)
+        << "LocalSGD: job '" << client_->options().job_id << "' member_ref "
+        << MemberRef(client_->info().member_id) << ": "
+        << layout_.tensors.size() << " tensors, " << num_elements_
+        << " elements, K=" << options_.local_sgd_steps
+        << ", starting from state round " << client_->state_round()
+        << (client_->info().has_state ? " (fetched)"
+                                      : " (seeded or adopted seed)")
+        << (grouped ? absl::StrCat(", leader of a node group of ",
+                                   options_.node_group.size(), " (",
+                                   options_.node_group.backend(), ")")
+                    : std::string());
+  } else {
+    LOCALSGD_LOG(INFO) << "LocalSGD: local rank " << options_.node_group.rank()
+                       << " of " << options_.node_group.size() << " ("
+                       << options_.node_group.backend()
+                       << "): adopted the leader's parameters, "
+                       << num_elements_
+                       << " elements, K=" << options_.local_sgd_steps;
+  }
 }
 
 // Checked together, so that a rank with a bad setup fails the whole group
@@ -409,8 +271,8 @@ absl::Status LocalSGD::CheckNodeGroup(bool misconfigured) {
   } catch (const c10::Error& e) {
     return FromTorch("LocalSGD::Create: node group check", e);
   }
-  if (absl::Status s =
-          Allreduce(*group, check, c10d::ReduceOp::MAX, "check at Create");
+  if (absl::Status s = node_sync::Allreduce(*group, check, c10d::ReduceOp::MAX,
+                                            "check at Create");
       !s.ok()) {
     return s;
   }
@@ -475,24 +337,27 @@ absl::Status LocalSGD::ShareInitialState(const absl::Status& status) {
     params_->status.zero_();
     if (is_leader() && !status.ok()) {
       params_->status.copy_(at::tensor(
-          std::vector<int64_t>{kError, static_cast<int64_t>(status.code()), 0,
-                               0, 0},
+          std::vector<int64_t>{node_sync::kError,
+                               static_cast<int64_t>(status.code()), 0, 0, 0},
           at::kLong));
     }
   } catch (const c10::Error& e) {
     return FromTorch("LocalSGD::Create: status", e);
   }
-  if (absl::Status s = Broadcast(*group, params_->status, "status at Create");
+  if (absl::Status s =
+          node_sync::Broadcast(*group, params_->status, "status at Create");
       !s.ok()) {
     return s;
   }
   const at::Tensor leader_status = params_->status.cpu();
-  if (leader_status[kKind].item<int64_t>() != kOk) {
+  if (leader_status[node_sync::kKind].item<int64_t>() != node_sync::kOk) {
     return is_leader() ? status
-                       : LeaderFailed(leader_status[kCode].item<int64_t>(),
-                                      "to join and initialize");
+                       : node_sync::LeaderFailed(
+                             leader_status[node_sync::kCode].item<int64_t>(),
+                             "to join and initialize");
   }
-  if (absl::Status s = Broadcast(*group, params_->flat, "initial state");
+  if (absl::Status s =
+          node_sync::Broadcast(*group, params_->flat, "initial state");
       !s.ok()) {
     return s;
   }
@@ -630,95 +495,124 @@ absl::Status LocalSGD::MergeInFlight() {
              : MergeBackgroundSync();
 }
 
+// One overlapped node sync point on this rank, from step to step.
+struct LocalSGD::SyncPoint {
+  std::chrono::steady_clock::time_point start;
+  // This rank's own error so far (Flatten, the node mean, the leader's
+  // part); a rank reports it after the node's collectives.
+  absl::Status status;
+  // The leader: its report to the node, and how long the merged round took.
+  node_sync::NodeReport mine;
+  double round_seconds = 0;
+  // Every rank: the leader's report as the node received it.
+  node_sync::NodeReport leader;
+};
+
 absl::Status LocalSGD::NodeSyncPointOverlapped(bool start_next) {
-  const auto start = std::chrono::steady_clock::now();
+  SyncPoint point;
+  point.start = std::chrono::steady_clock::now();
   c10d::ProcessGroup& group = *params_->group;
   // 1. The node mean, as in DoSync (a failed Flatten still takes part).
-  absl::Status status = Flatten();
-  if (absl::Status s = NodeMean(group, params_->flat, status); !s.ok()) {
-    sync_seconds_total_ += SecondsSince(start);
+  point.status = Flatten();
+  if (absl::Status s = node_sync::NodeMean(group, params_->flat, point.status);
+      !s.ok()) {
+    sync_seconds_total_ += SecondsSince(point.start);
     return s;
   }
   // 2. The leader merges the round in flight into the node mean (theta_r +
   // (mean_now - mean_then): the node's progress since its contribution) and
   // starts the next round from that.
-  NodeReport mine;
-  double round_seconds = 0;
-  if (is_leader()) {
-    if (status.ok()) status = ToHost();
-    if (status.ok() && background_ != nullptr && background_->in_flight()) {
-      absl::StatusOr<SyncOutcome> outcome = background_->Finish(
-          absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
-      round_seconds = SecondsSince(background_start_);
-      if (outcome.ok()) {
-        mine.merged = true;
-        mine.outcome = *outcome;
-      } else if ((absl::IsUnavailable(outcome.status()) ||
-                  absl::IsDeadlineExceeded(outcome.status())) &&
-                 options_.keep_training_when_unavailable) {
-        LOCALSGD_LOG(WARNING)
-            << "LocalSGD background sync before step " << steps_
-            << " skipped, training on locally: " << outcome.status();
-        mine.kind = kSkipped;
-      } else {
-        status = outcome.status();
-      }
-    }
-    if (status.ok() && mine.merged) status = FromHost("merged");
-    if (status.ok() && start_next) {
-      if (background_ == nullptr) {
-        background_ = std::make_unique<BackgroundSync>(client_);
-      }
-      background_start_ = std::chrono::steady_clock::now();
-      status = background_->Start(
-          absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_));
-    }
-    // What is in flight now, whatever failed: a round this sync point could
-    // not finish (an error before Finish) is still the sync thread's, and
-    // every rank must know it (sync_in_flight, Close) to merge it later.
-    mine.started = background_ != nullptr && background_->in_flight();
-    if (!status.ok()) {
-      mine.kind = kError;
-      mine.code = static_cast<int64_t>(status.code());
-    }
-  }
+  if (is_leader()) MergeAndStartRound(start_next, point);
   // 3. The leader's report, then (if it merged) the merged parameters, to
   // every rank. Otherwise every rank already holds the node mean.
-  absl::StatusOr<NodeReport> leader =
-      ShareReport(group, params_->status, is_leader(), mine);
+  absl::StatusOr<node_sync::NodeReport> leader =
+      node_sync::ShareReport(group, params_->status, is_leader(), point.mine);
   if (!leader.ok()) {
-    sync_seconds_total_ += SecondsSince(start);
+    sync_seconds_total_ += SecondsSince(point.start);
     return leader.status();
   }
-  node_round_in_flight_ = leader->started;
-  if (leader->kind == kError) {
-    sync_seconds_total_ += SecondsSince(start);
-    return is_leader() ? status
-                       : LeaderFailed(leader->code, "its background sync");
+  point.leader = *leader;
+  node_round_in_flight_ = point.leader.started;
+  if (point.leader.kind == node_sync::kError) {
+    sync_seconds_total_ += SecondsSince(point.start);
+    return is_leader() ? point.status
+                       : node_sync::LeaderFailed(point.leader.code,
+                                                 "its background sync");
   }
-  if (leader->merged) {
-    if (absl::Status s = Broadcast(group, params_->flat, "broadcast");
+  if (point.leader.merged) {
+    if (absl::Status s =
+            node_sync::Broadcast(group, params_->flat, "broadcast");
         !s.ok()) {
-      sync_seconds_total_ += SecondsSince(start);
+      sync_seconds_total_ += SecondsSince(point.start);
       return s;
     }
   }
   // Every rank continues from the node's state: merged, or the node mean;
   // a rank whose own part failed (Flatten, the mean) keeps its parameters
   // and returns its error.
-  if (status.ok()) status = Unflatten();
-  sync_seconds_total_ += SecondsSince(start);
-  if (!status.ok()) return status;
-  if (leader->kind == kSkipped) {
+  if (point.status.ok()) point.status = Unflatten();
+  sync_seconds_total_ += SecondsSince(point.start);
+  if (!point.status.ok()) return point.status;
+  CountSyncPoint(point);
+  return absl::OkStatus();
+}
+
+// The leader's step 2 of a sync point: the node mean to the host, the round
+// in flight (if any) finished and merged into it, and the next one started
+// (`start_next`). Fills point.mine; an error goes into point.status.
+void LocalSGD::MergeAndStartRound(bool start_next, SyncPoint& point) {
+  absl::Status& status = point.status;
+  node_sync::NodeReport& mine = point.mine;
+  if (status.ok()) status = ToHost();
+  if (status.ok() && background_ != nullptr && background_->in_flight()) {
+    absl::StatusOr<SyncOutcome> outcome = background_->Finish(
+        absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
+    point.round_seconds = SecondsSince(background_start_);
+    if (outcome.ok()) {
+      mine.merged = true;
+      mine.outcome = *outcome;
+    } else if ((absl::IsUnavailable(outcome.status()) ||
+                absl::IsDeadlineExceeded(outcome.status())) &&
+               options_.keep_training_when_unavailable) {
+      LOCALSGD_LOG(WARNING)
+          << "LocalSGD background sync before step " << steps_
+          << " skipped, training on locally: " << outcome.status();
+      mine.kind = node_sync::kSkipped;
+    } else {
+      status = outcome.status();
+    }
+  }
+  if (status.ok() && mine.merged) status = FromHost("merged");
+  if (status.ok() && start_next) {
+    if (background_ == nullptr) {
+      background_ = std::make_unique<BackgroundSync>(client_);
+    }
+    background_start_ = std::chrono::steady_clock::now();
+    status = background_->Start(
+        absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_));
+  }
+  // What is in flight now, whatever failed: a round this sync point could
+  // not finish (an error before Finish) is still the sync thread's, and
+  // every rank must know it (sync_in_flight, Close) to merge it later.
+  mine.started = background_ != nullptr && background_->in_flight();
+  if (!status.ok()) {
+    mine.kind = node_sync::kError;
+    mine.code = static_cast<int64_t>(status.code());
+  }
+}
+
+// A sync point's end on every rank, once the parameters hold the node's
+// state: counts what the leader reported (a skip, or a merged round).
+void LocalSGD::CountSyncPoint(const SyncPoint& point) {
+  if (point.leader.kind == node_sync::kSkipped) {
     ++num_skipped_syncs_;
     last_sync_skipped_ = true;
-  } else if (leader->merged) {
+  } else if (point.leader.merged) {
     last_sync_skipped_ = false;
     ++num_merges_;
-    CountOutcome(is_leader() ? mine.outcome : leader->outcome,
-                 is_leader() ? round_seconds : SecondsSince(start));
+    CountOutcome(is_leader() ? point.mine.outcome : point.leader.outcome,
+                 is_leader() ? point.round_seconds : SecondsSince(point.start));
   }
-  return absl::OkStatus();
 }
 
 absl::Status LocalSGD::Close() {
@@ -742,86 +636,120 @@ absl::Status LocalSGD::Close() {
   return absl::OkStatus();
 }
 
+// One blocking sync on this rank, from step to step.
+struct LocalSGD::SyncAttempt {
+  // This rank's own error so far (Flatten, the node mean, the leader's
+  // exchange); a rank reports it after the node's collectives.
+  absl::Status status;
+  // The round's outcome: the leader's own, or on the other ranks of a node
+  // group the leader's report (set when it is ok).
+  absl::StatusOr<SyncOutcome> outcome;
+  // The leader skipped the sync (coordinator unreachable and
+  // keep_training_when_unavailable).
+  bool skipped = false;
+};
+
 absl::Status LocalSGD::DoSync() {
   const auto start = std::chrono::steady_clock::now();
   c10d::ProcessGroup* group = params_->group.get();
-  absl::Status status = Flatten();
+  SyncAttempt sync;
+  sync.status = Flatten();
   // 1. The node mean.
   if (group != nullptr) {
     // A failed Flatten (LibTorch error, not expected) still takes part, so
     // that the group stays in lockstep; it reports its error at the end.
-    if (absl::Status s = NodeMean(*group, params_->flat, status); !s.ok()) {
+    if (absl::Status s =
+            node_sync::NodeMean(*group, params_->flat, sync.status);
+        !s.ok()) {
       sync_seconds_total_ += SecondsSince(start);
       return s;
     }
   }
   // 2. The leader exchanges it with the coordinator.
-  absl::StatusOr<SyncOutcome> outcome;
-  bool skipped = false;
-  if (is_leader()) {
-    if (status.ok()) status = ToHost();
-    if (status.ok()) {
-      outcome = client_->Sync(
-          absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
-      status = outcome.status();
-    }
-    if (status.ok()) status = FromHost("averaged");
-    if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) &&
-        options_.keep_training_when_unavailable) {
-      LOCALSGD_LOG(WARNING) << "LocalSGD sync at step " << steps_
-                            << " skipped, training on locally: " << status;
-      skipped = true;
-      status = absl::OkStatus();
-    }
-  }
+  if (is_leader()) SyncWithCoordinator(sync);
   // 3. The leader's outcome and the global mean to the whole node.
   if (group != nullptr) {
-    NodeReport mine;
-    if (is_leader()) {
-      if (!status.ok()) {
-        mine.kind = kError;
-        mine.code = static_cast<int64_t>(status.code());
-      } else if (skipped) {
-        mine.kind = kSkipped;
-      } else {
-        mine.outcome = *outcome;
-      }
-    }
-    absl::StatusOr<NodeReport> leader =
-        ShareReport(*group, params_->status, is_leader(), mine);
-    if (!leader.ok()) {
+    if (absl::Status s = ShareSyncResult(sync); !s.ok()) {
       sync_seconds_total_ += SecondsSince(start);
-      return leader.status();
-    }
-    if (!is_leader()) {
-      if (leader->kind == kError) {
-        sync_seconds_total_ += SecondsSince(start);
-        return LeaderFailed(leader->code, "its sync");
-      }
-      skipped = leader->kind == kSkipped;
-      if (leader->kind == kOk) outcome = leader->outcome;
-    }
-    if (leader->kind == kOk) {
-      if (absl::Status s = Broadcast(*group, params_->flat, "broadcast");
-          !s.ok()) {
-        sync_seconds_total_ += SecondsSince(start);
-        return s;
-      }
+      return s;
     }
   }
+  return FinishSync(sync, start);
+}
+
+// DoSync's step 2 on the leader: the flat parameters (the node mean) to the
+// host, Client::Sync, the global mean back. An error goes into sync.status;
+// an unreachable coordinator with keep_training_when_unavailable is a skip
+// instead (logged; sync.status cleared).
+void LocalSGD::SyncWithCoordinator(SyncAttempt& sync) {
+  absl::Status& status = sync.status;
+  if (status.ok()) status = ToHost();
+  if (status.ok()) {
+    sync.outcome = client_->Sync(
+        absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
+    status = sync.outcome.status();
+  }
+  if (status.ok()) status = FromHost("averaged");
+  if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) &&
+      options_.keep_training_when_unavailable) {
+    LOCALSGD_LOG(WARNING) << "LocalSGD sync at step " << steps_
+                          << " skipped, training on locally: " << status;
+    sync.skipped = true;
+    status = absl::OkStatus();
+  }
+}
+
+// DoSync's step 3 with a node group, on every rank: the leader's report
+// (error, skip or outcome), then, if ok, the global mean from the leader.
+// The other ranks take the skip and the outcome from the report. Returns
+// the error that ends the sync here: a failed collective, or on the other
+// ranks the leader's failure.
+absl::Status LocalSGD::ShareSyncResult(SyncAttempt& sync) {
+  c10d::ProcessGroup& group = *params_->group;
+  node_sync::NodeReport mine;
+  if (is_leader()) {
+    if (!sync.status.ok()) {
+      mine.kind = node_sync::kError;
+      mine.code = static_cast<int64_t>(sync.status.code());
+    } else if (sync.skipped) {
+      mine.kind = node_sync::kSkipped;
+    } else {
+      mine.outcome = *sync.outcome;
+    }
+  }
+  absl::StatusOr<node_sync::NodeReport> leader =
+      node_sync::ShareReport(group, params_->status, is_leader(), mine);
+  if (!leader.ok()) return leader.status();
+  if (!is_leader()) {
+    if (leader->kind == node_sync::kError) {
+      return node_sync::LeaderFailed(leader->code, "its sync");
+    }
+    sync.skipped = leader->kind == node_sync::kSkipped;
+    if (leader->kind == node_sync::kOk) sync.outcome = leader->outcome;
+  }
+  if (leader->kind == node_sync::kOk) {
+    return node_sync::Broadcast(group, params_->flat, "broadcast");
+  }
+  return absl::OkStatus();
+}
+
+// DoSync's end on every rank: the global mean into the parameters unless
+// the sync failed or was skipped, then the sync counted.
+absl::Status LocalSGD::FinishSync(SyncAttempt& sync,
+                                  std::chrono::steady_clock::time_point start) {
   // The parameters are written only on success: a skipped or failed sync
   // leaves them as they were.
-  if (status.ok() && !skipped) status = Unflatten();
+  if (sync.status.ok() && !sync.skipped) sync.status = Unflatten();
   const double seconds = SecondsSince(start);
   sync_seconds_total_ += seconds;
-  last_sync_skipped_ = skipped;
-  if (skipped) {
+  last_sync_skipped_ = sync.skipped;
+  if (sync.skipped) {
     ++num_skipped_syncs_;
     return absl::OkStatus();
   }
-  if (!status.ok()) return status;
+  if (!sync.status.ok()) return sync.status;
 
-  CountOutcome(*outcome, seconds);
+  CountOutcome(*sync.outcome, seconds);
   LOCALSGD_VLOG(1) << "LocalSGD sync at step " << steps_ << ": round "
                    << last_outcome_.round << ", " << last_outcome_.contributors
                    << " contributors, " << seconds << " s";

@@ -54,7 +54,8 @@
 // all local workers together) brings it back as a late joiner: the new
 // leader fetches the job's state in Create and broadcasts it to the node.
 //
-// This header includes no LibTorch header; only local_sgd.cc does.
+// This header includes no LibTorch header; local_sgd.cc and the internal
+// client/node_sync.h (the node group's collectives) do.
 //
 // Thread-safety: none. One thread drives a LocalSGD (the thread that trains
 // the module); the module must not be trained concurrently with Step(),
@@ -250,8 +251,20 @@ class LocalSGD {
   LocalSGD(Client* client, LocalSGDOptions options,
            std::unique_ptr<Params> params, Layout layout);
 
-  // SyncNow() without its checks; Close() uses it too.
+  // One sync's state as it passes from one step of DoSync, or of
+  // NodeSyncPointOverlapped, to the next (this rank's own error, the
+  // leader's outcome or report); defined in local_sgd.cc.
+  struct SyncAttempt;
+  struct SyncPoint;
+
+  // SyncNow() without its checks; Close() uses it too. In steps: the node
+  // mean, SyncWithCoordinator (the leader), ShareSyncResult (a node group),
+  // FinishSync.
   absl::Status DoSync();
+  void SyncWithCoordinator(SyncAttempt& sync);
+  absl::Status ShareSyncResult(SyncAttempt& sync);
+  absl::Status FinishSync(SyncAttempt& sync,
+                          std::chrono::steady_clock::time_point start);
   // Overlap: starts the background sync of the current parameters; waits
   // for the one in flight and merges it into the parameters.
   absl::Status StartBackgroundSync();
@@ -260,12 +273,19 @@ class LocalSGD {
   // node mean; the leader merges the round in flight into it and, if
   // `start_next`, starts the next round from the result; the result to
   // every rank). See LocalSGDOptions::overlap.
+  // In steps: the node mean, MergeAndStartRound (the leader), the leader's
+  // report and result to every rank, CountSyncPoint.
   absl::Status NodeSyncPointOverlapped(bool start_next);
+  void MergeAndStartRound(bool start_next, SyncPoint& point);
+  void CountSyncPoint(const SyncPoint& point);
   // The round in flight merged (MergeBackgroundSync, or with a node group
   // NodeSyncPointOverlapped without starting the next).
   absl::Status MergeInFlight();
   // Counts a finished sync's outcome (DoSync and the merge).
   void CountOutcome(const SyncOutcome& outcome, double seconds);
+  // Create's log line on success (`grouped`: with a node group): the
+  // leader's job, member and starting state, or a follower's rank.
+  void LogCreated(bool grouped) const;
   // Create's steps 2-4 once the LocalSGD exists (see Create);
   // `misconfigured`: this rank of a node group has a setup error that must
   // fail the whole group.
