@@ -180,6 +180,7 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values,
   PutU32(&h, bits);
   PutU64(&h, c.state_id);
   PutU32(&h, static_cast<uint32_t>(c.settings.deadline_mode));
+  PutU64(&h, c.epoch);
   PutU64(&h, num_values);
   PutU64(&h, num_momentum);
   PutU64(&h, num_residual);
@@ -464,6 +465,7 @@ absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
     if (!r.U32(&deadline)) return Malformed(r, "deadline mode");
     c->settings.deadline_mode = static_cast<DeadlineMode>(deadline);
   }
+  if (version >= 5 && !r.U64(&c->epoch)) return Malformed(r, "epoch");
   ArrayCounts counts;
   if (!r.U64(&counts.values)) return Malformed(r, "values count");
   if (version >= 3 && (!r.U64(&counts.momentum) || !r.U64(&counts.residual))) {
@@ -480,7 +482,7 @@ absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
 // check (magic, version, header CRC, lengths, values CRC) decides whether the
 // next part can be trusted at all, with one running CRC across them; kept in
 // one piece so that the order of the checks reads top to bottom.
-absl::StatusOr<JobCheckpoint> Decode(Source& in) {
+absl::StatusOr<JobCheckpoint> Decode(Source& in, bool header_only = false) {
   const uint64_t size = in.size();
   if (size == 0) {
     return absl::DataLossError("empty file: truncated at byte 0");
@@ -547,6 +549,7 @@ absl::StatusOr<JobCheckpoint> Decode(Source& in) {
   absl::StatusOr<ArrayCounts> counts = ParseHeader(
       absl::string_view(header).substr(0, header_bytes), version, &c);
   if (!counts.ok()) return counts.status();
+  if (header_only) return c;  // no values; the header checked
   // Each count is bounded by the file length before it is added up.
   const uint64_t floats =
       (file_length - std::min(file_length, header_end + kCrcBytes)) / 4;
@@ -689,7 +692,8 @@ absl::Status MakeDirs(const std::string& dir) {
 constexpr absl::string_view kSuffix = ".ckpt";
 constexpr absl::string_view kTmpSuffix = ".ckpt.tmp";
 
-absl::StatusOr<JobCheckpoint> LoadFile(const std::string& path) {
+absl::StatusOr<JobCheckpoint> LoadFile(const std::string& path,
+                                       bool header_only = false) {
   ScopedFd fd(OpenRetrying(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return absl::ErrnoToStatus(errno, "open");
   struct stat st;
@@ -698,7 +702,7 @@ absl::StatusOr<JobCheckpoint> LoadFile(const std::string& path) {
     return absl::FailedPreconditionError("not a regular file");
   }
   FileSource source(fd.get(), static_cast<uint64_t>(st.st_size), path);
-  return Decode(source);
+  return Decode(source, header_only);
 }
 
 }  // namespace
@@ -774,6 +778,20 @@ absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
   absl::MutexLock job_lock(job_mu.get());
 
   const std::string path = PathOf(absl::StrCat(checkpoint.job_id, kSuffix));
+  // The fence: a newer primary of this shard wrote the job's checkpoint.
+  // (A checkpoint in place that does not decode does not fence; LoadAll
+  // reports it.)
+  if (absl::StatusOr<JobCheckpoint> in_place = LoadFile(path, true);
+      in_place.ok() && in_place->epoch > checkpoint.epoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint of job '", checkpoint.job_id, "' at ", path,
+        " was written at epoch ", in_place->epoch,
+        ", after this "
+        "coordinator's epoch ",
+        checkpoint.epoch,
+        ": a newer primary serves this shard; this one is deposed and writes "
+        "nothing"));
+  }
   const std::string tmp = absl::StrCat(path, ".tmp");
   ScopedFd fd(OpenRetrying(tmp.c_str(),
                            O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));

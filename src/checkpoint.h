@@ -1,12 +1,12 @@
 // Durable checkpoints of coordinator job state: what a restarted coordinator
 // needs to resume a job (layout, settings, round, global parameters).
 //
-// File format, version 4. All integers little-endian; floats IEEE-754
+// File format, version 5. All integers little-endian; floats IEEE-754
 // binary32, little-endian.
 //
 //   offset  size  field
 //   0       8     magic "LSGDCKPT"
-//   8       4     format version (4; 1, 2 and 3 are read too)
+//   8       4     format version (5; 1 to 4 are read too)
 //   12      4     H: header length in bytes
 //   16      8     file length in bytes (all of it, the trailer included)
 //   24      H     header:
@@ -22,6 +22,7 @@
 //                   u32 contribution, f32 outer_lr, f32 outer_momentum,
 //                   u64 state id                         (version 3)
 //                   u32 deadline_mode                    (version 4)
+//                   u64 epoch                            (version 5)
 //                   u64 N: number of values (the shard's elements)
 //                   u64 M, u64 R: momentum and residual values, each 0
 //                     or N                               (version 3)
@@ -34,11 +35,11 @@
 // CRCs are masked as leveldb masks them (a CRC over data that holds CRCs is
 // weak otherwise). The header CRC lets a reader trust the header's lengths
 // before it reads gigabytes of values; the trailing CRC covers everything. A
-// later version changes the format version. This build writes version 4 and
+// later version changes the format version. This build writes version 5 and
 // reads 1 (which had no non-finite policy, "reject", and no shards, {0, 1}),
 // 2 (which had no pseudo-gradients: contribution "parameters", outer
 // hyper-parameters 0, no state id, momentum or residual), 3 (no deadline
-// mode: "fixed") and 4.
+// mode: "fixed"), 4 (no epoch: 0) and 5.
 #ifndef LOCALSGD_SRC_CHECKPOINT_H_
 #define LOCALSGD_SRC_CHECKPOINT_H_
 
@@ -78,10 +79,14 @@ struct JobCheckpoint {
   uint64_t state_id = 0;
   std::vector<float> momentum;
   std::vector<float> residual;
+  // The epoch of the coordinator that wrote it (the etcd revision at which
+  // it won its shard's election, --ha_etcd); 0 without an election.
+  // CheckpointStore::Save refuses to replace a checkpoint of a higher one.
+  uint64_t epoch = 0;
 };
 
 // The file format version this build writes and reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 4;
+inline constexpr uint32_t kCheckpointFormatVersion = 5;
 // The oldest format version this build reads.
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 
@@ -134,6 +139,9 @@ class CheckpointStore {
   // PERMISSION_DENIED) name the path and the reason; the previous checkpoint
   // is left in place and the temporary file removed.
   // `momentum` and `residual` the same (each empty or of values.size()).
+  // FAILED_PRECONDITION, nothing written, if the job's checkpoint in place
+  // was written at a higher epoch than checkpoint.epoch (a deposed primary
+  // sharing the directory with the one that replaced it).
   absl::Status Save(const JobCheckpoint& checkpoint,
                     absl::Span<const float> values,
                     absl::Span<const float> momentum = {},

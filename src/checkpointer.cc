@@ -6,8 +6,9 @@
 
 namespace localsgd {
 
-Checkpointer::Checkpointer(CheckpointStore* store, ShardSpec shard)
-    : store_(store), shard_(shard) {
+Checkpointer::Checkpointer(CheckpointStore* store, ShardSpec shard,
+                           std::function<uint64_t()> epoch)
+    : store_(store), shard_(shard), epoch_(std::move(epoch)) {
   writer_ = std::thread([this] { Run(); });
 }
 
@@ -63,6 +64,7 @@ void Checkpointer::Run() {
     meta.round = p.state->round;
     meta.shard = shard_;
     meta.state_id = p.state->id;
+    meta.epoch = epoch_ != nullptr ? epoch_() : 0;
     const absl::Status s = store_->Save(meta, p.state->values,
                                         p.state->momentum, p.state->residual);
     if (s.ok()) {

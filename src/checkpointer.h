@@ -6,6 +6,7 @@
 #ifndef LOCALSGD_SRC_CHECKPOINTER_H_
 #define LOCALSGD_SRC_CHECKPOINTER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -22,7 +23,10 @@ class Checkpointer final : public StateSink {
  public:
   // `store` must outlive the checkpointer. Starts the writer thread. Jobs'
   // states hold the chunks of `shard` (see CoordinatorOptions::shard).
-  explicit Checkpointer(CheckpointStore* store, ShardSpec shard = ShardSpec());
+  // `epoch` (may be empty: 0) is read for each write: the coordinator's
+  // epoch (JobCheckpoint::epoch).
+  explicit Checkpointer(CheckpointStore* store, ShardSpec shard = ShardSpec(),
+                        std::function<uint64_t()> epoch = nullptr);
   // Stop().
   ~Checkpointer() override;
 
@@ -55,6 +59,7 @@ class Checkpointer final : public StateSink {
 
   CheckpointStore* const store_;
   const ShardSpec shard_;
+  const std::function<uint64_t()> epoch_;
   std::thread writer_;
 
   mutable absl::Mutex mu_;

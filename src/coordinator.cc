@@ -80,8 +80,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {
   if (options_.checkpoint_store != nullptr) {
-    checkpointer_ = std::make_unique<Checkpointer>(options_.checkpoint_store,
-                                                   options_.shard);
+    checkpointer_ = std::make_unique<Checkpointer>(
+        options_.checkpoint_store, options_.shard, [this] { return epoch(); });
   }
 }
 

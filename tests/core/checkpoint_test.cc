@@ -330,6 +330,7 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
   if (version >= 4) {
     header.U32(static_cast<uint32_t>(c.settings.deadline_mode));
   }
+  if (version >= 5) header.U64(c.epoch);
   header.U64(3);
   if (version >= 3) {
     header.U64(c.momentum.size());
@@ -369,7 +370,7 @@ JobCheckpoint FormatCheckpoint() {
 
 TEST(CheckpointFormatTest, Encode_MatchesTheDocumentedFormat) {
   const JobCheckpoint c = FormatCheckpoint();
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 4));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 5));
 }
 
 // Version 3: a pseudo-gradient job keeps its state id, its outer
@@ -380,7 +381,7 @@ TEST(CheckpointFormatTest, PseudoGradientJob_KeepsMomentumResidualAndStateId) {
   c.state_id = 0x0123456789abcdefull;
   c.momentum = {0.5f, -0.25f, 1e-30f};
   c.residual = {-1e-3f, 0.0f, 2e-3f};
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 4));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 5));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSame(*back, c);
@@ -403,6 +404,20 @@ TEST(CheckpointFormatTest, DeadlineMode_KeptAndVersion3ReadsAsFixed) {
   c.settings.deadline_mode = static_cast<DeadlineMode>(7);
   EXPECT_EQ(DecodeCheckpoint(EncodeCheckpoint(c)).status().code(),
             absl::StatusCode::kDataLoss);
+}
+
+// Version 5: the epoch of the primary that wrote it; version 4 files read
+// as written without an election (0).
+TEST(CheckpointFormatTest, Epoch_KeptAndVersion4ReadsAsZero) {
+  JobCheckpoint c = FormatCheckpoint();
+  c.epoch = 0x1122334455ull;
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 5));
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->epoch, c.epoch);
+  back = DecodeCheckpoint(ReferenceFile(c, 4));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->epoch, 0u);
 }
 
 // Every setting of the settings table (src/settings.h) survives a restart:
@@ -532,10 +547,12 @@ TEST(CheckpointFormatTest, Decode_WrongMagic_SaysBadMagic) {
 
 TEST(CheckpointFormatTest, Decode_OtherVersion_SaysUnsupportedVersion) {
   std::string bad = EncodeCheckpoint(TinyCheckpoint());
-  PatchU32(&bad, 8, 5);
+  PatchU32(&bad, 8, kCheckpointFormatVersion + 1);
   absl::Status s = DecodeCheckpoint(bad).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("unsupported format version 5"));
+  EXPECT_THAT(s.message(),
+              HasSubstr(absl::StrCat("unsupported format version ",
+                                     kCheckpointFormatVersion + 1)));
 }
 
 // Contents that no Save writes, with intact checksums (EncodeCheckpoint
@@ -681,6 +698,32 @@ TEST_F(CheckpointStoreTest, SaveThenLoadAll_RoundTrips) {
   EXPECT_THAT(errors, IsEmpty());
   ASSERT_THAT(all, SizeIs(1));
   ExpectSame(all[0], c);
+}
+
+// The fence for a directory two primaries of a shard share: a checkpoint
+// written at epoch 7 is never replaced by one of epoch 5 (a deposed
+// primary); a later epoch, or the same, replaces it.
+TEST_F(CheckpointStoreTest, Save_LowerEpochThanTheOneInPlace_IsRefused) {
+  JobCheckpoint newer =
+      MakeCheckpoint("job", SmallLayout(), 8, Settings(DType::kFloat32, 3));
+  newer.epoch = 7;
+  ASSERT_TRUE(SaveWhole(*store_, newer).ok());
+  JobCheckpoint deposed = newer;
+  deposed.round = 9;
+  deposed.epoch = 5;
+  const absl::Status s = SaveWhole(*store_, deposed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("written at epoch 7"));
+  EXPECT_THAT(s.message(), HasSubstr("epoch 5"));
+  EXPECT_EQ(ReadFile(Path("job.ckpt")), EncodeCheckpoint(newer));
+  EXPECT_THAT(Listing(dir_), ElementsAre("job.ckpt"));  // no .tmp left
+  JobCheckpoint same = newer;
+  same.round = 9;
+  EXPECT_TRUE(SaveWhole(*store_, same).ok());
+  same.epoch = 12;
+  same.round = 10;
+  EXPECT_TRUE(SaveWhole(*store_, same).ok());
+  EXPECT_EQ(ReadFile(Path("job.ckpt")), EncodeCheckpoint(same));
 }
 
 TEST_F(CheckpointStoreTest, Save_LargeModel_StreamsAndRoundTrips) {
