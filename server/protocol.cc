@@ -151,6 +151,7 @@ absl::Status HandleGetJobStatus(
     v1::GetJobStatusResponse* response) {
   const uint32_t max_rounds =
       request.max_rounds() == 0 ? 10 : std::min(request.max_rounds(), 100u);
+  response->set_epoch(coordinator.epoch());
   if (!request.job_id().empty()) {
     absl::StatusOr<std::shared_ptr<Job>> job =
         coordinator.FindJob(request.job_id());

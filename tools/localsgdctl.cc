@@ -309,6 +309,10 @@ int Status() {
     std::cout << ToJson(response);
     return 0;
   }
+  if (response.epoch() != 0) {
+    std::cout << "primary of its shard at epoch " << response.epoch()
+              << " (standby coordinators, --ha_etcd)\n";
+  }
   if (response.jobs().empty()) {
     std::cout << "no jobs on " << absl::GetFlag(FLAGS_target) << "\n";
   }
@@ -476,7 +480,11 @@ std::string WatchFrame(const grpc::Status& status,
                     ": ", status.error_message(), "\n(retrying)\n");
   } else {
     absl::StrAppend(&out, "  ", response.jobs_size(),
-                    response.jobs_size() == 1 ? " job" : " jobs", "\n");
+                    response.jobs_size() == 1 ? " job" : " jobs",
+                    response.epoch() != 0
+                        ? absl::StrCat("  primary, epoch ", response.epoch())
+                        : std::string(),
+                    "\n");
     if (response.jobs().empty()) absl::StrAppend(&out, "\n(no jobs)\n");
     // Rounds share what is left of the screen after the fixed lines.
     int fixed = 1;

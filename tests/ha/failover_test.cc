@@ -112,15 +112,19 @@ class CoordinatorProcess {
 
   // Whether it serves (the primary): GetJobStatus answers anything but
   // UNAVAILABLE.
-  bool Serving() const {
+  // `epoch`, if not null: the epoch it answered with.
+  bool Serving(uint64_t* epoch = nullptr) const {
     auto stub = v1::Coordinator::NewStub(
         grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
     v1::GetJobStatusRequest request;
     v1::GetJobStatusResponse response;
-    return stub->GetJobStatus(&context, request, &response).error_code() !=
-           grpc::StatusCode::UNAVAILABLE;
+    const bool serving =
+        stub->GetJobStatus(&context, request, &response).error_code() !=
+        grpc::StatusCode::UNAVAILABLE;
+    if (epoch != nullptr) *epoch = response.epoch();
+    return serving;
   }
 
  private:
@@ -309,11 +313,19 @@ TEST_F(FailoverTest, PrimaryKilledRepeatedly_MembersGoOnWithExactState) {
         << Logs();
     CoordinatorProcess* primary = Primary();
     ASSERT_NE(primary, nullptr) << Logs();
+    uint64_t before = 0;
+    primary->Serving(&before);
     primary->Kill();
     primary->Start();  // back as a standby
     ASSERT_TRUE(
         AwaitCondition([&] { return Primary() != nullptr; }, absl::Seconds(30)))
         << Logs();
+    uint64_t after = 0;
+    CoordinatorProcess* successor = Primary();
+    ASSERT_NE(successor, nullptr) << Logs();
+    ASSERT_TRUE(successor->Serving(&after));
+    EXPECT_GT(before, 0u);
+    EXPECT_GT(after, before) << "the epoch did not grow with a failover";
   }
   ExpectExactEnd(members);
 }
