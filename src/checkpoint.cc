@@ -780,9 +780,14 @@ absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
   const std::string path = PathOf(absl::StrCat(checkpoint.job_id, kSuffix));
   // The fence: a newer primary of this shard wrote the job's checkpoint.
   // (A checkpoint in place that does not decode does not fence; LoadAll
-  // reports it.)
-  if (absl::StatusOr<JobCheckpoint> in_place = LoadFile(path, true);
-      in_place.ok() && in_place->epoch > checkpoint.epoch) {
+  // reports it. No file, the usual first write, is told by stat: LoadFile's
+  // error would format errno, whose text absl caches without a lock.)
+  struct stat in_place_stat;
+  absl::StatusOr<JobCheckpoint> in_place =
+      ::stat(path.c_str(), &in_place_stat) == 0
+          ? LoadFile(path, /*header_only=*/true)
+          : absl::NotFoundError("no checkpoint in place");
+  if (in_place.ok() && in_place->epoch > checkpoint.epoch) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint of job '", checkpoint.job_id, "' at ", path,
         " was written at epoch ", in_place->epoch,
