@@ -115,14 +115,36 @@ absl::Status ValidateJobId(absl::string_view job_id) {
 
 absl::Status CheckNoControlCharacters(absl::string_view value,
                                       absl::string_view what) {
+  constexpr absl::string_view kWhy =
+      "; names appear in status and logs, so only printable characters are "
+      "allowed";
   for (size_t i = 0; i < value.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(value[i]);
     if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has a control character (0x",
+                       absl::Hex(c, absl::kZeroPad2), ") at byte ", i, kWhy));
+    }
+    const unsigned char c1 =
+        i + 1 < value.size() ? static_cast<unsigned char>(value[i + 1]) : 0;
+    const unsigned char c2 =
+        i + 2 < value.size() ? static_cast<unsigned char>(value[i + 2]) : 0;
+    // C1 controls: U+0080-U+009F are C2 80-C2 9F in UTF-8.
+    if (c == 0xc2 && c1 >= 0x80 && c1 <= 0x9f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has a C1 control character (U+00",
+                       absl::Hex(c1, absl::kZeroPad2), ") at byte ", i, kWhy));
+    }
+    // Bidi embeddings and overrides U+202A-U+202E (E2 80 AA-AE), isolates
+    // U+2066-U+2069 (E2 81 A6-A9).
+    if (c == 0xe2 && ((c1 == 0x80 && c2 >= 0xaa && c2 <= 0xae) ||
+                      (c1 == 0x81 && c2 >= 0xa6 && c2 <= 0xa9))) {
+      const unsigned code = 0x2000 | ((c1 & 0x3f) << 6) | (c2 & 0x3f);
       return absl::InvalidArgumentError(absl::StrCat(
-          what, " has a control character (0x", absl::Hex(c, absl::kZeroPad2),
-          ") at byte ", i,
-          "; names appear in status and logs, so only printable characters "
-          "are allowed"));
+          what, " has a bidirectional formatting character (U+",
+          absl::Hex(code, absl::kZeroPad4), ") at byte ", i,
+          "; names appear in status and logs, where it would show text "
+          "reordered"));
     }
   }
   return absl::OkStatus();

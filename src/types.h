@@ -43,8 +43,11 @@ inline bool IsBlockDType(DType dtype) {
 absl::Status ValidateJobId(absl::string_view job_id);
 
 // INVALID_ARGUMENT naming `what` if `value` holds a control character (a
-// byte below 0x20, or 0x7f): names reach status and the logs, where a
-// newline or an escape sequence would forge or hide lines.
+// byte below 0x20, 0x7f, or a C1 control U+0080-U+009F in UTF-8) or a
+// bidirectional embedding, override or isolate (U+202A-U+202E,
+// U+2066-U+2069), with the code and its byte offset: names reach status,
+// the status page and the logs, where a newline or an escape sequence
+// would forge or hide lines and a bidi override would show them reordered.
 absl::Status CheckNoControlCharacters(absl::string_view value,
                                       absl::string_view what);
 
