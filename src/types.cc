@@ -1,5 +1,6 @@
 #include "src/types.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace localsgd {
@@ -131,9 +132,10 @@ absl::Status CheckNoControlCharacters(absl::string_view value,
         i + 2 < value.size() ? static_cast<unsigned char>(value[i + 2]) : 0;
     // C1 controls: U+0080-U+009F are C2 80-C2 9F in UTF-8.
     if (c == 0xc2 && c1 >= 0x80 && c1 <= 0x9f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " has a C1 control character (U+00",
-                       absl::Hex(c1, absl::kZeroPad2), ") at byte ", i, kWhy));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " has a C1 control character (U+",
+          absl::AsciiStrToUpper(absl::StrCat(absl::Hex(c1, absl::kZeroPad4))),
+          ") at byte ", i, kWhy));
     }
     // Bidi embeddings and overrides U+202A-U+202E (E2 80 AA-AE), isolates
     // U+2066-U+2069 (E2 81 A6-A9).
@@ -142,7 +144,8 @@ absl::Status CheckNoControlCharacters(absl::string_view value,
       const unsigned code = 0x2000 | ((c1 & 0x3f) << 6) | (c2 & 0x3f);
       return absl::InvalidArgumentError(absl::StrCat(
           what, " has a bidirectional formatting character (U+",
-          absl::Hex(code, absl::kZeroPad4), ") at byte ", i,
+          absl::AsciiStrToUpper(absl::StrCat(absl::Hex(code, absl::kZeroPad4))),
+          ") at byte ", i,
           "; names appear in status and logs, where it would show text "
           "reordered"));
     }

@@ -987,17 +987,33 @@ std::vector<Row> Rows() {
       "control character (0x7f)");
   // C1 controls (NEL, CSI) and bidi overrides: as C0, refused by code point.
   add("Join_MemberNameWithC1Nel_ReturnsInvalidArgument", kFp32,
-      JoinWith([](auto& r) { r.set_member_name("w1\xc2\x85forged"); }),
+      JoinWith([](auto& r) {
+        r.set_member_name(
+            "w1\xc2\x85"
+            "forged");
+      }),
       kInvalid, "C1 control character (U+0085) at byte 2");
   add("Join_MemberNameWithC1Csi_ReturnsInvalidArgument", kFp32,
-      JoinWith([](auto& r) { r.set_member_name("\xc2\x9b2K"); }), kInvalid,
-      "C1 control character (U+009B) at byte 0");
+      JoinWith([](auto& r) {
+        r.set_member_name(
+            "\xc2\x9b"
+            "2K");
+      }),
+      kInvalid, "C1 control character (U+009B) at byte 0");
   add("Join_MemberNameWithBidiOverride_ReturnsInvalidArgument", kFp32,
-      JoinWith([](auto& r) { r.set_member_name("w\xe2\x80\xaetxt.exe"); }),
+      JoinWith([](auto& r) {
+        r.set_member_name(
+            "w\xe2\x80\xae"
+            "txt.exe");
+      }),
       kInvalid, "bidirectional formatting character (U+202E) at byte 1");
   add("Join_MemberNameWithBidiIsolate_ReturnsInvalidArgument", kFp32,
-      JoinWith([](auto& r) { r.set_member_name("ab\xe2\x81\xa6c"); }), kInvalid,
-      "bidirectional formatting character (U+2066) at byte 2");
+      JoinWith([](auto& r) {
+        r.set_member_name(
+            "ab\xe2\x81\xa6"
+            "c");
+      }),
+      kInvalid, "bidirectional formatting character (U+2066) at byte 2");
   add(
       "Join_MemberNameUtf8_Joins", kFp32,
       [](Env& env) {
