@@ -150,6 +150,9 @@ absl::Status NodeGroupOptions::Validate() const {
   return ParseHostPort(store_address, &host, &port);
 }
 
+// Over 60 lines on purpose: the store, then the process group, each with
+// its backend and LibTorch-version #ifs inline, so that every build variant
+// (NCCL or not, Gloo or not, LibTorch 1.x or 2.x) reads in one place.
 absl::StatusOr<NodeGroup> MakeNodeGroup(const NodeGroupOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   if (options.cuda && !NodeGroupHasNccl()) {
