@@ -431,12 +431,14 @@ class HaRole final : public localsgd::ServingGate {
                                     static_cast<uint64_t>(role.epoch));
       if (role.kind == localsgd::ElectorRole::kPrimary && !was_primary) {
         was_primary = true;
-        if (resigning_.load(std::memory_order_acquire)) return;
-        if (absl::Status s = server_->Promote(role.epoch); !s.ok()) {
-          LOG(ERROR) << "cannot serve as the primary: " << s;
-          std::_Exit(1);
+        // Not while resigning: the server is draining or gone.
+        if (!resigning_.load(std::memory_order_acquire)) {
+          if (absl::Status s = server_->Promote(role.epoch); !s.ok()) {
+            LOG(ERROR) << "cannot serve as the primary: " << s;
+            std::_Exit(1);
+          }
+          promoted_.store(true, std::memory_order_release);
         }
-        promoted_.store(true, std::memory_order_release);
       } else if (role.kind != localsgd::ElectorRole::kPrimary && was_primary &&
                  !resigning_.load(std::memory_order_acquire)) {
         LOG(ERROR) << "shard " << shard_
