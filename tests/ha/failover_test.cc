@@ -192,12 +192,12 @@ class FailoverTest : public ::testing::Test {
   std::vector<std::unique_ptr<CoordinatorProcess>> coordinators_;
 };
 
-// Members that add 1/4, 1/2 and 3/2 to every parameter per round: the mean
-// of all three is exactly 3/4 and the mean of any other set is not, so the
-// state after round r is exactly 3r/4 only if every round counted every
-// member, whatever failovers happened in between.
+// Four members that add 1/4, 1/2, 3/4 and 5/2 to every parameter per round:
+// the mean of all four is exactly 1 and the mean of any other set of them
+// is not, so the state after round r is exactly r only if every round
+// counted every member, whatever failovers happened in between.
 struct Members {
-  static constexpr int kMembers = 3;
+  static constexpr int kMembers = 4;
 
   // `step_time`: the local training between two Syncs.
   Members(const std::string& targets, int rounds,
@@ -238,7 +238,7 @@ struct Members {
     }
     RoundId last = (*client)->state_round();
     while (last < static_cast<RoundId>(rounds)) {
-      static constexpr float kAdd[kMembers] = {0.25f, 0.5f, 1.5f};
+      static constexpr float kAdd[kMembers] = {0.25f, 0.5f, 0.75f, 2.5f};
       for (float& p : params) p += kAdd[i];
       absl::SleepFor(step_time);  // training, not synchronisation
       absl::StatusOr<SyncOutcome> out = (*client)->Sync(absl::MakeSpan(params));
@@ -294,14 +294,14 @@ void FailoverTest::ExpectExactEnd(Members& members) {
     EXPECT_EQ(members.final_rounds[i], static_cast<RoundId>(members.rounds))
         << "member " << i;
     EXPECT_EQ(members.finals[i],
-              std::vector<float>(testkit::kElements, 0.75f * members.rounds))
+              std::vector<float>(testkit::kElements, 1.0f * members.rounds))
         << "member " << i;
   }
 }
 
 TEST_F(FailoverTest, PrimaryKilledRepeatedly_MembersGoOnWithExactState) {
   constexpr int kRounds = 60;
-  constexpr int kKills = 3;
+  constexpr int kKills = 5;
   Members members(Targets(), kRounds);
   members.Run();
   for (int k = 0; k < kKills; ++k) {
