@@ -139,7 +139,7 @@ std::string Tail(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   const std::string text = s.str();
-  return text.size() > 4000 ? text.substr(text.size() - 4000) : text;
+  return text.size() > 12000 ? text.substr(text.size() - 12000) : text;
 }
 
 struct Members;
@@ -212,6 +212,9 @@ struct Members {
       o.rpc_timeout = absl::Seconds(5);
       o.sync_timeout = absl::Seconds(30);
       o.max_backoff = absl::Milliseconds(200);
+      // The first rounds wait for all of them: a round closed before the
+      // last one joined would hold a mean of fewer.
+      o.settings.rendezvous_members = kMembers;
       options.push_back(o);
     }
   }
@@ -222,7 +225,9 @@ struct Members {
     }
   }
   void Join() {
-    for (std::thread& t : threads) t.join();
+    for (std::thread& t : threads) {
+      if (t.joinable()) t.join();
+    }
   }
 
   void RunMember(int i) {
@@ -254,6 +259,11 @@ struct Members {
                          out->rejoined ? " (after a rejoin)" : ""));
       }
       if (out->rejoined) ++rejoins;
+      if (!out->contributed) {
+        not_counted.push_back(absl::StrCat("m", i, " round ", out->round,
+                                           out->late ? " late" : "",
+                                           out->rejoined ? " rejoined" : ""));
+      }
       last = out->round;
       progress = std::max<int>(progress, static_cast<int>(last));
       finals[i] = params;
@@ -280,6 +290,8 @@ struct Members {
   int progress ABSL_GUARDED_BY(mu) = 0;
   int rejoins ABSL_GUARDED_BY(mu) = 0;
   std::vector<std::string> errors ABSL_GUARDED_BY(mu);
+  // Results that did not count the member's contribution (for messages).
+  std::vector<std::string> not_counted ABSL_GUARDED_BY(mu);
   std::vector<float> finals[kMembers];
   RoundId final_rounds[kMembers] = {};
 };
@@ -295,7 +307,9 @@ void FailoverTest::ExpectExactEnd(Members& members) {
         << "member " << i;
     EXPECT_EQ(members.finals[i],
               std::vector<float>(testkit::kElements, 1.0f * members.rounds))
-        << "member " << i;
+        << "member " << i
+        << "; not counted: " << absl::StrJoin(members.not_counted, ", ") << "\n"
+        << (i == 0 ? Logs() : "");
   }
 }
 
