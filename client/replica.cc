@@ -38,8 +38,8 @@ class ChannelWaiter final : public RetryWaiter {
     if (moved_) {
       moved_ = false;
       if (++moves_ < endpoints_->size()) return;
-      moves_ = 0;
     }
+    moves_ = 0;
     grpc::Channel* channel = endpoints_->current()->channel.get();
     if (channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
       absl::SleepFor(wake - absl::Now());

@@ -374,8 +374,9 @@ class HaRole final : public localsgd::ServingGate {
 
   // A clean stop (SIGTERM, after the drain): the key goes, so that a
   // standby wins at once.
+  void BeginResign() { resigning_.store(true, std::memory_order_release); }
   void Resign() {
-    resigning_.store(true, std::memory_order_release);
+    BeginResign();
     if (elector_ != nullptr) elector_->Stop();
   }
 
@@ -580,6 +581,7 @@ int main(int argc, char** argv) {
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
+    ha_role.reset();  // its thread uses the server: before the server goes
     return 1;
   }
 
@@ -593,6 +595,9 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
             << "; draining";
+  // No promotion once the drain has begun (a standby that wins now must
+  // not restore into a server that is stopping).
+  if (ha_role != nullptr) ha_role->BeginResign();
   (*server)->Drain(absl::GetFlag(FLAGS_shutdown_grace));
   // After the drain (the checkpoints are written): the key goes, so that a
   // standby takes over at once.

@@ -784,10 +784,11 @@ absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
   // error would format errno, whose text absl caches without a lock.)
   struct stat in_place_stat;
   absl::StatusOr<JobCheckpoint> in_place =
-      ::stat(path.c_str(), &in_place_stat) == 0
+      checkpoint.epoch != 0 && ::stat(path.c_str(), &in_place_stat) == 0
           ? LoadFile(path, /*header_only=*/true)
           : absl::NotFoundError("no checkpoint in place");
-  if (in_place.ok() && in_place->epoch > checkpoint.epoch) {
+  if (checkpoint.epoch != 0 && in_place.ok() &&
+      in_place->epoch > checkpoint.epoch) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint of job '", checkpoint.job_id, "' at ", path,
         " was written at epoch ", in_place->epoch,

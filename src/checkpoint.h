@@ -139,9 +139,11 @@ class CheckpointStore {
   // PERMISSION_DENIED) name the path and the reason; the previous checkpoint
   // is left in place and the temporary file removed.
   // `momentum` and `residual` the same (each empty or of values.size()).
-  // FAILED_PRECONDITION, nothing written, if the job's checkpoint in place
-  // was written at a higher epoch than checkpoint.epoch (a deposed primary
-  // sharing the directory with the one that replaced it).
+  // FAILED_PRECONDITION, nothing written, if checkpoint.epoch > 0 (an
+  // elected primary) and the job's checkpoint in place was written at a
+  // higher epoch (a deposed primary sharing the directory with the one that
+  // replaced it). A coordinator without an election (epoch 0) does not
+  // fence.
   absl::Status Save(const JobCheckpoint& checkpoint,
                     absl::Span<const float> values,
                     absl::Span<const float> momentum = {},

@@ -199,8 +199,8 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
       if (commit_.state() == nullptr && seed_ == nullptr && draining_) {
         return Draining("starts no seed");
       }
-      if (reseeded_ && seed_ == nullptr && commit_.state() != nullptr &&
-          origin.round > commit_.state()->round) {
+      if (reseeded_ && !draining_ && seed_ == nullptr &&
+          commit_.state() != nullptr && origin.round > commit_.state()->round) {
         SupersedeReseedLocked(*info, origin, deferred);
       }
       session = BeginSeedLocked(*info, origin, std::move(done), deferred);

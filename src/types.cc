@@ -137,6 +137,13 @@ absl::Status CheckNoControlCharacters(absl::string_view value,
           absl::AsciiStrToUpper(absl::StrCat(absl::Hex(c1, absl::kZeroPad4))),
           ") at byte ", i, kWhy));
     }
+    // Line and paragraph separators U+2028-U+2029 (E2 80 A8-A9): a new
+    // line to some viewers.
+    if (c == 0xe2 && c1 == 0x80 && (c2 == 0xa8 || c2 == 0xa9)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has a line or paragraph separator (U+202",
+                       c2 == 0xa8 ? "8" : "9", ") at byte ", i, kWhy));
+    }
     // Bidi embeddings and overrides U+202A-U+202E (E2 80 AA-AE), isolates
     // U+2066-U+2069 (E2 81 A6-A9).
     if (c == 0xe2 && ((c1 == 0x80 && c2 >= 0xaa && c2 <= 0xae) ||

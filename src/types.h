@@ -45,7 +45,8 @@ absl::Status ValidateJobId(absl::string_view job_id);
 // INVALID_ARGUMENT naming `what` if `value` holds a control character (a
 // byte below 0x20, 0x7f, or a C1 control U+0080-U+009F in UTF-8) or a
 // bidirectional embedding, override or isolate (U+202A-U+202E,
-// U+2066-U+2069), with the code and its byte offset: names reach status,
+// U+2066-U+2069) or a line or paragraph separator (U+2028, U+2029), with
+// the code and its byte offset: names reach status,
 // the status page and the logs, where a newline or an escape sequence
 // would forge or hide lines and a bidi override would show them reordered.
 absl::Status CheckNoControlCharacters(absl::string_view value,

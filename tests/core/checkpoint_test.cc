@@ -724,6 +724,12 @@ TEST_F(CheckpointStoreTest, Save_LowerEpochThanTheOneInPlace_IsRefused) {
   same.round = 10;
   EXPECT_TRUE(SaveWhole(*store_, same).ok());
   EXPECT_EQ(ReadFile(Path("job.ckpt")), EncodeCheckpoint(same));
+  // A coordinator without an election (epoch 0) does not fence.
+  JobCheckpoint plain = same;
+  plain.epoch = 0;
+  plain.round = 11;
+  EXPECT_TRUE(SaveWhole(*store_, plain).ok());
+  EXPECT_EQ(ReadFile(Path("job.ckpt")), EncodeCheckpoint(plain));
 }
 
 TEST_F(CheckpointStoreTest, Save_LargeModel_StreamsAndRoundTrips) {

@@ -1007,6 +1007,13 @@ std::vector<Row> Rows() {
             "txt.exe");
       }),
       kInvalid, "bidirectional formatting character (U+202E) at byte 1");
+  add("Join_MemberNameWithLineSeparator_ReturnsInvalidArgument", kFp32,
+      JoinWith([](auto& r) {
+        r.set_member_name(
+            "w1\xe2\x80\xa8"
+            "I1201");
+      }),
+      kInvalid, "line or paragraph separator (U+2028) at byte 2");
   add("Join_MemberNameWithBidiIsolate_ReturnsInvalidArgument", kFp32,
       JoinWith([](auto& r) {
         r.set_member_name(
