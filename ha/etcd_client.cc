@@ -20,6 +20,18 @@
 namespace localsgd {
 namespace {
 
+// A transaction whose condition is that `key` was created at `revision` (0:
+// that it does not exist); its branches are the caller's.
+etcdserverpb::TxnRequest IfCreatedAt(const std::string& key, int64_t revision) {
+  etcdserverpb::TxnRequest request;
+  etcdserverpb::Compare* compare = request.add_compare();
+  compare->set_result(etcdserverpb::Compare::EQUAL);
+  compare->set_target(etcdserverpb::Compare::CREATE);
+  compare->set_key(key);
+  compare->set_create_revision(revision);
+  return request;
+}
+
 absl::Status FromGrpc(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
@@ -299,12 +311,7 @@ absl::StatusOr<EtcdCampaign> EtcdClient::CreateIfAbsent(
   absl::Status status = RunWithFailover(
       "Txn(CreateIfAbsent)", deadline,
       [&](Stubs& endpoint, grpc::ClientContext* context) {
-        etcdserverpb::TxnRequest request;
-        etcdserverpb::Compare* compare = request.add_compare();
-        compare->set_result(etcdserverpb::Compare::EQUAL);
-        compare->set_target(etcdserverpb::Compare::CREATE);
-        compare->set_key(key);
-        compare->set_create_revision(0);
+        etcdserverpb::TxnRequest request = IfCreatedAt(key, 0);
         etcdserverpb::PutRequest* put =
             request.add_success()->mutable_request_put();
         put->set_key(key);
@@ -370,12 +377,7 @@ absl::StatusOr<bool> EtcdClient::DeleteIfCreated(const std::string& key,
   absl::Status status = RunWithFailover(
       "Txn(DeleteIfCreated)", deadline,
       [&](Stubs& endpoint, grpc::ClientContext* context) {
-        etcdserverpb::TxnRequest request;
-        etcdserverpb::Compare* compare = request.add_compare();
-        compare->set_result(etcdserverpb::Compare::EQUAL);
-        compare->set_target(etcdserverpb::Compare::CREATE);
-        compare->set_key(key);
-        compare->set_create_revision(create_revision);
+        etcdserverpb::TxnRequest request = IfCreatedAt(key, create_revision);
         request.add_success()->mutable_request_delete_range()->set_key(key);
         etcdserverpb::TxnResponse response;
         absl::Status s =
