@@ -182,6 +182,10 @@ class FailoverTest : public ::testing::Test {
     return out;
   }
 
+  // Starts the members and waits until they are at round 10; the primary
+  // then (null, with a failure, if none).
+  CoordinatorProcess* RunToRoundTen(Members& members);
+
   // Joins the members and checks what every test checks: no member saw a
   // round go back or skip, and each ended at the last round with the
   // exact state of every member in every round.
@@ -296,6 +300,15 @@ struct Members {
   RoundId final_rounds[kMembers] = {};
 };
 
+CoordinatorProcess* FailoverTest::RunToRoundTen(Members& members) {
+  members.Run();
+  const bool moved_on = AwaitCondition([&] { return members.Progress() >= 10; },
+                                       absl::Seconds(60));
+  EXPECT_TRUE(moved_on) << "rounds stuck at " << members.Progress() << "\n"
+                        << Logs();
+  return moved_on ? Primary() : nullptr;
+}
+
 void FailoverTest::ExpectExactEnd(Members& members) {
   members.Join();
   absl::MutexLock lock(&members.mu);
@@ -350,11 +363,7 @@ TEST_F(FailoverTest, PrimaryKilledRepeatedly_MembersGoOnWithExactState) {
 TEST_F(FailoverTest, PrimaryPausedPastItsLease_StandbyServesAndOldOneExits) {
   constexpr int kRounds = 30;
   Members members(Targets(), kRounds);
-  members.Run();
-  ASSERT_TRUE(AwaitCondition([&] { return members.Progress() >= 10; },
-                             absl::Seconds(60)))
-      << Logs();
-  CoordinatorProcess* old = Primary();
+  CoordinatorProcess* old = RunToRoundTen(members);
   ASSERT_NE(old, nullptr);
   CoordinatorProcess* other = old == coordinators_[0].get()
                                   ? coordinators_[1].get()
@@ -381,11 +390,7 @@ TEST_F(FailoverTest, PrimaryPausedPastItsLease_StandbyServesAndOldOneExits) {
 TEST_F(FailoverTest, PrimaryTerminated_ExitsCleanlyAndTheStandbyTakesOver) {
   constexpr int kRounds = 30;
   Members members(Targets(), kRounds);
-  members.Run();
-  ASSERT_TRUE(AwaitCondition([&] { return members.Progress() >= 10; },
-                             absl::Seconds(60)))
-      << Logs();
-  CoordinatorProcess* old = Primary();
+  CoordinatorProcess* old = RunToRoundTen(members);
   ASSERT_NE(old, nullptr);
   const int status = old->Kill(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
@@ -405,11 +410,7 @@ TEST_F(FailoverTest, EtcdStoppedUnderLoad_JobPausesAndResumes) {
   // after that).
   constexpr int kRounds = 300;
   Members members(Targets(), kRounds, absl::Milliseconds(20));
-  members.Run();
-  ASSERT_TRUE(AwaitCondition([&] { return members.Progress() >= 10; },
-                             absl::Seconds(60)))
-      << Logs();
-  CoordinatorProcess* old = Primary();
+  CoordinatorProcess* old = RunToRoundTen(members);
   ASSERT_NE(old, nullptr);
   ASSERT_TRUE(etcd_->Stop().ok());
   int status = 0;
