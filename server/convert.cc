@@ -74,6 +74,7 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
     for (const auto& n : r.contributors) p->add_contributors(n);
     for (const auto& n : r.dropped) p->add_dropped(n);
     for (const auto& n : r.timed_out) p->add_timed_out(n);
+    for (const auto& n : r.rejected) p->add_rejected(n);
     for (const auto& n : r.late) p->add_late(n);
     p->set_close_reason(CloseReasonToProto(r.reason));
     p->set_duration_ms(static_cast<uint64_t>(

@@ -111,6 +111,13 @@ Metrics::Metrics()
                 .Help("Syncs for a round that had closed already (the "
                       "member adopts the latest result)")
                 .Register(*registry_)),
+      refused_contributions_(
+          prometheus::BuildCounter()
+              .Name("localsgd_rejected_contributions_total")
+              .Help("Contributions refused mid-stream: a non-finite "
+                    "value (policy drop) or a delta that would "
+                    "overflow the state")
+              .Register(*registry_)),
       lease_expiries_(prometheus::BuildCounter()
                           .Name("localsgd_lease_expiries_total")
                           .Help("Members dropped because their lease ran out")
@@ -217,7 +224,8 @@ void Metrics::TouchJob(absl::string_view job_id) {
   }
   round_duration_.Add(job, RoundDurationBuckets());
   for (auto* family : {&contributions_, &dropped_, &timed_out_, &late_,
-                       &lease_expiries_, &bytes_received_, &bytes_sent_}) {
+                       &refused_contributions_, &lease_expiries_,
+                       &bytes_received_, &bytes_sent_}) {
     family->Add(job);
   }
 }
@@ -262,6 +270,11 @@ void Metrics::JobRemoved(absl::string_view job_id, absl::string_view reason) {
 void Metrics::LateContribution(absl::string_view job_id, RoundId round) {
   TouchJob(job_id);
   late_.Add({{"job_id", std::string(job_id)}}).Increment();
+}
+
+void Metrics::ContributionRejected(absl::string_view job_id) {
+  TouchJob(job_id);
+  refused_contributions_.Add({{"job_id", std::string(job_id)}}).Increment();
 }
 
 }  // namespace localsgd

@@ -22,6 +22,8 @@
 //                                         round closed without (deadline)
 //   jobs_removed_total{reason}            jobs removed: idle (--job_idle_ttl)
 //   late_contributions_total{job_id}      Syncs for rounds already closed
+//   rejected_contributions_total{job_id}  contributions refused mid-stream
+//                                         (non-finite drop, would overflow)
 //   lease_expiries_total{job_id}          members dropped for their lease
 //   bytes_received_total{job_id}          chunk payload bytes received
 //   bytes_sent_total{job_id}              chunk payload bytes sent
@@ -94,6 +96,7 @@ class Metrics final : public CoordinatorObserver {
   void LeaseExpired(absl::string_view job_id,
                     absl::string_view member_name) override;
   void LateContribution(absl::string_view job_id, RoundId round) override;
+  void ContributionRejected(absl::string_view job_id) override;
   void JobRemoved(absl::string_view job_id, absl::string_view reason) override;
 
   // With an election (--ha_etcd): this coordinator's role in it ("primary",
@@ -116,6 +119,7 @@ class Metrics final : public CoordinatorObserver {
   prometheus::Family<prometheus::Counter>& timed_out_;
   prometheus::Family<prometheus::Counter>& jobs_removed_;
   prometheus::Family<prometheus::Counter>& late_;
+  prometheus::Family<prometheus::Counter>& refused_contributions_;
   prometheus::Family<prometheus::Counter>& lease_expiries_;
   prometheus::Family<prometheus::Counter>& bytes_received_;
   prometheus::Family<prometheus::Counter>& bytes_sent_;

@@ -18,6 +18,7 @@
 #ifndef LOCALSGD_SRC_AVERAGING_H_
 #define LOCALSGD_SRC_AVERAGING_H_
 
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -55,6 +56,15 @@ class AveragingRule {
   // otherwise. All spans have one length.
   virtual void Step(absl::Span<float> mean, absl::Span<const float> momentum_in,
                     absl::Span<float> momentum_out) const = 0;
+
+  // Bounds for the finite-state guard (StateCommit::CheckHeadroom): where
+  // |mean| <= mean_bound and |momentum_in| <= momentum_bound element by
+  // element, |step| <= StepBound and |momentum_out| <= MomentumBound, in
+  // exact arithmetic (the guard leaves a margin for rounding).
+  virtual double StepBound(double mean_bound, double momentum_bound) const = 0;
+  virtual double MomentumBound(double mean_bound, double momentum_bound) const {
+    return 0;
+  }
 };
 
 // MEAN: the step is the mean delta (accelerate's result when every member
@@ -64,6 +74,9 @@ class MeanRule final : public AveragingRule {
   absl::string_view name() const override { return "mean"; }
   void Step(absl::Span<float> mean, absl::Span<const float> momentum_in,
             absl::Span<float> momentum_out) const override;
+  double StepBound(double mean_bound, double) const override {
+    return mean_bound;
+  }
 };
 
 // OUTER_SGD: torch.optim.SGD(lr) on the outer gradient g = -mean:
@@ -74,6 +87,9 @@ class OuterSgdRule final : public AveragingRule {
   absl::string_view name() const override { return "outer_sgd"; }
   void Step(absl::Span<float> mean, absl::Span<const float> momentum_in,
             absl::Span<float> momentum_out) const override;
+  double StepBound(double mean_bound, double) const override {
+    return std::fabs(static_cast<double>(lr_)) * mean_bound;
+  }
 
  private:
   const float lr_;
@@ -90,6 +106,16 @@ class OuterNesterovRule final : public AveragingRule {
   bool has_momentum() const override { return true; }
   void Step(absl::Span<float> mean, absl::Span<const float> momentum_in,
             absl::Span<float> momentum_out) const override;
+  // |b| <= mu |b_in| + |g|; |step| <= lr (|g| + mu |b|).
+  double MomentumBound(double mean_bound,
+                       double momentum_bound) const override {
+    return std::fabs(static_cast<double>(mu_)) * momentum_bound + mean_bound;
+  }
+  double StepBound(double mean_bound, double momentum_bound) const override {
+    return std::fabs(static_cast<double>(lr_)) *
+           (mean_bound + std::fabs(static_cast<double>(mu_)) *
+                             MomentumBound(mean_bound, momentum_bound));
+  }
 
  private:
   const float lr_;

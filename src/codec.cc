@@ -312,6 +312,37 @@ int64_t FirstNonFinite(absl::string_view data, DType dtype) {
 }
 
 LOCALSGD_KERNEL
+float MaxAbs(absl::string_view data, DType dtype) {
+  float max = 0.0f;
+  if (IsBlockDType(dtype)) {
+    const size_t blocks = BlocksOfBytes(dtype, data.size());
+    for (size_t b = 0; b < blocks; ++b) {
+      float scale;
+      std::memcpy(&scale, data.data() + 4 * b, 4);
+      max = std::max(max, std::fabs(scale));
+    }
+    return max * static_cast<float>(CodeMax(dtype));
+  }
+  const char* p = data.data();
+  if (dtype == DType::kBFloat16) {
+    const size_t n = data.size() / 2;
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      max = std::max(max, std::fabs(BFloat16ToFloat(h)));
+    }
+    return max;
+  }
+  const size_t n = data.size() / 4;
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, p + 4 * i, 4);
+    max = std::max(max, std::fabs(v));
+  }
+  return max;
+}
+
+LOCALSGD_KERNEL
 void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
                         absl::Span<float> acc) {
   float* a = acc.data();
@@ -422,6 +453,17 @@ int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
                       return false;
                     });
   return found;
+}
+
+float MaxAbsPieces(absl::Span<const absl::string_view> pieces, DType dtype) {
+  if (IsBlockDType(dtype)) return MaxAbs(Contiguous(pieces), dtype);
+  float max = 0.0f;
+  ForEachElementRun(pieces, DTypeSize(dtype),
+                    [&](absl::string_view run, size_t) {
+                      max = std::max(max, MaxAbs(run, dtype));
+                      return true;
+                    });
+  return max;
 }
 
 void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,

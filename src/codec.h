@@ -83,6 +83,12 @@ absl::Status DecodeValues(absl::string_view data, DType dtype,
 // first element of the first block whose scale is not finite).
 int64_t FirstNonFinite(absl::string_view data, DType dtype);
 
+// The largest |value| in `data` (wire dtype `dtype`, whole elements, all
+// finite): for a blockwise code an upper bound, the largest scale times the
+// code's magnitude (what an absmax encoder's largest code decodes to). 0
+// for no elements.
+float MaxAbs(absl::string_view data, DType dtype);
+
 // Blockwise codes: INVALID_ARGUMENT naming the first block whose scale is
 // zero, negative or finite above kMaxBlockScale (a malformed payload,
 // whatever the non-finite policy).
@@ -115,6 +121,7 @@ void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
 // elements the single-buffer version takes.
 int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
                              DType dtype);
+float MaxAbsPieces(absl::Span<const absl::string_view> pieces, DType dtype);
 void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
                               DType dtype, float weight, absl::Span<float> acc);
 // These two: INVALID_ARGUMENT, changing nothing, if the pieces do not hold

@@ -85,6 +85,32 @@ Coordinator::Coordinator(CoordinatorOptions options)
   }
 }
 
+namespace {
+
+// A state that an older build let become non-finite is never served: the
+// job is not restored, and its members, joining again, re-seed it from the
+// state they hold.
+absl::Status CheckFinite(const JobCheckpoint& c) {
+  for (const auto& [what, values] :
+       {std::pair<const char*, const std::vector<float>*>{"parameter",
+                                                          &c.values},
+        {"outer momentum", &c.momentum},
+        {"quantization residual", &c.residual}}) {
+    for (size_t i = 0; i < values->size(); ++i) {
+      if (!std::isfinite((*values)[i])) {
+        return absl::DataLossError(absl::StrCat(
+            "its state of round ", c.round, " holds a non-finite ", what,
+            " value at element ", i,
+            " (written by a build without the finite-state guard); its "
+            "members re-seed it from the state they hold"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Coordinator::Restore() {
   if (options_.checkpoint_store == nullptr) return absl::OkStatus();
   std::vector<std::string> errors;
@@ -110,6 +136,7 @@ absl::Status Coordinator::Restore() {
                        " (--shard_index/--shard_count); give each "
                        "replica its own state directory"));
     }
+    if (s.ok()) s = CheckFinite(c);
     if (s.ok() && jobs_.size() >= options_.max_jobs) {
       s = absl::ResourceExhaustedError(
           "more checkpointed jobs than --max_jobs");

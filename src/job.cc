@@ -336,7 +336,8 @@ void Job::OpenRoundLocked(RoundId round, absl::Time now) {
 }
 
 absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
-                           absl::Span<const absl::string_view> pieces) {
+                           absl::Span<const absl::string_view> pieces,
+                           float max_abs) {
   // SyncSession::AddChunk checked it.
   if (session.got_[index]) return absl::OkStatus();
   const absl::Time now = clock_->Now();
@@ -347,12 +348,28 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
     if (members_.Renew(session.member_, now) == nullptr) {
       return members_.NotFound(session.member_);
     }
-    if (absl::Status s =
-            ApplyChunkLocked(session, index, pieces, now, deferred);
-        !s.ok()) {
-      return s;
+    bool rejected = false;
+    // The finite-state guard: a delta that could make the next state
+    // non-finite is refused, and the round goes on without it.
+    if (session.role_ == SyncSession::Role::kContribute && open_ != nullptr &&
+        open_->next != nullptr && open_->round.id() == session.round_ &&
+        !open_->round.IsFinal(index)) {
+      if (absl::Status headroom = commit_.CheckHeadroom(index, max_abs);
+          !headroom.ok()) {
+        rejected =
+            RejectLocked(session, index, headroom.message(), now, deferred);
+      }
+    }
+    if (!rejected) {
+      if (absl::Status s =
+              ApplyChunkLocked(session, index, pieces, now, deferred);
+          !s.ok()) {
+        return s;
+      }
     }
   }
+  // Also a refused chunk: the stream goes on and completes, and gets the
+  // round's result (contributed = false).
   session.Delivered(index);
   RunDeferred(deferred);
   return absl::OkStatus();
@@ -400,25 +417,38 @@ void Job::DropNonFinite(SyncSession& session, uint32_t index, int64_t bad) {
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    const Participant* p =
-        open_ != nullptr && open_->round.id() == session.round_
-            ? open_->round.Find(session.member_)
-            : nullptr;
-    if (p != nullptr && !p->complete() && !p->gone) {
-      LOG(WARNING) << "job " << id_ << ": member " << p->name
-                   << " sent a non-finite value in chunk " << index
-                   << " (element " << bad << ") of round " << session.round_
-                   << "; dropped from the round (policy drop), its "
-                   << p->received << " chunks so far stay counted";
-      // As if it had left: the round stops waiting for it, its complete
-      // chunks count, and the rest of its stream is ignored.
-      DropFromRoundLocked(session.member_, /*nonfinite=*/true, now, deferred);
-    }
+    RejectLocked(session, index,
+                 absl::StrCat("a non-finite value at element ", bad,
+                              " of chunk ", index, " (policy drop)"),
+                 now, deferred);
   }
   // Its stream goes on; mark the chunk delivered so that the stream
   // completes and gets the round's result (contributed = false).
   session.Delivered(index);
   RunDeferred(deferred);
+}
+
+bool Job::RejectLocked(const SyncSession& session, uint32_t index,
+                       absl::string_view why, absl::Time now,
+                       Deferred& deferred) {
+  const Participant* p = open_ != nullptr && open_->round.id() == session.round_
+                             ? open_->round.Find(session.member_)
+                             : nullptr;
+  if (p == nullptr || p->complete() || p->gone) return false;
+  LOG(WARNING) << "job " << id_ << ": member " << p->name
+               << "'s contribution to round " << session.round_
+               << " refused at chunk " << index << ": " << why
+               << "; dropped from the round, its " << p->received
+               << " chunks so far stay counted";
+  if (observer_ != nullptr) {
+    deferred.push_back([observer = observer_, id = id_] {
+      observer->ContributionRejected(id);
+    });
+  }
+  // As if it had left: the round stops waiting for it, its complete chunks
+  // count, and the rest of its stream is ignored.
+  DropFromRoundLocked(session.member_, why, now, deferred);
+  return true;
 }
 
 bool Job::CancelWaiter(const SyncSession& session) {
@@ -449,12 +479,13 @@ void Job::RemoveMemberLocked(const MemberId& member, absl::string_view why,
   if (seed_ != nullptr && seed_->state.owner() == member) {
     AbortSeedLocked(why, deferred);
   }
-  DropFromRoundLocked(member, /*nonfinite=*/false, clock_->Now(), deferred);
+  DropFromRoundLocked(member, /*rejected=*/{}, clock_->Now(), deferred);
 }
 
-void Job::DropFromRoundLocked(const MemberId& member, bool nonfinite,
-                              absl::Time now, Deferred& deferred) {
-  if (open_ == nullptr || !open_->round.MarkGone(member, nonfinite)) return;
+void Job::DropFromRoundLocked(const MemberId& member,
+                              absl::string_view rejected, absl::Time now,
+                              Deferred& deferred) {
+  if (open_ == nullptr || !open_->round.MarkGone(member, rejected)) return;
   const RoundId round = open_->round.id();
   MaybeCloseRoundLocked(now, deferred);
   // Chunks only it had not given are final now.
@@ -490,7 +521,11 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
 }
 
 void Job::FinalizeChunkLocked(OpenRound& round, uint32_t c) {
-  commit_.FinalizeChunk(round.round.sums(), c, *round.next);
+  if (!commit_.FinalizeChunk(round.round.sums(), c, *round.next)) {
+    LOG(ERROR) << "job " << id_ << ": chunk " << c << " of round "
+               << round.round.id()
+               << "'s result was not finite; it keeps its state";
+  }
   round.round.MarkFinal(c);
 }
 

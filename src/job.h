@@ -296,9 +296,11 @@ class Job : public std::enable_shared_from_this<Job> {
 
   // A chunk of `session` that SyncSession::AddChunk checked (CheckChunk),
   // applied under the lock (ApplyChunkLocked).
+  // `max_abs`: the largest |value| of a pseudo-gradient contribution's
+  // chunk (MaxAbsPieces), for the finite-state guard.
   absl::Status AddChunk(SyncSession& session, uint32_t index,
-                        absl::Span<const absl::string_view> pieces)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                        absl::Span<const absl::string_view> pieces,
+                        float max_abs) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ApplyChunkLocked(const SyncSession& session, uint32_t index,
                                 absl::Span<const absl::string_view> pieces,
                                 absl::Time now, Deferred& deferred)
@@ -308,6 +310,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // non-finite value at element `bad` of chunk `index`.
   void DropNonFinite(SyncSession& session, uint32_t index, int64_t bad)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Refuses the contribution of `session` (a participant of the open round
+  // that has not given every chunk; otherwise returns false) at chunk
+  // `index` for `why`: dropped from the round as if it had left, named in
+  // the round's record as rejected.
+  bool RejectLocked(const SyncSession& session, uint32_t index,
+                    absl::string_view why, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Marks `member` gone: removed from members_, dropped from the open round,
   // seed aborted if it owned it. `why` goes to the log.
@@ -315,9 +324,10 @@ class Job : public std::enable_shared_from_this<Job> {
                           Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `member` gone from the open round if it had not given every chunk
-  // (RoundState::MarkGone), then closes the round if that decides it, or
+  // (RoundState::MarkGone; `rejected`: why its contribution was refused),
+  // then closes the round if that decides it, or
   // finalizes the chunks that only it had not given.
-  void DropFromRoundLocked(const MemberId& member, bool nonfinite,
+  void DropFromRoundLocked(const MemberId& member, absl::string_view rejected,
                            absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -106,6 +106,10 @@ struct RoundRecord {
   // contribution (its deadline passed, or the job stopped).
   std::vector<std::string> timed_out;
   std::vector<std::string> late;
+  // Participants whose contribution was refused mid-stream (also in
+  // `dropped`), each as "name: why" (a non-finite value, or a delta that
+  // would overflow the state), sorted.
+  std::vector<std::string> rejected;
   CloseReason reason = CloseReason::kComplete;
   absl::Time opened;
   absl::Time closed;

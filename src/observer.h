@@ -52,6 +52,9 @@ class CoordinatorObserver {
   // straggler): it adopts the latest result and its parameters are not
   // counted.
   virtual void LateContribution(absl::string_view job_id, RoundId round) {}
+  // A contribution refused mid-stream (a non-finite value under the drop
+  // policy, or a delta that would overflow the state).
+  virtual void ContributionRejected(absl::string_view job_id) {}
   // Job `job_id` was removed: `reason` "idle" (no members for the job idle
   // TTL).
   virtual void JobRemoved(absl::string_view job_id, absl::string_view reason) {}

@@ -31,8 +31,11 @@ struct Participant {
   std::vector<bool> got;
   uint32_t received = 0;
   bool gone = false;
-  // Dropped for a non-finite value (NonFinitePolicy::kDrop); also gone.
+  // Its contribution refused mid-stream: a non-finite value
+  // (NonFinitePolicy::kDrop) or one that would overflow the state (the
+  // finite-state guard); also gone. `rejected` says why.
   bool nonfinite = false;
+  std::string rejected;
   // When its last chunk arrived (complete()).
   absl::Time completed = absl::InfiniteFuture();
   // A persistent straggler (JobSettings.deadline_mode adaptive): its misses

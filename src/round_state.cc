@@ -63,13 +63,16 @@ const Participant* RoundState::Find(const MemberId& member) const {
   return it == participants_.end() ? nullptr : &it->second;
 }
 
-bool RoundState::MarkGone(const MemberId& member, bool nonfinite) {
+bool RoundState::MarkGone(const MemberId& member, absl::string_view rejected) {
   auto it = participants_.find(member);
   if (it == participants_.end() || it->second.complete()) return false;
   Participant& p = it->second;
   if (!p.gone) ++num_gone_;
   p.gone = true;
-  p.nonfinite = p.nonfinite || nonfinite;
+  if (!rejected.empty() && !p.nonfinite) {
+    p.nonfinite = true;
+    p.rejected = std::string(rejected);
+  }
   return true;
 }
 
@@ -142,7 +145,10 @@ RoundClosure RoundState::Close(CloseReason reason, absl::Time now) const {
       if (adaptive_) out.lags.emplace_back(p.name, p.completed - opened_);
     } else if (p.gone) {
       record.dropped.push_back(p.name);
-      if (p.nonfinite) out.refused.insert(id);
+      if (p.nonfinite) {
+        out.refused.insert(id);
+        record.rejected.push_back(absl::StrCat(p.name, ": ", p.rejected));
+      }
     } else {
       record.timed_out.push_back(p.name);
       out.timed_out.push_back(id);
@@ -150,7 +156,7 @@ RoundClosure RoundState::Close(CloseReason reason, absl::Time now) const {
   }
   for (std::vector<std::string>* names :
        {&record.participants, &record.contributors, &record.dropped,
-        &record.timed_out}) {
+        &record.timed_out, &record.rejected}) {
     std::sort(names->begin(), names->end());
   }
   return out;

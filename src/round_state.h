@@ -82,9 +82,10 @@ class RoundState {
 
   const Participant* Find(const MemberId& member) const;
   // If `member` is a participant that has not given every chunk, marks it
-  // gone (it gives nothing more; its chunks so far stay counted; with
-  // `nonfinite`, dropped for a non-finite value) and returns true.
-  bool MarkGone(const MemberId& member, bool nonfinite);
+  // gone (it gives nothing more; its chunks so far stay counted; with a
+  // `rejected` reason, its contribution was refused: a non-finite value or
+  // one that would overflow) and returns true.
+  bool MarkGone(const MemberId& member, absl::string_view rejected = {});
 
   // Per-chunk finality (false/empty without it).
   // Whether chunk `c` is given (see above).

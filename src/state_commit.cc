@@ -1,8 +1,11 @@
 #include "src/state_commit.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "src/codec.h"
 
@@ -31,6 +34,24 @@ std::unique_ptr<AveragingRule> RuleFor(const JobSettings& settings) {
   return *std::move(rule);
 }
 
+bool AllFinite(absl::Span<const float> values) {
+  for (float v : values) {
+    if (!std::isfinite(v)) return false;
+  }
+  return true;
+}
+
+float MaxAbsOf(absl::Span<const float> values) {
+  float max = 0.0f;
+  for (float v : values) max = std::max(max, std::fabs(v));
+  return max;
+}
+
+float MaxAbsOf(const std::vector<float>& from, size_t offset, size_t len) {
+  if (from.empty()) return 0.0f;
+  return MaxAbsOf(absl::MakeConstSpan(from).subspan(offset, len));
+}
+
 }  // namespace
 
 StateCommit::StateCommit(const JobSettings& settings,
@@ -53,6 +74,7 @@ void StateCommit::Restore(RoundId round, std::vector<float> values, uint64_t id,
   state->momentum = std::move(momentum);
   state->residual = std::move(residual);
   state_ = std::move(state);
+  magnitudes_.clear();
 }
 
 std::vector<float> StateCommit::TakeBuffer() {
@@ -95,7 +117,7 @@ std::shared_ptr<StateSnapshot> StateCommit::NewNext() {
   return next;
 }
 
-void StateCommit::FinalizeChunk(RoundAccumulator& sums, uint32_t c,
+bool StateCommit::FinalizeChunk(RoundAccumulator& sums, uint32_t c,
                                 StateSnapshot& next) const {
   const DType wire = settings_.wire_dtype;
   const bool lossy = wire != DType::kFloat32;
@@ -136,14 +158,80 @@ void StateCommit::FinalizeChunk(RoundAccumulator& sums, uint32_t c,
   }
   const auto previous = absl::MakeConstSpan(old.values).subspan(offset, len);
   AddInPlace(chunk, previous);
+  if (sums.chunk_weight(c) == 0 ||
+      (AllFinite(chunk) && AllFinite(momentum) && AllFinite(residual))) {
+    return true;
+  }
+  // The guard (CheckHeadroom) admits no contribution that gets here; were
+  // one to, the chunk keeps its state rather than commit a non-finite one.
+  std::copy(previous.begin(), previous.end(), chunk.begin());
+  if (!momentum.empty()) CopyOrZero(old.momentum, offset, momentum);
+  if (!residual.empty()) CopyOrZero(old.residual, offset, residual);
+  std::fill(chunk.begin(), chunk.end(), 0.0f);
+  EncodeValuesTo(chunk, wire, out);
+  std::copy(previous.begin(), previous.end(), chunk.begin());
+  return false;
 }
 
 std::shared_ptr<StateSnapshot> StateCommit::FinishNext(
     RoundAccumulator sums, const std::vector<uint32_t>& pending,
     std::shared_ptr<StateSnapshot> next) const {
-  for (uint32_t c : pending) FinalizeChunk(sums, c, *next);
+  for (uint32_t c : pending) {
+    if (!FinalizeChunk(sums, c, *next)) {
+      LOG(ERROR) << "chunk " << c
+                 << " of a round's result was not finite; it keeps its state";
+    }
+  }
   next->values = sums.TakeBuffer();
   return next;
+}
+
+absl::Status StateCommit::CheckHeadroom(uint32_t c, float max_abs) {
+  const size_t offset = geometry_.Offset(c);
+  const size_t len = geometry_.Size(c);
+  if (magnitudes_.size() != geometry_.num_chunks()) {
+    magnitudes_.assign(geometry_.num_chunks(), ChunkMagnitudes());
+  }
+  ChunkMagnitudes& m = magnitudes_[c];
+  if (!m.known) {
+    m.values = MaxAbsOf(state_->values, offset, len);
+    m.momentum = MaxAbsOf(state_->momentum, offset, len);
+    m.residual = MaxAbsOf(state_->residual, offset, len);
+    m.known = true;
+  }
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  constexpr double kLimit = kFloatMax;
+  // What float32 rounding can add to what the rule computes (a few
+  // operations of relative error 2^-24 each), with room to spare. The sum
+  // with the old values needs none: a sum at most kFloatMax in magnitude
+  // rounds to at most kFloatMax.
+  constexpr double kRounding = 1.01;
+  const bool lossy = settings_.wire_dtype != DType::kFloat32;
+  const double step = rule_->StepBound(max_abs, m.momentum);
+  const double momentum = kRounding * rule_->MomentumBound(max_abs, m.momentum);
+  // What the encoder gets (step + residual; what it decodes to is no
+  // larger), what the new state and the new residual can reach.
+  const double encoded = kRounding * (step + (lossy ? m.residual : 0.0));
+  const double values = m.values + encoded;
+  const double residual = lossy ? 2 * encoded : 0.0;
+  const char* what = nullptr;
+  double reach = 0;
+  if (values > kLimit) {
+    what = "the state's values";
+    reach = values;
+  } else if (momentum > kLimit) {
+    what = "the outer momentum";
+    reach = momentum;
+  } else if (residual > kLimit) {
+    what = "the coordinator's quantization residual";
+    reach = residual;
+  }
+  if (what == nullptr) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat(
+      "a delta of magnitude up to ", max_abs, " in chunk ", c,
+      " would overflow ", what, " (up to ", reach,
+      " with the state's |values| ", m.values, ", |momentum| ", m.momentum,
+      ", |residual| ", m.residual, "; float32 holds up to ", kFloatMax, ")"));
 }
 
 std::shared_ptr<const StateSnapshot> StateCommit::Commit(
@@ -152,6 +240,7 @@ std::shared_ptr<const StateSnapshot> StateCommit::Commit(
   if (state->id == 0) state->id = NewStateId();
   std::shared_ptr<StateSnapshot> old = std::move(state_);
   state_ = state;
+  magnitudes_.clear();
   // Recycle the old state's memory for the next accumulator unless a stream
   // (or the checkpointer) still reads it.
   if (old != nullptr && old.use_count() == 1) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/status/status.h"
 #include "src/averaging.h"
 #include "src/job_types.h"
 #include "src/layout.h"
@@ -48,7 +49,10 @@ class StateCommit {
 
   // Forgets the current state (a re-seed superseded by a newer one): no
   // state until the next Commit or Restore.
-  void Drop() { state_.reset(); }
+  void Drop() {
+    state_.reset();
+    magnitudes_.clear();
+  }
 
   // A random non-zero state id.
   uint64_t NewStateId();
@@ -73,14 +77,27 @@ class StateCommit {
   // is lossy) buffers; no values yet.
   std::shared_ptr<StateSnapshot> NewNext();
   // Computes chunk `c` of `next` from `sums` (see above); the chunk's sums
-  // are overwritten with its new values.
-  void FinalizeChunk(RoundAccumulator& sums, uint32_t c,
+  // are overwritten with its new values. Returns false if the result was
+  // not finite and the chunk kept its state instead (its delta zeros; the
+  // finite-state guard, CheckHeadroom, admits nothing that gets there).
+  bool FinalizeChunk(RoundAccumulator& sums, uint32_t c,
                      StateSnapshot& next) const;
   // The round's next state: its chunks `pending` (those not final yet)
   // computed now, and the sums' buffer as its values.
   std::shared_ptr<StateSnapshot> FinishNext(
       RoundAccumulator sums, const std::vector<uint32_t>& pending,
       std::shared_ptr<StateSnapshot> next) const;
+
+  // The finite-state guard (pseudo-gradient jobs; requires a state): OK if
+  // a contribution to chunk `c` whose values are at most `max_abs` in
+  // magnitude keeps every value of the chunk's next state finite (values,
+  // momentum, residual, encoded step), in any mean with other contributions
+  // that pass; otherwise OUT_OF_RANGE saying what would overflow. The mean
+  // of contributions lies between them and every step of the rule and the
+  // encoding is monotone in it, so contributions that pass one by one pass
+  // together; a margin of 1% on what the rule computes covers rounding. A
+  // state at float32's limit takes deltas that do not push it over.
+  absl::Status CheckHeadroom(uint32_t c, float max_abs);
 
   // Makes `state` the current one as the state of `round` (a new id if it
   // has none), and recycles the old one's buffers unless someone else still
@@ -103,6 +120,13 @@ class StateCommit {
   std::vector<float> spare_momentum_;
   std::vector<float> spare_residual_;
   std::string spare_delta_;
+  // The largest |value|, |momentum| and |residual| of each chunk of state_
+  // (CheckHeadroom), computed when first needed; cleared with a new state.
+  struct ChunkMagnitudes {
+    bool known = false;
+    float values = 0, momentum = 0, residual = 0;
+  };
+  std::vector<ChunkMagnitudes> magnitudes_;
   absl::BitGen bitgen_;  // state ids
 };
 

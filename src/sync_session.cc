@@ -129,7 +129,11 @@ absl::Status SyncSession::AddChunk(uint32_t index,
     job_->DropNonFinite(*this, index, *nonfinite);
     return absl::OkStatus();
   }
-  return job_->AddChunk(*this, index, pieces);
+  const float max_abs =
+      role_ == Role::kContribute && round_ > 0 && job_->pseudo_gradients()
+          ? MaxAbsPieces(pieces, job_->ChunkDType(*this))
+          : 0.0f;
+  return job_->AddChunk(*this, index, pieces, max_abs);
 }
 
 bool SyncSession::Cancel() {

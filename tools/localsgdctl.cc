@@ -212,7 +212,7 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
     out << "(none)\n";
   } else {
     Table rounds({"ROUND", "REASON", "DURATION", "CLOSED_UTC", "CONTRIBUTORS",
-                  "DROPPED", "TIMED_OUT", "LATE"});
+                  "DROPPED", "TIMED_OUT", "LATE", "REJECTED"});
     for (const v1::RoundStatus& r : job.recent_rounds()) {
       rounds.Add(
           {absl::StrCat(r.round()),
@@ -222,7 +222,7 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
                             absl::FromUnixMillis(r.closed_unix_ms()),
                             absl::UTCTimeZone()),
            Names(r.contributors()), Names(r.dropped()), Names(r.timed_out()),
-           Names(r.late())});
+           Names(r.late()), Names(r.rejected())});
     }
     out << rounds.Render();
   }

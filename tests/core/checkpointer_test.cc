@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -228,6 +229,45 @@ TEST_F(CheckpointerTest, ShardCheckpoint_RestoresOnlyIntoTheSameShard) {
   same->Stop();
   auto other = NewCoordinator(ShardSpec{0, 2});
   EXPECT_EQ(other->FindJob("job").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A state that an older build let become non-finite is never served: the
+// job is not restored (the log says why), and a Join creates it anew, for
+// its members to re-seed.
+TEST_F(CheckpointerTest, NonFiniteCheckpointedState_IsNotRestored) {
+  const Layout layout = SmallLayout();
+  {
+    auto coordinator = NewCoordinator();
+    JoinRequestParams params;
+    params.layout = layout;
+    params.incarnation = 1;
+    params.member_name = "a";
+    auto a = coordinator->Join("job", params);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto job = *coordinator->FindJob("job");
+    Send(*job, a->member_id, 0,
+         std::vector<float>(TotalElements(layout), 2.5f));
+    sessions_.clear();
+    coordinator->Stop();
+  }
+  auto loaded = store_->LoadAll();
+  ASSERT_TRUE(loaded.ok());
+  ASSERT_EQ(loaded->size(), 1u);
+  JobCheckpoint poisoned = (*loaded)[0];
+  poisoned.values[3] = std::numeric_limits<float>::infinity();
+  ASSERT_TRUE(store_->Save(poisoned, poisoned.values).ok());
+
+  auto restarted = NewCoordinator();
+  EXPECT_EQ(restarted->FindJob("job").status().code(),
+            absl::StatusCode::kNotFound);
+  JoinRequestParams params;
+  params.layout = layout;
+  params.incarnation = 1;
+  params.member_name = "a";
+  auto again = restarted->Join("job", params);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->has_state);
+  restarted->Stop();
 }
 
 // A pseudo-gradient job restarts where it was: the restored coordinator

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,6 +26,7 @@
 namespace localsgd {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing_util::MakeFloatLayout;
 using testing_util::SyncCapture;
@@ -303,6 +305,167 @@ TEST_F(PseudoGradientTest, SmallRelativeUpdates_MoveEveryParameter) {
     }
   }
 }
+
+// The finite-state guard: finite deltas that would make the next state
+// overflow (each case a rule, a wire and a size that did before the guard)
+// are refused, the round closes without them (named as rejected), and the
+// state, momentum and residual equal bit for bit those of a twin job that
+// never had the offending member, in that round and the next honest one.
+struct OverflowCase {
+  const char* name;
+  JobSettings settings;
+  float anchor;   // every parameter of the seed
+  float hostile;  // every element of the offending member's delta
+};
+
+class FiniteStateGuardTest
+    : public PseudoGradientTest,
+      public ::testing::WithParamInterface<OverflowCase> {
+ protected:
+  struct Run {
+    std::shared_ptr<const StateSnapshot> first, second;
+    JobStatusSnapshot status;
+    absl::StatusOr<SyncResult> hostile = absl::UnknownError("not sent");
+  };
+
+  // Three honest members (and, with `with_hostile`, the offending one) for
+  // two rounds; the offending member leaves after the first.
+  Run Train(bool with_hostile) {
+    const OverflowCase& c = GetParam();
+    MakeJob(c.settings);
+    const DType wire = c.settings.wire_dtype;
+    std::vector<MemberId> honest;
+    for (const char* name : {"h0", "h1", "h2"}) honest.push_back(Join(name));
+    const MemberId x = with_hostile ? Join("x") : MemberId();
+    uint64_t anchor = Seed(honest[0], std::vector<float>(kElements, c.anchor));
+    Run run;
+    for (RoundId r = 1; r <= 2; ++r) {
+      std::vector<SyncCapture> captures;
+      for (size_t i = 0; i < honest.size(); ++i) {
+        // Dyadic deltas: their sum is exact in any order.
+        captures.push_back(Send(honest[i], r,
+                                std::vector<float>(kElements, 0.25f * (i + 1)),
+                                wire, anchor));
+      }
+      if (with_hostile && r == 1) {
+        SyncCapture bad =
+            Send(x, r, std::vector<float>(kElements, c.hostile), wire, anchor);
+        run.hostile = bad.result();
+        EXPECT_TRUE(job_->Leave(x).ok());
+      }
+      for (SyncCapture& capture : captures) {
+        const absl::StatusOr<SyncResult> got = capture.result();
+        EXPECT_TRUE(got.ok()) << got.status();
+        if (!got.ok()) return run;
+        EXPECT_TRUE(got->contributed);
+        EXPECT_EQ(got->round, r);
+      }
+      const absl::StatusOr<SyncResult> got = captures[0].result();
+      (r == 1 ? run.first : run.second) = got->state;
+      anchor = got->state_id;
+    }
+    run.status = job_->Status(8);
+    return run;
+  }
+};
+
+bool AllFinite(const std::vector<float>& v) {
+  for (float f : v) {
+    if (!std::isfinite(f)) return false;
+  }
+  return true;
+}
+
+TEST_P(FiniteStateGuardTest, OffendingDeltaRefused_StateAsWithoutIt) {
+  const Run attacked = Train(/*with_hostile=*/true);
+  const Run twin = Train(/*with_hostile=*/false);
+  ASSERT_NE(attacked.first, nullptr);
+  ASSERT_NE(attacked.second, nullptr);
+  ASSERT_NE(twin.second, nullptr);
+  // The offending member got the round's result, not counted, not late.
+  ASSERT_TRUE(attacked.hostile.ok()) << attacked.hostile.status();
+  EXPECT_FALSE(attacked.hostile->contributed);
+  EXPECT_FALSE(attacked.hostile->late);
+  EXPECT_EQ(attacked.hostile->round, 1u);
+  for (const auto& [a, b] : {std::pair{attacked.first, twin.first},
+                             std::pair{attacked.second, twin.second}}) {
+    EXPECT_TRUE(AllFinite(a->values));
+    EXPECT_TRUE(AllFinite(a->momentum));
+    EXPECT_TRUE(AllFinite(a->residual));
+    EXPECT_EQ(a->values, b->values) << "round " << a->round;
+    EXPECT_EQ(a->momentum, b->momentum) << "round " << a->round;
+    EXPECT_EQ(a->residual, b->residual) << "round " << a->round;
+    // What members decode: every block scale of the result finite.
+    EXPECT_EQ(FirstNonFinite(a->delta, settings_.wire_dtype), -1);
+    EXPECT_EQ(a->delta, b->delta) << "round " << a->round;
+  }
+  // Named in the round's record, with the reason.
+  ASSERT_EQ(attacked.status.recent_rounds.size(), 3u);  // 2, 1, the seed
+  const RoundRecord& first = attacked.status.recent_rounds[1];
+  EXPECT_EQ(first.round, 1u);
+  EXPECT_THAT(first.contributors, ElementsAre("h0", "h1", "h2"));
+  ASSERT_EQ(first.rejected.size(), 1u);
+  EXPECT_THAT(first.rejected[0], HasSubstr("x: a delta of magnitude up to"));
+  EXPECT_THAT(first.rejected[0], HasSubstr("would overflow"));
+  EXPECT_TRUE(attacked.status.recent_rounds[0].rejected.empty());
+}
+
+// Near float32's limit the guard refuses what could push the state over
+// it. It bounds magnitudes (|state| + |step| at most float32's largest),
+// not signs: a delta toward zero larger than the headroom is refused too.
+TEST_F(PseudoGradientTest, FiniteStateGuard_NearTheLimitTakesWhatFits) {
+  MakeJob(DeltaSettings(DType::kFloat32));
+  const MemberId a = Join("a");
+  // 3.3e38 + 2e37 is beyond float32's largest, 3.4e38.
+  uint64_t anchor = Seed(a, std::vector<float>(kElements, 3e38f));
+  SyncCapture fits =
+      Send(a, 1, std::vector<float>(kElements, 3e37f), DType::kFloat32, anchor);
+  ASSERT_TRUE(fits.result().ok()) << fits.result().status();
+  EXPECT_TRUE(fits.result()->contributed);
+  EXPECT_EQ(fits.result()->state->values,
+            std::vector<float>(kElements, 3e38f + 3e37f));
+  anchor = fits.result()->state_id;
+  for (float delta : {2e37f, -2e37f}) {
+    SyncCapture over = Send(a, 2, std::vector<float>(kElements, delta),
+                            DType::kFloat32, anchor);
+    ASSERT_TRUE(over.result().ok()) << over.result().status();
+    EXPECT_FALSE(over.result()->contributed) << delta;
+    EXPECT_EQ(over.result()->round, 2u);
+    anchor = over.result()->state_id;
+    EXPECT_EQ(over.result()->state->values,
+              std::vector<float>(kElements, 3e38f + 3e37f));
+  }
+}
+
+JobSettings Case(DType wire, AveragingMode mode, float lr = 0.7f,
+                 float mu = 0.9f) {
+  return DeltaSettings(wire, mode, lr, mu);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Overflows, FiniteStateGuardTest,
+    ::testing::Values(
+        // MEAN: an anchor of 3e38 plus a delta of 3e38.
+        OverflowCase{"Mean_Float32",
+                     Case(DType::kFloat32, AveragingMode::kMean), 3e38f, 3e38f},
+        // OUTER_NESTEROV (lr 0.7, momentum 0.9): a step of 1.33 g.
+        OverflowCase{"OuterNesterov_Float32",
+                     Case(DType::kFloat32, AveragingMode::kOuterNesterov), 1.0f,
+                     -3e38f},
+        // OUTER_SGD with outer_lr 100 (allowed): deltas of -1e37.
+        OverflowCase{"OuterSgdLr100_BFloat16",
+                     Case(DType::kBFloat16, AveragingMode::kOuterSgd, 100.0f),
+                     1.0f, -1e37f},
+        // The int8 wire: before the guard, a NaN block scale in the result.
+        OverflowCase{"Mean_Int8", Case(DType::kInt8Block, AveragingMode::kMean),
+                     3e38f, 3e38f},
+        // int4 carries at most 7 x kMaxBlockScale (1.9e37): lr 100 again.
+        OverflowCase{"OuterSgdLr100_Int4",
+                     Case(DType::kInt4Block, AveragingMode::kOuterSgd, 100.0f),
+                     1.0f, -1e37f}),
+    [](const ::testing::TestParamInfo<OverflowCase>& info) {
+      return std::string(info.param.name);
+    });
 
 // Blockwise payloads: a zero or negative scale is malformed (INVALID_
 // ARGUMENT, nothing counted); a NaN scale is a non-finite value.

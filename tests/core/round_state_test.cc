@@ -81,10 +81,10 @@ TEST_F(RoundStateTest, Add_CountsEachChunkOnceAndCompletesOnTheLast) {
 TEST_F(RoundStateTest, MarkGone_OnlyAnIncompleteParticipant) {
   RoundState round = Open(3);
   for (uint32_t c = 0; c < 3; ++c) Give(round, 0, c);
-  EXPECT_FALSE(round.MarkGone(Member(0).id, false));  // complete
-  EXPECT_FALSE(round.MarkGone(Member(9).id, false));  // not in it
-  EXPECT_TRUE(round.MarkGone(Member(1).id, /*nonfinite=*/true));
-  EXPECT_TRUE(round.MarkGone(Member(1).id, false));  // gone already
+  EXPECT_FALSE(round.MarkGone(Member(0).id));  // complete
+  EXPECT_FALSE(round.MarkGone(Member(9).id));  // not in it
+  EXPECT_TRUE(round.MarkGone(Member(1).id, "a non-finite value"));
+  EXPECT_TRUE(round.MarkGone(Member(1).id));  // gone already
   EXPECT_TRUE(round.Find(Member(1).id)->gone);
   EXPECT_TRUE(round.Find(Member(1).id)->nonfinite);  // stays refused
   // A gone participant gives nothing more.
@@ -100,9 +100,9 @@ TEST_F(RoundStateTest, ChunkGiven_OnceEveryParticipantNotGoneGaveIt) {
   EXPECT_TRUE(round.ChunkGiven(0));
   // Chunk 1: given by 0 only; once 1 and 2 are gone it is given.
   Give(round, 0, 1);
-  round.MarkGone(Member(1).id, false);
+  round.MarkGone(Member(1).id);
   EXPECT_FALSE(round.ChunkGiven(1));
-  round.MarkGone(Member(2).id, false);
+  round.MarkGone(Member(2).id);
   EXPECT_TRUE(round.ChunkGiven(1));
   // Chunk 2: no one gave it; never given by the departures alone.
   EXPECT_FALSE(round.ChunkGiven(2));
@@ -154,8 +154,8 @@ TEST_F(RoundStateTest, Close_RecordsEveryParticipantOnceSorted) {
     clock_.Advance(absl::Seconds(i + 1));
     for (uint32_t c = 0; c < 3; ++c) Give(round, i, c);
   }
-  round.MarkGone(Member(2).id, false);
-  round.MarkGone(Member(3).id, true);
+  round.MarkGone(Member(2).id);
+  round.MarkGone(Member(3).id, "a non-finite value");
   Give(round, 4, 0);
   clock_.Advance(absl::Seconds(10));
   const RoundClosure closure =
@@ -169,6 +169,7 @@ TEST_F(RoundStateTest, Close_RecordsEveryParticipantOnceSorted) {
   EXPECT_THAT(r.contributors, ElementsAre("m0", "m1"));
   EXPECT_THAT(r.dropped, ElementsAre("m2", "m3"));
   EXPECT_THAT(r.timed_out, ElementsAre("m4"));
+  EXPECT_THAT(r.rejected, ElementsAre("m3: a non-finite value"));
   EXPECT_EQ(r.contributor_weight, 3.0);
   EXPECT_THAT(r.contributor_ids,
               UnorderedElementsAre(Member(0).id, Member(1).id));

@@ -344,6 +344,19 @@ void Harness::CheckWrite(Reader& reader, const JobModel* model) {
   Check(state.values.size() == g.num_elements(),
         absl::StrCat("a state of ", state.values.size(), " values for ",
                      g.num_elements(), " elements"));
+  // The finite-state guard: whatever members sent, every state and every
+  // result streamed is finite (values, momentum, residual, block scales).
+  Check(FirstNonFinite(w.chunk.data, wire) < 0,
+        absl::StrCat("streamed chunk ", w.index, " holds a non-finite value"));
+  for (const std::vector<float>* part :
+       {&state.values, &state.momentum, &state.residual}) {
+    if (part->empty()) continue;
+    for (uint32_t j = 0; j < g.Size(w.index); ++j) {
+      Check(std::isfinite((*part)[g.Offset(w.index) + j]),
+            absl::StrCat("the state streamed holds a non-finite value at ",
+                         g.Offset(w.index) + j));
+    }
+  }
   if (delta) {
     // What the state was made of, byte for byte.
     Check(w.chunk.data ==
