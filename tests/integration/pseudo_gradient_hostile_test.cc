@@ -69,7 +69,8 @@ grpc::Status Join(Env& env, const v1::JoinRequest& request,
 // returns the status and the result's payload kind.
 grpc::Status SyncChunks(Env& env, const v1::SyncHeader& header,
                         const std::vector<std::string>& chunks,
-                        v1::ResultPayload* payload = nullptr) {
+                        v1::ResultPayload* payload = nullptr,
+                        v1::SyncResult* result = nullptr) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
   auto stream = env.stub->Sync(&context);
@@ -87,6 +88,9 @@ grpc::Status SyncChunks(Env& env, const v1::SyncHeader& header,
   while (stream->Read(&response)) {
     if (response.has_result() && payload != nullptr) {
       *payload = response.result().payload();
+    }
+    if (response.has_result() && result != nullptr) {
+      *result = response.result();
     }
   }
   return stream->Finish();
@@ -378,6 +382,69 @@ TEST_P(PseudoGradientHostileInput, Row) {
   ASSERT_FALSE(status.recent_rounds.empty());
   EXPECT_EQ(status.recent_rounds[0].contributors,
             (std::vector<std::string>{"ha", "hb"}));
+}
+
+// The finite-state guard over the wire: a member whose int8 delta is as
+// large as a valid payload allows (every scale at its limit, codes 127)
+// would overflow the outer Nesterov step; it is refused, its Sync still
+// ends OK with the round's result (contributed = false, late = false), the
+// round is named in status with the reason, and the honest members' round
+// equals the twin's bit for bit.
+TEST(PseudoGradientOverflowTest, LargestValidDelta_RefusedRoundGoesOnAsTwin) {
+  ServerOptions options = testkit::BaseServerOptions();
+  options.coordinator.default_settings.contribution =
+      Contribution::kPseudoGradients;
+  options.coordinator.default_settings.wire_dtype = DType::kInt8Block;
+  options.coordinator.default_settings.mode = AveragingMode::kOuterNesterov;
+  auto server = testkit::StartServer(std::move(options));
+  ASSERT_NE(server, nullptr);
+  Honest twin = StartHonest(*server, "twin");
+  Honest honest = StartHonest(*server, "job");
+  HonestRound(twin, 1);
+  HonestRound(honest, 1);
+
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      testkit::Target(*server), grpc::InsecureChannelCredentials()));
+  Env env{stub.get(), "job", "", 0};
+  v1::JoinResponse joined;
+  ASSERT_TRUE(Join(env, PseudoJoin("job", "x"), &joined).ok());
+  env.member = joined.member_id();
+  env.anchor = joined.state_id();
+  std::vector<std::string> huge;
+  for (uint64_t first = 0; first < kElements; first += kChunk) {
+    const size_t n = std::min<uint64_t>(kChunk, kElements - first);
+    std::string data;
+    EncodeValues(std::vector<float>(n, -kMaxBlockScale * 127),
+                 DType::kInt8Block, &data);
+    huge.push_back(std::move(data));
+  }
+  grpc::Status hostile;
+  v1::SyncResult result;
+  std::thread x([&] {
+    hostile = SyncChunks(env, Header(env, 2), huge, nullptr, &result);
+  });
+  HonestRound(honest, 2);
+  x.join();
+  EXPECT_TRUE(hostile.ok()) << hostile.error_message();
+  EXPECT_EQ(result.round(), 2u);
+  EXPECT_FALSE(result.contributed());
+  EXPECT_FALSE(result.late());
+  HonestRound(twin, 2);
+  EXPECT_EQ(honest.pa, twin.pa);
+  for (float v : honest.pa) ASSERT_TRUE(std::isfinite(v));
+
+  v1::GetJobStatusRequest request;
+  request.set_job_id("job");
+  v1::GetJobStatusResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->GetJobStatus(&context, request, &response).ok());
+  ASSERT_EQ(response.jobs_size(), 1);
+  const v1::RoundStatus& round = response.jobs(0).recent_rounds(0);
+  EXPECT_EQ(round.round(), 2u);
+  EXPECT_THAT(round.contributors(), ::testing::ElementsAre("ha", "hb"));
+  ASSERT_EQ(round.rejected_size(), 1);
+  EXPECT_THAT(round.rejected(0), HasSubstr("x: a delta of magnitude up to"));
+  EXPECT_THAT(round.rejected(0), HasSubstr("would overflow"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Rows, PseudoGradientHostileInput,
