@@ -148,9 +148,9 @@ absl::Status Coordinator::Restore() {
     }
     const uint64_t shard_elements =
         ShardElements(*n, c.settings.chunk_elements, options_.shard);
-    auto job = std::make_shared<Job>(c.job_id, c.layout, shard_elements,
-                                     c.settings, options_.policy, clock_,
-                                     checkpointer_.get(), options_.observer);
+    auto job = std::make_shared<Job>(
+        c.job_id, c.layout, shard_elements, c.settings, options_.policy, clock_,
+        checkpointer_.get(), options_.observer, options_.replicator);
     job->RestoreState(c.round, std::move(c.values), c.state_id,
                       std::move(c.momentum), std::move(c.residual));
     LOG(INFO) << "restored job " << c.job_id << " at round " << c.round << " ("
@@ -284,9 +284,9 @@ absl::StatusOr<std::shared_ptr<Job>> Coordinator::FindOrCreateJob(
                          ") would own none; ask for smaller "
                          "chunk_elements"));
       }
-      job = std::make_shared<Job>(job_id, params.layout, shard_elements,
-                                  settings, options_.policy, clock_,
-                                  checkpointer_.get(), options_.observer);
+      job = std::make_shared<Job>(
+          job_id, params.layout, shard_elements, settings, options_.policy,
+          clock_, checkpointer_.get(), options_.observer, options_.replicator);
       jobs_.emplace(job_id, job);
       LOG(INFO) << "job " << job_id
                 << " created: " << params.layout.tensors.size() << " tensors, "

@@ -22,6 +22,7 @@
 #include "src/clock.h"
 #include "src/job.h"
 #include "src/observer.h"
+#include "src/replicator.h"
 #include "src/settings.h"
 #include "src/types.h"
 
@@ -77,6 +78,9 @@ struct CoordinatorOptions {
   // Not owned; must outlive the coordinator. If set, told of round closures,
   // lease expiries and late contributions (e.g. for metrics).
   CoordinatorObserver* observer = nullptr;
+  // A primary's replicator (src/replicator.h; may be null), given to every
+  // job; must outlive the coordinator.
+  Replicator* replicator = nullptr;
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;

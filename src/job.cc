@@ -1,9 +1,12 @@
 #include "src/job.h"
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "src/codec.h"
 #include "src/member_ref.h"
 #include "src/observer.h"
 #include "src/settings.h"
@@ -26,7 +29,7 @@ absl::Status Draining(absl::string_view what) {
 
 Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
          JobSettings settings, JobPolicy policy, Clock* clock, StateSink* sink,
-         CoordinatorObserver* observer)
+         CoordinatorObserver* observer, Replicator* replicator)
     : id_(std::move(job_id)),
       layout_(std::move(layout)),
       settings_(settings),
@@ -35,6 +38,7 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       clock_(clock),
       sink_(sink),
       observer_(observer),
+      replicator_(replicator),
       members_(id_, policy.lease_ttl, policy.max_members, clock->Now()),
       commit_(settings, geometry_),
       pacing_(id_, settings.rendezvous_members,
@@ -62,6 +66,8 @@ void Job::RestoreState(RoundId round, std::vector<float> values, uint64_t id,
   members_.ResetEmptySince(clock_->Now());
   commit_.Restore(round, std::move(values), id, std::move(momentum),
                   std::move(residual));
+  released_state_ = commit_.shared_state();
+  state_ticket_ = 0;
   // The members are not checkpointed: give them one lease to come back, so
   // that the first one to return does not close the next round alone.
   pacing_.Restored(round, clock_->Now() + policy_.lease_ttl);
@@ -140,7 +146,7 @@ absl::StatusOr<MemberId> Job::JoinLocked(const JoinRequestParams& params,
   // (it starts from the same state as the rest). (Never once a chunk is
   // final: its result must not change. A Join whose `now` was read before
   // another call's ended the gathering could find it still active.)
-  const bool admit = open_ != nullptr && open_->round.num_final() == 0 &&
+  const bool admit = open_ != nullptr && !open_->round.any_final_from_sums() &&
                      pacing_.Gathers(open_->round, now);
   const RoundId first_round = admit                        ? open_->round.id()
                               : commit_.state() == nullptr ? 1
@@ -254,10 +260,12 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
                                                   SyncCallback done,
                                                   Deferred& deferred) {
   if (commit_.state() != nullptr) {
-    deferred.push_back(
+    ReleaseLocked(
+        state_ticket_,
         [done = std::move(done),
          result = LatestResult(history_, commit_.shared_state(), member.id, 0,
-                               0)] { done(result); });
+                               0, member.name)] { done(result); },
+        deferred);
     return NewSession(member.id, 0, SyncSession::Role::kAdopt, 0);
   }
   if (seed_ == nullptr) {
@@ -282,8 +290,8 @@ std::unique_ptr<SyncSession> Job::BeginLateLocked(const MemberInfo& member,
                                                   SyncCallback done,
                                                   Deferred& deferred) {
   // A straggler (or a retry after its round closed): adopt the latest.
-  SyncResult result =
-      LatestResult(history_, commit_.shared_state(), member.id, round, anchor);
+  SyncResult result = LatestResult(history_, commit_.shared_state(), member.id,
+                                   round, anchor, member.name);
   if (!result.contributed) {
     history_.MarkLate(round, member.name);
     LOG(INFO) << "job " << id_ << ": " << member.name << " is late for round "
@@ -294,8 +302,10 @@ std::unique_ptr<SyncSession> Job::BeginLateLocked(const MemberInfo& member,
       });
     }
   }
-  deferred.push_back(
-      [done = std::move(done), result = std::move(result)] { done(result); });
+  ReleaseLocked(
+      state_ticket_,
+      [done = std::move(done), result = std::move(result)] { done(result); },
+      deferred);
   return NewSession(member.id, round, SyncSession::Role::kAdopt, 0);
 }
 
@@ -305,14 +315,17 @@ std::unique_ptr<SyncSession> Job::BeginRoundLocked(
   if (open_ == nullptr) OpenRoundLocked(round, now);
   const bool participant = open_->round.Find(member.id) != nullptr;
   const uint64_t waiter_id = next_waiter_id_++;
-  if (on_final != nullptr && open_->next != nullptr &&
-      open_->round.num_final() > 0) {
-    // Chunks final before this stream came (a retry, an adopting member).
-    deferred.push_back(
-        [on_final, indices = open_->round.FinalChunks(),
-         next = std::shared_ptr<const StateSnapshot>(open_->next)]() mutable {
-          on_final(std::move(indices), std::move(next));
-        });
+  if (on_final != nullptr && open_->next != nullptr) {
+    // Chunks released before this stream came (a retry, an adopting
+    // member).
+    std::vector<uint32_t> indices = ReleasedChunksLocked();
+    if (!indices.empty()) {
+      deferred.push_back(
+          [on_final, indices = std::move(indices),
+           next = std::shared_ptr<const StateSnapshot>(open_->next)]() mutable {
+            on_final(std::move(indices), std::move(next));
+          });
+    }
   }
   open_->waiters.emplace(waiter_id, Waiter{member.id, std::move(done),
                                            participant, std::move(on_final)});
@@ -326,7 +339,27 @@ void Job::OpenRoundLocked(RoundId round, absl::Time now) {
   open_ = std::make_unique<OpenRound>(RoundState(
       round, now, geometry_, commit_.TakeBuffer(), pseudo_gradients(),
       settings_.deadline_mode == DeadlineMode::kAdaptive));
-  if (pseudo_gradients()) open_->next = commit_.NewNext();
+  if (pseudo_gradients()) {
+    open_->released.assign(geometry_.num_chunks(), false);
+    if (mirror_ != nullptr && mirror_->round == round &&
+        mirror_->num_final > 0) {
+      // Promoted: the chunks the primary finalized (and may have sent)
+      // stay as they are.
+      open_->next = std::move(mirror_->next);
+      open_->prefinal_values = std::move(mirror_->values);
+      for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
+        if (!mirror_->final[c]) continue;
+        open_->round.MarkPrefinal(c);
+        open_->released[c] = true;
+      }
+      LOG(INFO) << "job " << id_ << ": round " << round << " opens with "
+                << mirror_->num_final
+                << " chunks final, as its former primary computed them";
+    } else {
+      open_->next = commit_.NewNext();
+    }
+    mirror_.reset();
+  }
   for (const MemberInfo* m : members_.TakingPartIn(round)) {
     open_->round.AddParticipant(*m);
   }
@@ -503,11 +536,40 @@ void Job::MaybeCloseRoundLocked(absl::Time now, Deferred& deferred) {
 void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                            Deferred& deferred) {
   std::unique_ptr<OpenRound> round = std::move(open_);
-  std::shared_ptr<StateSnapshot> state =
-      pseudo_gradients() ? commit_.FinishNext(std::move(round->round.sums()),
-                                              round->round.PendingChunks(),
-                                              std::move(round->next))
-                         : commit_.Mean(std::move(round->round.sums()));
+  std::shared_ptr<StateSnapshot> state;
+  if (pseudo_gradients()) {
+    for (uint32_t c : round->round.PendingChunks()) {
+      FinalizeChunkLocked(*round, c);
+    }
+    if (!round->prefinal_values.empty()) {
+      for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
+        if (!round->round.IsPrefinal(c)) continue;
+        absl::Span<float> to = round->round.sums().scaled_sums(c);
+        std::copy_n(round->prefinal_values.begin() + geometry_.Offset(c),
+                    to.size(), to.begin());
+      }
+      commit_.GiveBack(std::move(round->prefinal_values));
+    }
+    state = commit_.FinishNext(std::move(round->round.sums()), {},
+                               std::move(round->next));
+  } else {
+    state = commit_.Mean(std::move(round->round.sums()));
+    if (replicator_ != nullptr) {
+      // A parameter job's chunks are its new values (what members get).
+      for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
+        ReplicatedChunk update;
+        update.job_id = id_;
+        update.round = round->round.id();
+        update.chunk = c;
+        update.contributed = true;
+        const auto values =
+            absl::MakeConstSpan(state->values)
+                .subspan(geometry_.Offset(c), geometry_.Size(c));
+        update.mean.assign(values.begin(), values.end());
+        replicator_->Chunk(std::move(update));
+      }
+    }
+  }
   RoundClosure closure = round->round.Close(reason, now);
   for (const MemberId& id : closure.contributed) {
     members_.CountRound(id, /*contributed=*/true);
@@ -521,7 +583,20 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
 }
 
 void Job::FinalizeChunkLocked(OpenRound& round, uint32_t c) {
-  if (!commit_.FinalizeChunk(round.round.sums(), c, *round.next)) {
+  RoundAccumulator& sums = round.round.sums();
+  const bool contributed = sums.chunk_weight(c) > 0;
+  const absl::Span<float> chunk = sums.scaled_sums(c);
+  if (contributed) DivideInPlace(chunk, sums.scaled_weight(c));
+  if (replicator_ != nullptr) {
+    ReplicatedChunk update;
+    update.job_id = id_;
+    update.round = round.round.id();
+    update.chunk = c;
+    update.contributed = contributed;
+    if (contributed) update.mean.assign(chunk.begin(), chunk.end());
+    round.chunk_ticket = replicator_->Chunk(std::move(update));
+  }
+  if (!commit_.FinalizeMean(chunk, contributed, c, *round.next)) {
     LOG(ERROR) << "job " << id_ << ": chunk " << c << " of round "
                << round.round.id()
                << "'s result was not finite; it keeps its state";
@@ -552,12 +627,65 @@ void Job::FinalizeGivenChunksLocked(absl::Time now, Deferred& deferred) {
 
 void Job::TellFinalLocked(const std::vector<uint32_t>& indices,
                           Deferred& deferred) {
+  if (replicator_ != nullptr) {
+    ReleaseLocked(
+        open_->chunk_ticket,
+        [self = shared_from_this(), round = open_->round.id(), indices] {
+          self->ReleaseFinal(round, indices);
+        },
+        deferred);
+    return;
+  }
+  for (uint32_t c : indices) open_->released[c] = true;
   std::shared_ptr<const StateSnapshot> next = open_->next;
   for (const auto& [wid, w] : open_->waiters) {
     if (w.on_final == nullptr) continue;
     deferred.push_back(
         [on_final = w.on_final, indices, next] { on_final(indices, next); });
   }
+}
+
+void Job::ReleaseLocked(uint64_t ticket, std::function<void()> release,
+                        Deferred& deferred) {
+  if (replicator_ == nullptr || ticket == 0) {
+    deferred.push_back(std::move(release));
+    return;
+  }
+  deferred.push_back(
+      [replicator = replicator_, ticket, release = std::move(release)] {
+        replicator->WhenAcked(ticket, release);
+      });
+}
+
+void Job::ReleaseFinal(RoundId round, std::vector<uint32_t> indices) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (open_ == nullptr || open_->round.id() != round) return;  // closed
+    std::vector<uint32_t> fresh;
+    for (uint32_t c : indices) {
+      if (!open_->released[c]) {
+        open_->released[c] = true;
+        fresh.push_back(c);
+      }
+    }
+    if (fresh.empty()) return;
+    std::shared_ptr<const StateSnapshot> next = open_->next;
+    for (const auto& [wid, w] : open_->waiters) {
+      if (w.on_final == nullptr) continue;
+      deferred.push_back(
+          [on_final = w.on_final, fresh, next] { on_final(fresh, next); });
+    }
+  }
+  RunDeferred(deferred);
+}
+
+std::vector<uint32_t> Job::ReleasedChunksLocked() const {
+  std::vector<uint32_t> indices;
+  for (uint32_t c = 0; c < open_->released.size(); ++c) {
+    if (open_->released[c]) indices.push_back(c);
+  }
+  return indices;
 }
 
 DType Job::ChunkDType(const SyncSession& session) const {
@@ -613,6 +741,7 @@ void Job::SupersedeReseedLocked(const MemberInfo& member,
     open_.reset();
   }
   commit_.Drop();
+  released_state_.reset();
   reseeded_ = false;
 }
 
@@ -620,6 +749,7 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
                        Waiters waiters,
                        const absl::flat_hash_set<MemberId>& refused,
                        Deferred& deferred) {
+  const uint64_t previous_id = commit_.state_id();
   std::shared_ptr<const StateSnapshot> committed =
       commit_.Commit(std::move(state), record.round);
   reseeded_ = false;  // CompleteSeedLocked sets it for a re-seed
@@ -627,12 +757,36 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
 
   ReportCommitLocked(record, deferred);
 
+  state_ticket_ = 0;
+  if (replicator_ != nullptr) {
+    ReplicatedCommit update;
+    update.job_id = id_;
+    update.round = record.round;
+    update.state_id = committed->id;
+    update.record = record;
+    if (record.reason == CloseReason::kSeed) {
+      update.seed = committed;
+    } else {
+      update.previous_id = previous_id;
+    }
+    state_ticket_ = replicator_->Commit(std::move(update));
+    ReleaseLocked(
+        state_ticket_,
+        [self = shared_from_this(), committed] {
+          absl::MutexLock lock(&self->mu_);
+          self->released_state_ = committed;
+        },
+        deferred);
+  }
   for (auto& [wid, w] : waiters) {
-    deferred.push_back([done = std::move(w.done),
-                        result = CommittedResult(record, committed, w.member,
-                                                 refused.contains(w.member))] {
-      done(result);
-    });
+    ReleaseLocked(
+        state_ticket_,
+        [done = std::move(w.done),
+         result = CommittedResult(record, committed, w.member,
+                                  refused.contains(w.member))] {
+          done(result);
+        },
+        deferred);
   }
   history_.Add(std::move(record));
 }
@@ -669,6 +823,15 @@ absl::StatusOr<std::shared_ptr<const StateSnapshot>> Job::GetState(
   if (commit_.state() == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", id_, "' has no global state yet; the first member seeds it"));
+  }
+  if (replicator_ != nullptr) {
+    // The newest state its standbys have: one a member may hold.
+    if (released_state_ == nullptr) {
+      return absl::UnavailableError(absl::StrCat(
+          "job '", id_,
+          "' has a state its standby has not acknowledged yet; retry"));
+    }
+    return released_state_;
   }
   return commit_.shared_state();
 }
@@ -752,6 +915,150 @@ LearnedDeadline Job::learned_deadline() {
 size_t Job::num_members() {
   absl::MutexLock lock(&mu_);
   return members_.size();
+}
+
+namespace {
+
+absl::Status CheckFiniteValues(absl::Span<const float> values,
+                               absl::string_view what) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has a non-finite value at element ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Job::ApplyReplicated(const ReplicatedChunk& update) {
+  absl::MutexLock lock(&mu_);
+  const std::string what =
+      absl::StrCat("replicated chunk ", update.chunk, " of round ",
+                   update.round, " of job '", id_, "'");
+  if (commit_.state() == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the standby has no state of the job"));
+  }
+  const RoundId next_round = commit_.state()->round + 1;
+  if (update.round != next_round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": the standby's state is of round ", commit_.state()->round,
+        ", so it takes round ", next_round));
+  }
+  if (update.chunk >= geometry_.num_chunks()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the job has ", geometry_.num_chunks(), " chunks"));
+  }
+  const size_t offset = geometry_.Offset(update.chunk);
+  const size_t len = geometry_.Size(update.chunk);
+  const bool carries = update.contributed || !pseudo_gradients();
+  if (carries ? update.mean.size() != len : !update.mean.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", update.mean.size(), " values; expected ",
+                     carries ? len : 0));
+  }
+  if (absl::Status s = CheckFiniteValues(update.mean, what); !s.ok()) return s;
+  if (mirror_ != nullptr && mirror_->round != next_round) mirror_.reset();
+  if (mirror_ != nullptr && mirror_->final[update.chunk]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": that chunk is final already"));
+  }
+  if (mirror_ == nullptr) {
+    mirror_ = std::make_unique<Mirror>();
+    mirror_->round = next_round;
+    mirror_->next = pseudo_gradients() ? commit_.NewNext()
+                                       : std::make_shared<StateSnapshot>();
+    mirror_->values = commit_.TakeBuffer();
+    mirror_->final.assign(geometry_.num_chunks(), false);
+  }
+  const absl::Span<float> chunk =
+      absl::MakeSpan(mirror_->values).subspan(offset, len);
+  if (carries) std::copy(update.mean.begin(), update.mean.end(), chunk.begin());
+  if (pseudo_gradients()) {
+    // What the primary computed from the same mean, bit for bit.
+    commit_.FinalizeMean(chunk, update.contributed, update.chunk,
+                         *mirror_->next);
+  }
+  mirror_->final[update.chunk] = true;
+  ++mirror_->num_final;
+  return absl::OkStatus();
+}
+
+absl::Status Job::ApplyReplicated(const ReplicatedCommit& update) {
+  absl::MutexLock lock(&mu_);
+  const std::string what = absl::StrCat("replicated commit of round ",
+                                        update.round, " of job '", id_, "'");
+  if (update.state_id == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " names no state id"));
+  }
+  if (update.seed != nullptr) {
+    if (update.seed->values.size() != geometry_.num_elements()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": a seed of ", update.seed->values.size(),
+                       " values; the job has ", geometry_.num_elements()));
+    }
+    if (absl::Status s = CheckFiniteValues(update.seed->values, what);
+        !s.ok()) {
+      return s;
+    }
+    mirror_.reset();
+    auto state = std::make_shared<StateSnapshot>();
+    state->values = update.seed->values;
+    state->id = update.state_id;
+    commit_.Commit(std::move(state), update.round);
+  } else {
+    if (commit_.state() == nullptr ||
+        update.round != commit_.state()->round + 1 ||
+        update.previous_id != commit_.state()->id) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " follows state ", absl::Hex(update.previous_id),
+          " but the standby holds ",
+          commit_.state() == nullptr
+              ? std::string("none")
+              : absl::StrCat("round ", commit_.state()->round, " (",
+                             absl::Hex(commit_.state()->id), ")")));
+    }
+    if (mirror_ == nullptr || mirror_->round != update.round ||
+        mirror_->num_final != geometry_.num_chunks()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " before every chunk of it: ",
+                       mirror_ == nullptr || mirror_->round != update.round
+                           ? 0
+                           : mirror_->num_final,
+                       " of ", geometry_.num_chunks()));
+    }
+    std::shared_ptr<StateSnapshot> next = std::move(mirror_->next);
+    next->values = std::move(mirror_->values);
+    next->id = update.state_id;
+    mirror_.reset();
+    commit_.Commit(std::move(next), update.round);
+  }
+  RoundRecord record = update.record;
+  record.round = update.round;
+  record.replicated = true;
+  history_.Add(std::move(record));
+  return absl::OkStatus();
+}
+
+void Job::Promote() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  members_.ResetEmptySince(now);
+  // The members come back (they join again): one lease for them to, as
+  // after a restore.
+  pacing_.Restored(commit_.state_round(), now + policy_.lease_ttl);
+  // Only a pseudo-gradient round tells members chunks before its close; a
+  // parameter round's partial result no member can hold.
+  if (mirror_ != nullptr && (!pseudo_gradients() || mirror_->num_final == 0)) {
+    mirror_.reset();
+  }
+  // A standby that was out of sync holds an older state than some member:
+  // that member's newer state replaces it (as a re-seed's would).
+  reseeded_ = commit_.state() != nullptr;
+  released_state_ = commit_.shared_state();
+  state_ticket_ = 0;
 }
 
 JobStatusSnapshot Job::Status(uint32_t max_rounds) {

@@ -81,6 +81,7 @@
 #include "src/job_types.h"
 #include "src/layout.h"
 #include "src/membership.h"
+#include "src/replicator.h"
 #include "src/round.h"
 #include "src/round_state.h"
 #include "src/seed.h"
@@ -107,9 +108,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // `settings` must be complete and valid; `layout` validated with
   // `num_elements` elements. `clock`, `sink` and `observer` (both may be
   // null) must outlive the job.
+  // `replicator` (may be null): a primary's, told of every new state's
+  // making; results are released to members once it says so (see
+  // src/replicator.h).
   Job(std::string job_id, Layout layout, uint64_t num_elements,
       JobSettings settings, JobPolicy policy, Clock* clock,
-      StateSink* sink = nullptr, CoordinatorObserver* observer = nullptr);
+      StateSink* sink = nullptr, CoordinatorObserver* observer = nullptr,
+      Replicator* replicator = nullptr);
   ~Job();
 
   // Restores a checkpointed state (round, values of num_elements) into a job
@@ -125,6 +130,24 @@ class Job : public std::enable_shared_from_this<Job> {
   void RestoreState(RoundId round, std::vector<float> values, uint64_t id,
                     std::vector<float> momentum, std::vector<float> residual)
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A standby's job follows its primary's (src/replicator.h): applies the
+  // updates in the primary's order. Errors (the job unchanged):
+  // FAILED_PRECONDITION for an update that does not follow from the job's
+  // state (another round, another previous state, a chunk final twice, a
+  // commit before every chunk is final), INVALID_ARGUMENT for a malformed
+  // one (chunk index, size, a non-finite value).
+  absl::Status ApplyReplicated(const ReplicatedChunk& update)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ApplyReplicated(const ReplicatedCommit& update)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The standby's job is now its primary's: members join again (one lease
+  // to come back, as after RestoreState); a round whose final chunks it
+  // holds (some members may have them) opens with those chunks fixed, and
+  // the rest is averaged from the contributions sent again. A member that
+  // holds a newer state (a standby out of sync) re-seeds it, as after a
+  // re-seed (BeginSync).
+  void Promote() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Layout& layout() const { return layout_; }
 
@@ -257,6 +280,22 @@ class Job : public std::enable_shared_from_this<Job> {
     RoundState round;
     Waiters waiters;
     std::shared_ptr<StateSnapshot> next;
+    // The chunks told to members (final, and acknowledged by the standbys
+    // in sync), and the ticket of the last chunk shipped.
+    std::vector<bool> released;
+    uint64_t chunk_ticket = 0;
+    // Prefinal chunks' new values (RoundState::MarkPrefinal), put into the
+    // result at the close; empty if none.
+    std::vector<float> prefinal_values;
+  };
+  // A standby's round in progress: the chunks of its result the primary
+  // finalized so far (values and next state), until its commit.
+  struct Mirror {
+    RoundId round = 0;
+    std::shared_ptr<StateSnapshot> next;
+    std::vector<float> values;
+    std::vector<bool> final;
+    uint32_t num_final = 0;
   };
   // The seed in progress and the Syncs waiting for it.
   struct Seed {
@@ -379,6 +418,20 @@ class Job : public std::enable_shared_from_this<Job> {
   // Tells the open round's waiters that asked that `indices` are final.
   void TellFinalLocked(const std::vector<uint32_t>& indices, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `release` once the replicator has every update up to `ticket`
+  // acknowledged (deferred; at once without a replicator or ticket 0).
+  void ReleaseLocked(uint64_t ticket, std::function<void()> release,
+                     Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Chunks `indices` of round `round`, acknowledged: told to its waiters.
+  void ReleaseFinal(RoundId round, std::vector<uint32_t> indices)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The open round's released chunks, in order.
+  std::vector<uint32_t> ReleasedChunksLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Chunk `c` of the open round's result, shipped to the replicator (the
+  // mean delta; parameter jobs: the new values) and computed.
+  void FinalizeAndShipLocked(OpenRound& round, uint32_t c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The dtype of the chunks a session sends: float32 for a pseudo-gradient
   // job's seed, else the wire dtype.
   DType ChunkDType(const SyncSession& session) const;
@@ -398,6 +451,7 @@ class Job : public std::enable_shared_from_this<Job> {
   Clock* const clock_;
   StateSink* const sink_;                // may be null
   CoordinatorObserver* const observer_;  // may be null
+  Replicator* const replicator_;         // may be null
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
@@ -422,6 +476,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // The records of the recent closed rounds, for status and late arrivals.
   RoundHistory history_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // With a replicator: the ticket of the update that made the current
+  // state, and the newest state released (acknowledged) for GetState.
+  uint64_t state_ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const StateSnapshot> released_state_ ABSL_GUARDED_BY(mu_);
+  // A standby's round in progress; after Promote, the round that opens
+  // with its final chunks fixed.
+  std::unique_ptr<Mirror> mirror_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace localsgd

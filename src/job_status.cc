@@ -61,7 +61,7 @@ SyncResult CommittedResult(const RoundRecord& record,
 SyncResult LatestResult(const RoundHistory& history,
                         std::shared_ptr<const StateSnapshot> state,
                         const MemberId& member, RoundId asked_round,
-                        uint64_t anchor) {
+                        uint64_t anchor, absl::string_view member_name) {
   SyncResult result;
   result.round = state->round;
   result.state_id = state->id;
@@ -74,8 +74,14 @@ SyncResult LatestResult(const RoundHistory& history,
     // retry: a member that contributed to the latest round and now asks for
     // another (an older round, or the next one against another anchor) sent
     // a contribution that was not averaged, and adopts.
-    result.contributed = (asked_round == state->round || asked_round == 0) &&
-                         record->contributor_ids.contains(member);
+    const bool counted =
+        record->replicated
+            ? !member_name.empty() &&
+                  std::binary_search(record->contributors.begin(),
+                                     record->contributors.end(), member_name)
+            : record->contributor_ids.contains(member);
+    result.contributed =
+        (asked_round == state->round || asked_round == 0) && counted;
     result.contributors = static_cast<uint32_t>(record->contributors.size());
     result.contributor_weight = record->contributor_weight;
   }

@@ -61,10 +61,12 @@ SyncResult CommittedResult(const RoundRecord& record,
 // before it; contributed as `history` recorded it, and only if
 // `asked_round` is the latest round (or 0, the seed); late unless it asked
 // for the seed.
+// `member_name`: the member's, for a record that came from a primary
+// (RoundRecord::replicated).
 SyncResult LatestResult(const RoundHistory& history,
                         std::shared_ptr<const StateSnapshot> state,
                         const MemberId& member, RoundId asked_round,
-                        uint64_t anchor);
+                        uint64_t anchor, absl::string_view member_name = {});
 
 // JobStatusSnapshot parts:
 // the open round: its id, participants and those that contributed every

@@ -116,6 +116,10 @@ struct RoundRecord {
   double contributor_weight = 0;
   // Ids of the contributors, to answer a contributor whose result it is.
   absl::flat_hash_set<MemberId> contributor_ids;
+  // Applied from a primary (Job::ApplyReplicated): its ids are the
+  // primary's, and members that join the promoted standby get new ones; a
+  // contributor is then known by its name.
+  bool replicated = false;
 };
 
 struct JobStatusSnapshot {

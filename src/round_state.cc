@@ -36,7 +36,7 @@ void RoundState::AddParticipant(const MemberInfo& member) {
 
 void RoundState::FitScale() {
   // Rescaling would scale the chunks that hold results already.
-  CHECK_EQ(num_final_, 0u) << "participants changed after finality";
+  CHECK_EQ(num_final_, num_prefinal_) << "participants changed after finality";
   double total = 0;
   for (const auto& [pid, p] : participants_) total += p.weight;
   sums_.FitScale(total);
@@ -50,7 +50,8 @@ RoundState::Added RoundState::Add(const MemberId& member, uint32_t index,
     return Added::kIgnored;
   }
   Participant& p = it->second;
-  sums_.Add(index, pieces, dtype, p.weight);
+  // A prefinal chunk's result is fixed: what is given of it is not summed.
+  if (!IsPrefinal(index)) sums_.Add(index, pieces, dtype, p.weight);
   p.got[index] = true;
   if (!chunk_contributions_.empty()) ++chunk_contributions_[index];
   if (++p.received < num_chunks_) return Added::kAdded;
@@ -118,6 +119,14 @@ void RoundState::MarkFinal(uint32_t c) {
   CHECK(!final_[c]) << "chunk " << c << " of round " << id_ << " final twice";
   final_[c] = true;
   ++num_final_;
+}
+
+void RoundState::MarkPrefinal(uint32_t c) {
+  CHECK(!any_final_from_sums()) << "prefinal chunk after a final one";
+  if (prefinal_.empty()) prefinal_.assign(num_chunks_, false);
+  MarkFinal(c);
+  prefinal_[c] = true;
+  ++num_prefinal_;
 }
 
 std::vector<uint32_t> RoundState::ChunksWhere(bool final) const {

@@ -67,7 +67,8 @@ class RoundState {
   RoundAccumulator& sums() { return sums_; }
 
   // Adds `member` as a participant. Call FitScale after adding. Never once
-  // a chunk is final (its result must not change; CHECK-fails).
+  // a chunk is final from the sums (its result must not change;
+  // CHECK-fails); prefinal chunks do not count.
   void AddParticipant(const MemberInfo& member);
   // Fits the sums' scale to the participants' total weight.
   void FitScale();
@@ -98,8 +99,20 @@ class RoundState {
   // (then none, and the round is held). Clears held otherwise.
   std::vector<uint32_t> ReadyChunks(bool gathering);
   void MarkFinal(uint32_t c);
+  // Chunk `c` is final before any contribution: its result was computed
+  // by the primary this coordinator took over from (Job::Promote); what
+  // participants give of it is not summed. Only before any chunk is final
+  // by MarkFinal.
+  void MarkPrefinal(uint32_t c);
   bool IsFinal(uint32_t c) const { return !final_.empty() && final_[c]; }
+  bool IsPrefinal(uint32_t c) const {
+    return !prefinal_.empty() && prefinal_[c];
+  }
   uint32_t num_final() const { return num_final_; }
+  uint32_t num_prefinal() const { return num_prefinal_; }
+  // Whether a chunk's result is fixed by this round's own sums (participants
+  // may no longer change).
+  bool any_final_from_sums() const { return num_final_ > num_prefinal_; }
   // The chunks that are final, and those that are not yet, in order.
   std::vector<uint32_t> FinalChunks() const { return ChunksWhere(true); }
   std::vector<uint32_t> PendingChunks() const { return ChunksWhere(false); }
@@ -123,7 +136,9 @@ class RoundState {
   // final, how many participants are gone.
   std::vector<uint32_t> chunk_contributions_;
   std::vector<bool> final_;
+  std::vector<bool> prefinal_;
   uint32_t num_final_ = 0;
+  uint32_t num_prefinal_ = 0;
   uint32_t num_gone_ = 0;
   bool held_ = false;
 };

@@ -119,11 +119,18 @@ std::shared_ptr<StateSnapshot> StateCommit::NewNext() {
 
 bool StateCommit::FinalizeChunk(RoundAccumulator& sums, uint32_t c,
                                 StateSnapshot& next) const {
+  const bool contributed = sums.chunk_weight(c) > 0;
+  const absl::Span<float> chunk = sums.scaled_sums(c);
+  if (contributed) DivideInPlace(chunk, sums.scaled_weight(c));
+  return FinalizeMean(chunk, contributed, c, next);
+}
+
+bool StateCommit::FinalizeMean(absl::Span<float> chunk, bool contributed,
+                               uint32_t c, StateSnapshot& next) const {
   const DType wire = settings_.wire_dtype;
   const bool lossy = wire != DType::kFloat32;
   const StateSnapshot& old = *state_;
   const size_t offset = geometry_.Offset(c);
-  const absl::Span<float> chunk = sums.scaled_sums(c);
   const size_t len = chunk.size();
   // Carried over from the old state (zeros after a seed or a restore
   // without them), then updated in place.
@@ -139,10 +146,9 @@ bool StateCommit::FinalizeChunk(RoundAccumulator& sums, uint32_t c,
   }
   char* out =
       next.delta.data() + WireBytes(wire, geometry_.chunk_elements()) * c;
-  if (sums.chunk_weight(c) > 0) {
+  if (contributed) {
     // mean delta -> the rule's step -> encoded with the residual -> what
     // the encoding decodes to (in place), as every member decodes it.
-    DivideInPlace(chunk, sums.scaled_weight(c));
     rule_->Step(chunk, momentum, momentum);
     if (lossy) {
       EncodeWithFeedback(chunk, residual, wire, out, chunk);
@@ -158,7 +164,7 @@ bool StateCommit::FinalizeChunk(RoundAccumulator& sums, uint32_t c,
   }
   const auto previous = absl::MakeConstSpan(old.values).subspan(offset, len);
   AddInPlace(chunk, previous);
-  if (sums.chunk_weight(c) == 0 ||
+  if (!contributed ||
       (AllFinite(chunk) && AllFinite(momentum) && AllFinite(residual))) {
     return true;
   }

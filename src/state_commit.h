@@ -82,6 +82,12 @@ class StateCommit {
   // finite-state guard, CheckHeadroom, admits nothing that gets there).
   bool FinalizeChunk(RoundAccumulator& sums, uint32_t c,
                      StateSnapshot& next) const;
+  // The same from chunk `c`'s weighted mean delta (`contributed`: someone
+  // gave the chunk; otherwise `chunk`'s contents are ignored), in `chunk`
+  // on entry and its new values on return: what a standby, given the mean
+  // its primary computed, reproduces bit for bit.
+  bool FinalizeMean(absl::Span<float> chunk, bool contributed, uint32_t c,
+                    StateSnapshot& next) const;
   // The round's next state: its chunks `pending` (those not final yet)
   // computed now, and the sums' buffer as its values.
   std::shared_ptr<StateSnapshot> FinishNext(

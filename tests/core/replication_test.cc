@@ -1,0 +1,464 @@
+// A primary's job and its standby's, through an in-process Replicator that
+// applies every update to the standby's job at once and acknowledges on the
+// test's word (src/replicator.h): nothing reaches a member before the
+// standby has it; the standby holds the primary's state, momentum and
+// residual bit for bit after every round and seed; a promoted standby
+// opens the round in flight with the chunks members may hold fixed; and
+// updates that do not follow from the standby's state are refused, changing
+// nothing. Fake clock, no sockets.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "src/clock.h"
+#include "src/codec.h"
+#include "src/job.h"
+#include "src/replicator.h"
+#include "tests/core/test_util.h"
+
+namespace localsgd {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing_util::MakeFloatLayout;
+using testing_util::SyncCapture;
+
+constexpr uint32_t kChunk = 4;
+constexpr uint64_t kElements = 10;  // chunks of 4, 4, 2
+
+// Applies each update to `standby` as it is made (or, with hold(), queues
+// it) and acknowledges up to the ticket the test names.
+class TestReplicator : public Replicator {
+ public:
+  void set_standby(std::shared_ptr<Job> standby) { standby_ = standby; }
+
+  uint64_t Chunk(ReplicatedChunk chunk) override {
+    absl::MutexLock lock(&mu_);
+    const uint64_t ticket = ++last_;
+    if (standby_ != nullptr) {
+      const absl::Status s = standby_->ApplyReplicated(chunk);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    chunks_.push_back(std::move(chunk));
+    return ticket;
+  }
+  uint64_t Commit(ReplicatedCommit commit) override {
+    absl::MutexLock lock(&mu_);
+    const uint64_t ticket = ++last_;
+    if (standby_ != nullptr) {
+      const absl::Status s = standby_->ApplyReplicated(commit);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    commits_.push_back(std::move(commit));
+    return ticket;
+  }
+  void WhenAcked(uint64_t ticket, std::function<void()> release) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ticket > acked_) {
+        waiting_.emplace(ticket, std::move(release));
+        return;
+      }
+    }
+    release();
+  }
+
+  // Acknowledges every update up to `ticket` (all so far if 0).
+  void Ack(uint64_t ticket = 0) {
+    std::vector<std::function<void()>> run;
+    {
+      absl::MutexLock lock(&mu_);
+      acked_ = std::max(acked_, ticket == 0 ? last_ : ticket);
+      while (!waiting_.empty() && waiting_.begin()->first <= acked_) {
+        run.push_back(std::move(waiting_.begin()->second));
+        waiting_.erase(waiting_.begin());
+      }
+    }
+    for (auto& fn : run) fn();
+  }
+
+  uint64_t last() {
+    absl::MutexLock lock(&mu_);
+    return last_;
+  }
+  std::vector<ReplicatedChunk> chunks() {
+    absl::MutexLock lock(&mu_);
+    return chunks_;
+  }
+  std::vector<ReplicatedCommit> commits() {
+    absl::MutexLock lock(&mu_);
+    return commits_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::shared_ptr<Job> standby_;
+  uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t acked_ ABSL_GUARDED_BY(mu_) = 0;
+  std::multimap<uint64_t, std::function<void()>> waiting_ ABSL_GUARDED_BY(mu_);
+  std::vector<ReplicatedChunk> chunks_ ABSL_GUARDED_BY(mu_);
+  std::vector<ReplicatedCommit> commits_ ABSL_GUARDED_BY(mu_);
+};
+
+// The chunks told to a member, in order.
+struct FinalCapture {
+  absl::Mutex mu;
+  std::vector<uint32_t> told ABSL_GUARDED_BY(mu);
+  std::shared_ptr<const StateSnapshot> next ABSL_GUARDED_BY(mu);
+
+  FinalChunksCallback Callback() {
+    return [this](std::vector<uint32_t> indices,
+                  std::shared_ptr<const StateSnapshot> state) {
+      absl::MutexLock lock(&mu);
+      told.insert(told.end(), indices.begin(), indices.end());
+      next = std::move(state);
+    };
+  }
+  std::vector<uint32_t> Told() {
+    absl::MutexLock lock(&mu);
+    return told;
+  }
+};
+
+JobSettings Settings(DType wire, AveragingMode mode) {
+  JobSettings s;
+  s.chunk_elements = kChunk;
+  s.wire_dtype = wire;
+  s.mode = mode;
+  s.nonfinite_policy = NonFinitePolicy::kReject;
+  s.contribution = Contribution::kPseudoGradients;
+  s.outer_lr = 0.7f;
+  s.outer_momentum = 0.9f;
+  return s;
+}
+
+class ReplicationTest : public ::testing::Test {
+ protected:
+  void Make(JobSettings settings) {
+    settings_ = settings;
+    const Layout layout = MakeFloatLayout({{"w", {10}}});
+    primary_ =
+        std::make_shared<Job>("r", layout, kElements, settings, JobPolicy(),
+                              &clock_, nullptr, nullptr, &replicator_);
+    standby_ = std::make_shared<Job>("r", layout, kElements, settings,
+                                     JobPolicy(), &clock_);
+    replicator_.set_standby(standby_);
+  }
+
+  static MemberId Join(Job& job, const std::string& name) {
+    JoinRequestParams p;
+    p.member_name = name;
+    p.layout = job.layout();
+    p.incarnation = 1;
+    absl::StatusOr<JoinResult> r = job.Join(p);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->member_id : MemberId();
+  }
+
+  // Starts a Sync of `m` and sends chunks `first`..`last` of `values`.
+  SyncSession* Begin(Job& job, const MemberId& m, RoundId round,
+                     SyncCapture& capture, uint64_t anchor,
+                     FinalChunksCallback on_final = nullptr) {
+    absl::StatusOr<std::unique_ptr<SyncSession>> session = job.BeginSync(
+        m, round, capture.Callback(), {}, anchor, std::move(on_final));
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return nullptr;
+    sessions_.push_back(*std::move(session));
+    return sessions_.back().get();
+  }
+  void SendChunks(Job& job, SyncSession* session,
+                  const std::vector<float>& values, DType dtype,
+                  std::vector<uint32_t> chunks) {
+    for (uint32_t c : chunks) {
+      const std::string wire =
+          testing_util::EncodeChunk(values, job.geometry(), c, dtype);
+      const absl::Status s = session->AddChunk(c, wire);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  }
+
+  uint64_t Seed(Job& job, const MemberId& m, const std::vector<float>& v) {
+    SyncCapture seed;
+    // A pseudo-gradient job's seed is float32, a parameter job's the wire's.
+    const DType dtype = settings_.contribution == Contribution::kPseudoGradients
+                            ? DType::kFloat32
+                            : settings_.wire_dtype;
+    SendChunks(job, Begin(job, m, 0, seed, 0), v, dtype, {0, 1, 2});
+    replicator_.Ack();
+    EXPECT_TRUE(seed.result().ok()) << seed.result().status();
+    return seed.result().ok() ? seed.result()->state_id : 0;
+  }
+
+  // The standby's state (through a member of its own, as a member would
+  // fetch it after a promotion).
+  static std::shared_ptr<const StateSnapshot> StateOf(Job& job) {
+    const MemberId reader = Join(job, "reader");
+    absl::StatusOr<std::shared_ptr<const StateSnapshot>> state =
+        job.GetState(reader);
+    EXPECT_TRUE(job.Leave(reader).ok());
+    EXPECT_TRUE(state.ok()) << state.status();
+    return state.ok() ? *state : nullptr;
+  }
+
+  static void ExpectSameState(const StateSnapshot& a, const StateSnapshot& b) {
+    EXPECT_EQ(a.round, b.round);
+    EXPECT_EQ(a.id, b.id);
+    EXPECT_EQ(a.values, b.values);
+    EXPECT_EQ(a.momentum, b.momentum);
+    EXPECT_EQ(a.residual, b.residual);
+  }
+
+  std::vector<float> Delta(int member, RoundId round) {
+    std::vector<float> d(kElements);
+    for (uint64_t i = 0; i < kElements; ++i) {
+      d[i] = 0.01f * (member + 1) * round - 0.003f * i * member;
+    }
+    return d;
+  }
+
+  FakeClock clock_;
+  JobSettings settings_;
+  TestReplicator replicator_;
+  std::shared_ptr<Job> primary_, standby_;
+  std::vector<std::unique_ptr<SyncSession>> sessions_;
+};
+
+// Over rounds of OUTER_NESTEROV on the int8 wire: no chunk and no result
+// before the standby acknowledged it; after every round the standby holds
+// the primary's state, momentum and residual bit for bit.
+TEST_F(ReplicationTest, ResultsWaitForTheAck_StandbyBitForBit) {
+  Make(Settings(DType::kInt8Block, AveragingMode::kOuterNesterov));
+  const MemberId a = Join(*primary_, "a"), b = Join(*primary_, "b");
+  uint64_t anchor = Seed(*primary_, a, std::vector<float>(kElements, 1.0f));
+  ASSERT_NE(anchor, 0u);
+  ASSERT_EQ(replicator_.commits().size(), 1u);
+  EXPECT_NE(replicator_.commits()[0].seed, nullptr);
+  for (RoundId r = 1; r <= 4; ++r) {
+    SyncCapture ca, cb;
+    FinalCapture fa;
+    SyncSession* sa = Begin(*primary_, a, r, ca, anchor, fa.Callback());
+    SyncSession* sb = Begin(*primary_, b, r, cb, anchor);
+    SendChunks(*primary_, sa, Delta(0, r), DType::kInt8Block, {0, 1, 2});
+    SendChunks(*primary_, sb, Delta(1, r), DType::kInt8Block, {0});
+    // Chunk 0 is final and shipped; no one is told before the ack.
+    const uint64_t chunk0 = replicator_.last();
+    EXPECT_TRUE(fa.Told().empty());
+    replicator_.Ack(chunk0);
+    EXPECT_THAT(fa.Told(), ElementsAre(0u));
+    SendChunks(*primary_, sb, Delta(1, r), DType::kInt8Block, {1, 2});
+    // Closed: the rest shipped and the commit; nothing more told yet.
+    EXPECT_FALSE(ca.fired());
+    EXPECT_FALSE(cb.fired());
+    EXPECT_THAT(fa.Told(), ElementsAre(0u));
+    replicator_.Ack();
+    ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+    ASSERT_TRUE(cb.result().ok());
+    EXPECT_TRUE(ca.result()->contributed);
+    ExpectSameState(*ca.result()->state, *StateOf(*standby_));
+    EXPECT_EQ(ca.result()->state->delta, StateOf(*standby_)->delta);
+    EXPECT_FALSE(ca.result()->state->momentum.empty());
+    EXPECT_FALSE(ca.result()->state->residual.empty());
+    anchor = ca.result()->state_id;
+  }
+}
+
+// A member that adopts (late) or fetches gets only a state the standby
+// acknowledged.
+TEST_F(ReplicationTest, AdoptedAndFetchedStates_WaitForTheAck) {
+  Make(Settings(DType::kFloat32, AveragingMode::kMean));
+  const MemberId a = Join(*primary_, "a");
+  const uint64_t seed = Seed(*primary_, a, std::vector<float>(kElements, 1.0f));
+  SyncCapture ca;
+  SendChunks(*primary_, Begin(*primary_, a, 1, ca, seed), Delta(0, 1),
+             DType::kFloat32, {0, 1, 2});
+  EXPECT_FALSE(ca.fired());
+  // The fetchable state is still the seed; a late Sync waits.
+  EXPECT_EQ((*primary_->GetState(a))->id, seed);
+  SyncCapture late;
+  Begin(*primary_, a, 1, late, seed);
+  EXPECT_FALSE(late.fired());
+  replicator_.Ack();
+  ASSERT_TRUE(ca.result().ok());
+  ASSERT_TRUE(late.result().ok());
+  EXPECT_EQ(late.result()->state_id, ca.result()->state_id);
+  EXPECT_EQ((*primary_->GetState(a))->id, ca.result()->state_id);
+}
+
+// Parameter jobs replicate their new values per chunk.
+TEST_F(ReplicationTest, ParameterJob_StandbyHoldsTheMean) {
+  JobSettings s;
+  s.chunk_elements = kChunk;
+  s.wire_dtype = DType::kBFloat16;
+  s.mode = AveragingMode::kMean;
+  s.contribution = Contribution::kParameters;
+  s.nonfinite_policy = NonFinitePolicy::kReject;
+  Make(s);
+  const MemberId a = Join(*primary_, "a"), b = Join(*primary_, "b");
+  Seed(*primary_, a, std::vector<float>(kElements, 1.0f));
+  SyncCapture ca, cb;
+  SendChunks(*primary_, Begin(*primary_, a, 1, ca, 0),
+             std::vector<float>(kElements, 2.0f), DType::kBFloat16, {0, 1, 2});
+  SendChunks(*primary_, Begin(*primary_, b, 1, cb, 0),
+             std::vector<float>(kElements, 3.0f), DType::kBFloat16, {0, 1, 2});
+  EXPECT_FALSE(ca.fired());
+  replicator_.Ack();
+  ASSERT_TRUE(ca.result().ok());
+  EXPECT_EQ(ca.result()->state->values, std::vector<float>(kElements, 2.5f));
+  ExpectSameState(*ca.result()->state, *StateOf(*standby_));
+}
+
+// The primary dies after members were told chunks 0 and 1 of round 2: the
+// promoted standby opens round 2 with those chunks as they were, and the
+// contributions sent again (here only a's: b is gone) make the rest.
+TEST_F(ReplicationTest, Promote_RoundInFlightKeepsTheChunksMembersHold) {
+  Make(Settings(DType::kFloat32, AveragingMode::kMean));
+  const MemberId a = Join(*primary_, "a"), b = Join(*primary_, "b");
+  uint64_t anchor = Seed(*primary_, a, std::vector<float>(kElements, 1.0f));
+  {
+    SyncCapture ca, cb;
+    SendChunks(*primary_, Begin(*primary_, a, 1, ca, anchor), Delta(0, 1),
+               DType::kFloat32, {0, 1, 2});
+    SendChunks(*primary_, Begin(*primary_, b, 1, cb, anchor), Delta(1, 1),
+               DType::kFloat32, {0, 1, 2});
+    replicator_.Ack();
+    ASSERT_TRUE(ca.result().ok());
+    anchor = ca.result()->state_id;
+  }
+  const std::vector<float> before = StateOf(*standby_)->values;
+  SyncCapture ca, cb;
+  FinalCapture fa;
+  SyncSession* sa = Begin(*primary_, a, 2, ca, anchor, fa.Callback());
+  SyncSession* sb = Begin(*primary_, b, 2, cb, anchor);
+  SendChunks(*primary_, sa, Delta(0, 2), DType::kFloat32, {0, 1, 2});
+  SendChunks(*primary_, sb, Delta(1, 2), DType::kFloat32, {0, 1});
+  replicator_.Ack();
+  ASSERT_THAT(fa.Told(), ElementsAre(0u, 1u));
+  std::shared_ptr<const StateSnapshot> held;
+  {
+    absl::MutexLock lock(&fa.mu);
+    held = fa.next;
+  }
+  // The primary is gone; the standby serves.
+  primary_->Stop();
+  standby_->Promote();
+  const MemberId a2 = Join(*standby_, "a");
+  EXPECT_EQ(StateOf(*standby_)->id, anchor);
+  SyncCapture again;
+  FinalCapture fa2;
+  SyncSession* s2 = Begin(*standby_, a2, 2, again, anchor, fa2.Callback());
+  // Told at once: the chunks it may hold already.
+  EXPECT_THAT(fa2.Told(), ElementsAre(0u, 1u));
+  SendChunks(*standby_, s2, Delta(0, 2), DType::kFloat32, {0, 1, 2});
+  EXPECT_FALSE(again.fired());
+  // The regather (one lease) waits for b, which does not come back.
+  for (int half = 0; half < 2; ++half) {
+    clock_.Advance(JobPolicy().lease_ttl / 2 + absl::Seconds(1));
+    ASSERT_TRUE(standby_->Heartbeat(a2).ok());
+  }
+  standby_->Tick();
+  ASSERT_TRUE(again.result().ok()) << again.result().status();
+  const SyncResult& got = *again.result();
+  EXPECT_TRUE(got.contributed);
+  EXPECT_EQ(got.round, 2u);
+  const std::vector<float>& values = got.state->values;
+  for (uint64_t i = 0; i < 8; ++i) {  // chunks 0, 1: as told before
+    EXPECT_EQ(values[i], before[i] + (Delta(0, 2)[i] + Delta(1, 2)[i]) / 2)
+        << i;
+  }
+  for (uint64_t i = 8; i < kElements; ++i) {  // chunk 2: a's delta alone
+    EXPECT_EQ(values[i], before[i] + Delta(0, 2)[i]) << i;
+  }
+  // What members decode of chunks 0 and 1 is what the dead primary sent.
+  EXPECT_EQ(got.state->delta.substr(0, 8 * sizeof(float)),
+            held->delta.substr(0, 8 * sizeof(float)));
+}
+
+// Updates that do not follow from the standby's state are refused, and
+// change nothing.
+TEST_F(ReplicationTest, ApplyReplicated_RefusesWhatDoesNotFollow) {
+  Make(Settings(DType::kFloat32, AveragingMode::kMean));
+  replicator_.set_standby(nullptr);  // the test feeds the standby
+  ReplicatedCommit seed;
+  seed.job_id = "r";
+  seed.round = 0;
+  seed.state_id = 7;
+  auto values = std::make_shared<StateSnapshot>();
+  values->values.assign(kElements, 1.0f);
+  seed.seed = values;
+  ReplicatedChunk chunk;
+  chunk.job_id = "r";
+  chunk.round = 1;
+  chunk.chunk = 0;
+  chunk.contributed = true;
+  chunk.mean.assign(kChunk, 0.5f);
+  // Before any state.
+  EXPECT_EQ(standby_->ApplyReplicated(chunk).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(standby_->ApplyReplicated(seed).ok());
+  struct Bad {
+    std::string name;
+    std::function<void(ReplicatedChunk&)> spoil;
+    absl::StatusCode code;
+    std::string message;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {"another round", [](ReplicatedChunk& c) { c.round = 3; },
+            absl::StatusCode::kFailedPrecondition, "so it takes round 1"},
+           {"index", [](ReplicatedChunk& c) { c.chunk = 3; },
+            absl::StatusCode::kInvalidArgument, "the job has 3 chunks"},
+           {"size", [](ReplicatedChunk& c) { c.mean.pop_back(); },
+            absl::StatusCode::kInvalidArgument, "has 3 values; expected 4"},
+           {"non-finite",
+            [](ReplicatedChunk& c) {
+              c.mean[2] = std::numeric_limits<float>::quiet_NaN();
+            },
+            absl::StatusCode::kInvalidArgument,
+            "non-finite value at element 2"},
+       }) {
+    ReplicatedChunk c = chunk;
+    bad.spoil(c);
+    const absl::Status s = standby_->ApplyReplicated(c);
+    EXPECT_EQ(s.code(), bad.code) << bad.name << ": " << s;
+    EXPECT_THAT(s.message(), HasSubstr(bad.message)) << bad.name;
+  }
+  ASSERT_TRUE(standby_->ApplyReplicated(chunk).ok());
+  EXPECT_EQ(standby_->ApplyReplicated(chunk).code(),
+            absl::StatusCode::kFailedPrecondition);  // final twice
+  ReplicatedCommit commit;
+  commit.job_id = "r";
+  commit.round = 1;
+  commit.state_id = 8;
+  commit.previous_id = 7;
+  const absl::Status early = standby_->ApplyReplicated(commit);
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(early.message(), HasSubstr("before every chunk of it: 1 of 3"));
+  commit.previous_id = 6;
+  EXPECT_THAT(standby_->ApplyReplicated(commit).message(),
+              HasSubstr("follows state 6"));
+  // Nothing changed: the seed is the state; the rest completes round 1.
+  EXPECT_EQ(StateOf(*standby_)->id, 7u);
+  chunk.chunk = 1;
+  ASSERT_TRUE(standby_->ApplyReplicated(chunk).ok());
+  chunk.chunk = 2;
+  chunk.mean.assign(2, 0.5f);
+  ASSERT_TRUE(standby_->ApplyReplicated(chunk).ok());
+  commit.previous_id = 7;
+  ASSERT_TRUE(standby_->ApplyReplicated(commit).ok());
+  EXPECT_EQ(StateOf(*standby_)->values, std::vector<float>(kElements, 1.5f));
+  EXPECT_EQ(StateOf(*standby_)->round, 1u);
+}
+
+}  // namespace
+}  // namespace localsgd
