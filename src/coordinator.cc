@@ -355,7 +355,14 @@ absl::Status Coordinator::TakeJoinToken(const std::string& job_id,
 
 void Coordinator::Tick() {
   for (const auto& job : Jobs()) job->Tick();
-  if (options_.job_idle_ttl > absl::ZeroDuration()) ReclaimIdleJobs();
+  bool following;
+  {
+    absl::MutexLock lock(&mu_);
+    following = following_;
+  }
+  if (options_.job_idle_ttl > absl::ZeroDuration() && !following) {
+    ReclaimIdleJobs();
+  }
   if (options_.max_join_rate > 0) {
     // Drop the buckets that have refilled: the same as having none.
     const absl::Time now = clock_->Now();
@@ -367,6 +374,86 @@ void Coordinator::Tick() {
              options_.join_burst;
     });
   }
+}
+
+void Coordinator::BeginFollowing() {
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> old;
+  {
+    absl::MutexLock lock(&mu_);
+    following_ = true;
+    old.swap(jobs_);
+  }
+  for (auto& [id, job] : old) job->Stop();
+}
+
+absl::StatusOr<std::shared_ptr<Job>> Coordinator::MakeReplicaJob(
+    const std::string& job_id, const Layout& layout,
+    const JobSettings& settings) {
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return s;
+  absl::StatusOr<uint64_t> n =
+      ValidateLayout(layout, options_.max_model_elements);
+  if (!n.ok()) return n.status();
+  if (absl::Status s =
+          ValidateComplete(settings, options_.settings_limits(), "");
+      !s.ok()) {
+    return s;
+  }
+  auto job = std::make_shared<Job>(
+      job_id, layout,
+      ShardElements(*n, settings.chunk_elements, options_.shard), settings,
+      options_.policy, clock_, checkpointer_.get(), options_.observer,
+      options_.replicator);
+  std::shared_ptr<Job> replaced;
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, fresh] = jobs_.try_emplace(job_id, job);
+    if (!fresh) {
+      replaced = std::move(it->second);
+      it->second = job;
+    }
+  }
+  if (replaced != nullptr) replaced->Stop();
+  return job;
+}
+
+absl::Status Coordinator::AdoptReplica(const JobReplica& replica) {
+  absl::StatusOr<std::shared_ptr<Job>> job =
+      MakeReplicaJob(replica.job_id, replica.layout, replica.settings);
+  if (!job.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica of job '", replica.job_id, "': ", job.status().message()));
+  }
+  return (*job)->ImportReplica(replica);
+}
+
+absl::Status Coordinator::ApplyReplicated(const ReplicatedChunk& update) {
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(update.job_id);
+  if (!job.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replicated chunk of an unknown job: ", job.status().message()));
+  }
+  return (*job)->ApplyReplicated(update);
+}
+
+absl::Status Coordinator::ApplyReplicated(const ReplicatedCommit& update) {
+  absl::StatusOr<std::shared_ptr<Job>> job = FindJob(update.job_id);
+  if (!job.ok() && update.seed != nullptr) {
+    job = MakeReplicaJob(update.job_id, update.layout, update.settings);
+  }
+  if (!job.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicated commit of job '", update.job_id,
+                     "': ", job.status().message()));
+  }
+  return (*job)->ApplyReplicated(update);
+}
+
+void Coordinator::PromoteReplicas() {
+  {
+    absl::MutexLock lock(&mu_);
+    following_ = false;
+  }
+  for (const auto& job : Jobs()) job->Promote();
 }
 
 void Coordinator::ReclaimIdleJobs() {

@@ -155,9 +155,31 @@ class Coordinator {
   uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
   void RaiseEpoch(uint64_t epoch);
 
+  // A standby's coordinator (--ha_etcd): its jobs follow the primary's
+  // (src/replicator.h) and are not reclaimed for having no members.
+  // BeginFollowing: a new catch-up; every job goes (the replicas that follow
+  // bring them back). AdoptReplica: a job of the catch-up (created, or
+  // replacing one of that id). ApplyReplicated: an update of a job (a
+  // seed's creates the job). Errors: INVALID_ARGUMENT (a malformed replica
+  // or update, an unknown job), FAILED_PRECONDITION (see
+  // Job::ApplyReplicated). PromoteReplicas: the standby is the primary now
+  // (Job::Promote for every job).
+  void BeginFollowing() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status AdoptReplica(const JobReplica& replica) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ApplyReplicated(const ReplicatedChunk& update)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ApplyReplicated(const ReplicatedCommit& update)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void PromoteReplicas() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   explicit Coordinator(CoordinatorOptions options);
   absl::Status Restore();
+  // A job of `layout` and `settings` (checked as a Join's are, against this
+  // coordinator's limits), made for a replica, replacing any of that id.
+  absl::StatusOr<std::shared_ptr<Job>> MakeReplicaJob(
+      const std::string& job_id, const Layout& layout,
+      const JobSettings& settings) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes the jobs that have had no member for job_idle_ttl.
   void ReclaimIdleJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // After a job left jobs_: its checkpoint (unless `keep_checkpoint`), the
@@ -172,6 +194,7 @@ class Coordinator {
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool following_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_
       ABSL_GUARDED_BY(mu_);
   // Join rate limit (max_join_rate): token buckets keyed by job id and

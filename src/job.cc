@@ -1042,6 +1042,104 @@ absl::Status Job::ApplyReplicated(const ReplicatedCommit& update) {
   return absl::OkStatus();
 }
 
+JobReplica Job::ExportReplica() {
+  JobReplica replica;
+  replica.job_id = id_;
+  replica.layout = layout_;
+  replica.settings = settings_;
+  absl::MutexLock lock(&mu_);
+  // Under the lock: every later update of this job has a higher ticket.
+  replica.sequence = replicator_ != nullptr ? replicator_->LastTicket() : 0;
+  replica.state = commit_.shared_state();
+  replica.recent_rounds = history_.Recent(policy_.max_recent_rounds);
+  if (open_ != nullptr && open_->next != nullptr &&
+      open_->round.num_final() > 0) {
+    replica.final_chunks = open_->round.FinalChunks();
+    replica.partial = open_->next;
+    // A final chunk's new values are in the round's sums (FinalizeMean
+    // writes them there) or, prefinal, in prefinal_values.
+    replica.partial_values.assign(geometry_.num_elements(), 0.0f);
+    for (uint32_t c : replica.final_chunks) {
+      const absl::Span<const float> from =
+          open_->round.IsPrefinal(c)
+              ? absl::MakeConstSpan(open_->prefinal_values)
+                    .subspan(geometry_.Offset(c), geometry_.Size(c))
+              : absl::Span<const float>(open_->round.sums().scaled_sums(c));
+      std::copy(from.begin(), from.end(),
+                replica.partial_values.begin() + geometry_.Offset(c));
+    }
+  }
+  return replica;
+}
+
+absl::Status Job::ImportReplica(const JobReplica& replica) {
+  absl::MutexLock lock(&mu_);
+  const std::string what = absl::StrCat("replica of job '", id_, "'");
+  if (replica.state == nullptr) return absl::OkStatus();
+  const StateSnapshot& s = *replica.state;
+  const size_t n = geometry_.num_elements();
+  if (s.values.size() != n || !(s.momentum.empty() || s.momentum.size() == n) ||
+      !(s.residual.empty() || s.residual.size() == n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": a state of ", s.values.size(), " values; the job has ", n));
+  }
+  for (const std::vector<float>* part : {&s.values, &s.momentum, &s.residual}) {
+    if (absl::Status st = CheckFiniteValues(*part, what); !st.ok()) return st;
+  }
+  commit_.Restore(s.round, s.values, s.id, s.momentum, s.residual);
+  for (auto it = replica.recent_rounds.rbegin();
+       it != replica.recent_rounds.rend(); ++it) {
+    RoundRecord record = *it;
+    record.replicated = true;
+    history_.Add(std::move(record));
+  }
+  mirror_.reset();
+  if (replica.final_chunks.empty() || !pseudo_gradients()) {
+    return absl::OkStatus();
+  }
+  if (replica.partial == nullptr || replica.partial_values.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": final chunks without their values"));
+  }
+  auto mirror = std::make_unique<Mirror>();
+  mirror->round = s.round + 1;
+  mirror->next = commit_.NewNext();
+  mirror->values = commit_.TakeBuffer();
+  mirror->final.assign(geometry_.num_chunks(), false);
+  StateSnapshot& next = *mirror->next;
+  const StateSnapshot& from = *replica.partial;
+  const DType wire = settings_.wire_dtype;
+  for (uint32_t c : replica.final_chunks) {
+    if (c >= geometry_.num_chunks() || mirror->final[c]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": final chunk ", c, " out of range or twice"));
+    }
+    const size_t offset = geometry_.Offset(c);
+    const size_t len = geometry_.Size(c);
+    std::copy_n(replica.partial_values.begin() + offset, len,
+                mirror->values.begin() + offset);
+    if (!next.momentum.empty() && from.momentum.size() == n) {
+      std::copy_n(from.momentum.begin() + offset, len,
+                  next.momentum.begin() + offset);
+    }
+    if (!next.residual.empty() && from.residual.size() == n) {
+      std::copy_n(from.residual.begin() + offset, len,
+                  next.residual.begin() + offset);
+    }
+    const size_t at = WireBytes(wire, geometry_.chunk_elements()) * c;
+    const size_t bytes = WireBytes(wire, len);
+    if (from.delta.size() < at + bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": final chunk ", c, " without its delta"));
+    }
+    std::copy_n(from.delta.data() + at, bytes, next.delta.data() + at);
+    mirror->final[c] = true;
+    ++mirror->num_final;
+  }
+  mirror_ = std::move(mirror);
+  return absl::OkStatus();
+}
+
 void Job::Promote() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();

@@ -148,6 +148,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // holds a newer state (a standby out of sync) re-seeds it, as after a
   // re-seed (BeginSync).
   void Promote() ABSL_LOCKS_EXCLUDED(mu_);
+  // A primary's job as a standby starts following it (the catch-up; see
+  // JobReplica), and the standby's side: a job that has no state yet takes
+  // it. Import: INVALID_ARGUMENT for a replica of another geometry.
+  JobReplica ExportReplica() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ImportReplica(const JobReplica& replica)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const Layout& layout() const { return layout_; }
 

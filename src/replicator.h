@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "src/job_types.h"
+#include "src/layout.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -48,7 +49,8 @@ struct ReplicatedChunk {
 };
 
 // A new state: round `round` closed (every chunk shipped before), or a seed
-// (`seed` holds its values; round 0, or a re-seed's round).
+// (`seed` holds its values; round 0, or a re-seed's round; with the job's
+// layout and settings, for a standby that has not seen the job yet).
 struct ReplicatedCommit {
   std::string job_id;
   RoundId round = 0;
@@ -56,6 +58,26 @@ struct ReplicatedCommit {
   uint64_t previous_id = 0;  // 0 for a seed
   RoundRecord record;
   std::shared_ptr<const StateSnapshot> seed;
+  Layout layout;
+  JobSettings settings;
+};
+
+// A job as its primary holds it when a standby starts following (the
+// catch-up): its state and the final chunks of its open round; its updates
+// after ticket `sequence` follow.
+struct JobReplica {
+  std::string job_id;
+  Layout layout;
+  JobSettings settings;
+  uint64_t sequence = 0;
+  std::shared_ptr<const StateSnapshot> state;  // null: no state yet
+  // The open round's final chunks (of round state->round + 1): their new
+  // values (in a buffer of the whole state), momentum, residual and
+  // encoded delta (in `partial`, laid out as a next state's).
+  std::vector<uint32_t> final_chunks;
+  std::vector<float> partial_values;
+  std::shared_ptr<const StateSnapshot> partial;
+  std::vector<RoundRecord> recent_rounds;  // newest first
 };
 
 class Replicator {
@@ -66,6 +88,9 @@ class Replicator {
   // into the job. Each returns the update's ticket (increasing).
   virtual uint64_t Chunk(ReplicatedChunk chunk) = 0;
   virtual uint64_t Commit(ReplicatedCommit commit) = 0;
+  // The ticket of the last update (0: none yet); under a job's lock, what
+  // its later updates exceed.
+  virtual uint64_t LastTicket() = 0;
 
   // Runs `release` once the standbys in sync have acknowledged every update
   // up to `ticket`: at once (on this thread) if they have or if none is in

@@ -89,6 +89,7 @@ class TestReplicator : public Replicator {
     for (auto& fn : run) fn();
   }
 
+  uint64_t LastTicket() override { return last(); }
   uint64_t last() {
     absl::MutexLock lock(&mu_);
     return last_;
@@ -383,6 +384,41 @@ TEST_F(ReplicationTest, Promote_RoundInFlightKeepsTheChunksMembersHold) {
   // What members decode of chunks 0 and 1 is what the dead primary sent.
   EXPECT_EQ(got.state->delta.substr(0, 8 * sizeof(float)),
             held->delta.substr(0, 8 * sizeof(float)));
+}
+
+// A standby that starts following mid-round (the catch-up: the primary's
+// state and the final chunks of its open round, then the updates after the
+// cut) holds the primary's state bit for bit after that round's close.
+TEST_F(ReplicationTest, CatchUpMidRound_ThenFollowsBitForBit) {
+  Make(Settings(DType::kInt4Block, AveragingMode::kOuterNesterov));
+  replicator_.set_standby(nullptr);
+  const MemberId a = Join(*primary_, "a"), b = Join(*primary_, "b");
+  uint64_t anchor = Seed(*primary_, a, std::vector<float>(kElements, 1.0f));
+  for (RoundId r = 1; r <= 2; ++r) {
+    SyncCapture ca, cb;
+    SyncSession* sa = Begin(*primary_, a, r, ca, anchor);
+    SyncSession* sb = Begin(*primary_, b, r, cb, anchor);
+    SendChunks(*primary_, sa, Delta(0, r), DType::kInt4Block, {0, 1, 2});
+    SendChunks(*primary_, sb, Delta(1, r), DType::kInt4Block, {0, 1});
+    if (r == 2) {
+      // Chunks 0 and 1 final: the standby catches up now.
+      const JobReplica replica = primary_->ExportReplica();
+      EXPECT_EQ(replica.sequence, replicator_.last());
+      EXPECT_THAT(replica.final_chunks, ElementsAre(0u, 1u));
+      standby_ = std::make_shared<Job>("r", primary_->layout(), kElements,
+                                       settings_, JobPolicy(), &clock_);
+      ASSERT_TRUE(standby_->ImportReplica(replica).ok());
+      replicator_.set_standby(standby_);
+    }
+    SendChunks(*primary_, sb, Delta(1, r), DType::kInt4Block, {2});
+    replicator_.Ack();
+    ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+    anchor = ca.result()->state_id;
+    if (r == 2) {
+      ExpectSameState(*ca.result()->state, *StateOf(*standby_));
+      EXPECT_EQ(ca.result()->state->delta, StateOf(*standby_)->delta);
+    }
+  }
 }
 
 // Updates that do not follow from the standby's state are refused, and
