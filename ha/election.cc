@@ -231,6 +231,17 @@ int64_t Elector::Campaign(int64_t stale_lease) {
       LOG(WARNING) << "election " << key_ << ": revoking old lease: " << s;
     }
   }
+  if (options_.campaign_delay) {
+    const absl::Duration delay = options_.campaign_delay();
+    if (delay > absl::ZeroDuration()) {
+      absl::StatusOr<EtcdGetResult> got = client_->Get(key_);
+      if (got.ok() && !got->kv.has_value()) {
+        VLOG(1) << "election " << key_ << ": letting others campaign for "
+                << absl::FormatDuration(delay);
+        if (WaitOrStop(delay)) return stale_lease;
+      }
+    }
+  }
   const absl::Time sent = clock_->Now();
   absl::StatusOr<EtcdLease> lease = client_->GrantLease(options_.lease_ttl);
   if (!lease.ok()) {

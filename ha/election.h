@@ -124,6 +124,11 @@ struct ElectorOptions {
   // thread with no lock of the elector held. Must not call Stop(); may call
   // role() and Serving(). May be empty.
   std::function<void(const ElectorRole&)> on_change;
+  // Asked before each campaign while the key is absent: how long to let
+  // others campaign first (a standby out of sync with the last primary
+  // yields to one in sync, which holds every state members may hold). May
+  // be empty (none); called from the elector's thread.
+  std::function<absl::Duration()> campaign_delay;
 
   absl::Status Validate() const;
 };

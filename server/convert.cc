@@ -68,19 +68,55 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
       absl::ToInt64Milliseconds(s.learned_deadline.patient)));
   for (const auto& n : s.stragglers) proto->add_stragglers(n);
   for (const RoundRecord& r : s.recent_rounds) {
-    v1::RoundStatus* p = proto->add_recent_rounds();
-    p->set_round(r.round);
-    for (const auto& n : r.participants) p->add_participants(n);
-    for (const auto& n : r.contributors) p->add_contributors(n);
-    for (const auto& n : r.dropped) p->add_dropped(n);
-    for (const auto& n : r.timed_out) p->add_timed_out(n);
-    for (const auto& n : r.rejected) p->add_rejected(n);
-    for (const auto& n : r.late) p->add_late(n);
-    p->set_close_reason(CloseReasonToProto(r.reason));
-    p->set_duration_ms(static_cast<uint64_t>(
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(r.closed - r.opened))));
-    p->set_closed_unix_ms(absl::ToUnixMillis(r.closed));
+    RoundRecordToProto(r, proto->add_recent_rounds());
   }
+}
+
+void RoundRecordToProto(const RoundRecord& r, v1::RoundStatus* p) {
+  p->set_round(r.round);
+  for (const auto& n : r.participants) p->add_participants(n);
+  for (const auto& n : r.contributors) p->add_contributors(n);
+  for (const auto& n : r.dropped) p->add_dropped(n);
+  for (const auto& n : r.timed_out) p->add_timed_out(n);
+  for (const auto& n : r.rejected) p->add_rejected(n);
+  for (const auto& n : r.late) p->add_late(n);
+  p->set_close_reason(CloseReasonToProto(r.reason));
+  p->set_duration_ms(static_cast<uint64_t>(
+      std::max<int64_t>(0, absl::ToInt64Milliseconds(r.closed - r.opened))));
+  p->set_closed_unix_ms(absl::ToUnixMillis(r.closed));
+}
+
+RoundRecord RoundRecordFromProto(const v1::RoundStatus& p) {
+  RoundRecord r;
+  r.round = p.round();
+  r.participants.assign(p.participants().begin(), p.participants().end());
+  r.contributors.assign(p.contributors().begin(), p.contributors().end());
+  r.dropped.assign(p.dropped().begin(), p.dropped().end());
+  r.timed_out.assign(p.timed_out().begin(), p.timed_out().end());
+  r.rejected.assign(p.rejected().begin(), p.rejected().end());
+  r.late.assign(p.late().begin(), p.late().end());
+  switch (p.close_reason()) {
+    case v1::CLOSE_REASON_DEADLINE:
+      r.reason = CloseReason::kDeadline;
+      break;
+    case v1::CLOSE_REASON_MEMBERS_GONE:
+      r.reason = CloseReason::kMembersGone;
+      break;
+    case v1::CLOSE_REASON_SEED:
+      r.reason = CloseReason::kSeed;
+      break;
+    default:
+      r.reason = CloseReason::kComplete;
+  }
+  r.closed = absl::FromUnixMillis(p.closed_unix_ms());
+  r.opened = r.closed - absl::Milliseconds(p.duration_ms());
+  // Names are sorted (RoundState::Close); a hostile record need not be.
+  for (std::vector<std::string>* names :
+       {&r.participants, &r.contributors, &r.dropped, &r.timed_out,
+        &r.rejected, &r.late}) {
+    std::sort(names->begin(), names->end());
+  }
+  return r;
 }
 
 absl::StatusOr<JoinRequestParams> JoinParamsFromProto(

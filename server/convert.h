@@ -18,6 +18,11 @@ namespace localsgd {
 void JobStatusToProto(const JobStatusSnapshot& status, absl::Time now,
                       v1::JobStatus* proto);
 
+// A closed round's record, both ways (status; replication). From proto:
+// names sorted; contributor ids and weight are not carried.
+void RoundRecordToProto(const RoundRecord& record, v1::RoundStatus* proto);
+RoundRecord RoundRecordFromProto(const v1::RoundStatus& proto);
+
 // A Join request as the core takes it, for a caller bound to `principal`
 // (server/auth.h Principal::BindingKey). INVALID_ARGUMENT for an unknown
 // dtype, mode or policy; limits are the coordinator's to check.

@@ -183,6 +183,13 @@ ABSL_FLAG(std::string, ha_advertise, "",
           "High availability: the host:port members reach this coordinator "
           "at, shown to members and standbys as the primary's address. "
           "Empty: this host's name and the bound port.");
+ABSL_FLAG(std::string, ha_token, "",
+          "High availability: the secret a standby presents to follow its "
+          "primary's state (the replication stream; the same on every "
+          "coordinator of the group). Set it from the environment "
+          "(LOCALSGD_HA_TOKEN) or a secret, not the command line. Empty: "
+          "anyone who reaches a primary's port can follow its state (logged "
+          "at start).");
 ABSL_FLAG(absl::Duration, ha_lease_ttl, absl::Seconds(2),
           "High availability: the etcd lease of the primary's key (whole "
           "seconds, at least etcd's minimum, 2 s with its defaults). A "
@@ -330,6 +337,10 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
   if (absl::Status s = options.Validate(); !s.ok()) return s;
+  options.replication.group = absl::GetFlag(FLAGS_ha_group);
+  options.replication.shard_index = options.coordinator.shard.index;
+  options.replication.token = absl::GetFlag(FLAGS_ha_token);
+  options.replication.advertise = absl::GetFlag(FLAGS_ha_advertise);
   return options;
 }
 
@@ -358,6 +369,10 @@ class HaRole final : public localsgd::ServingGate {
                      localsgd::CoordinatorServer* server) {
     server_ = server;
     advertise_ = options.advertise;
+    // A standby out of sync yields the first turn to one in sync.
+    options.campaign_delay = [this, ttl = options.lease_ttl] {
+      return server_->InSync() ? absl::ZeroDuration() : ttl;
+    };
     options.on_change = [this](const localsgd::ElectorRole& role) {
       absl::MutexLock lock(&mu_);
       changes_.push_back(role);
@@ -430,6 +445,11 @@ class HaRole final : public localsgd::ServingGate {
                         : absl::StrCat(", primary ", role.primary));
       server_->metrics()->SetHaRole(localsgd::ElectorRoleKindName(role.kind),
                                     static_cast<uint64_t>(role.epoch));
+      if (role.kind != localsgd::ElectorRole::kPrimary && !was_primary &&
+          !role.primary.empty() && role.primary != advertise_) {
+        // A standby follows the primary's state.
+        server_->Follow(role.primary, static_cast<uint64_t>(role.epoch));
+      }
       if (role.kind == localsgd::ElectorRole::kPrimary && !was_primary) {
         was_primary = true;
         // Not while resigning: the server is draining or gone.

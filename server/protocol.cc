@@ -152,6 +152,14 @@ absl::Status HandleGetJobStatus(
   const uint32_t max_rounds =
       request.max_rounds() == 0 ? 10 : std::min(request.max_rounds(), 100u);
   response->set_epoch(coordinator.epoch());
+  if (Replicator* replicator = coordinator.options().replicator) {
+    for (const StandbyStatus& s : replicator->Standbys()) {
+      v1::StandbyStatus* p = response->add_standbys();
+      p->set_address(s.address);
+      p->set_in_sync(s.in_sync);
+      p->set_lag(s.lag);
+    }
+  }
   if (!request.job_id().empty()) {
     absl::StatusOr<std::shared_ptr<Job>> job =
         coordinator.FindJob(request.job_id());

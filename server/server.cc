@@ -110,11 +110,28 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     options.coordinator.checkpoint_store = server->store_.get();
   }
   options.coordinator.defer_restore = options.gate != nullptr;
+  CoordinatorServer* raw = server.get();
+  if (options.gate != nullptr) {
+    server->hub_ = std::make_unique<ReplicationHub>(
+        options.replication,
+        [raw] { return raw->coordinator_->epoch(); },
+        [raw] { return raw->promoted_.load(std::memory_order_acquire); });
+    options.coordinator.replicator = server->hub_.get();
+    if (options.replication.token.empty()) {
+      LOG(WARNING) << "replication without a token (--ha_token): anyone who "
+                      "reaches this port can follow this shard's state";
+    }
+  }
   server->options_ = options;
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Create(options.coordinator);
   if (!coordinator.ok()) return coordinator.status();
   server->coordinator_ = *std::move(coordinator);
+  if (server->hub_ != nullptr) {
+    server->hub_->set_coordinator(server->coordinator_.get());
+    server->follower_ = std::make_unique<ReplicaFollower>(
+        options.replication, server->coordinator_.get());
+  }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(options);
   if (!credentials.ok()) return credentials.status();
@@ -150,6 +167,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddListeningPort(options.listen_address, *credentials,
                            &server->port_);
   builder.RegisterService(server->service_.get());
+  if (server->hub_ != nullptr) builder.RegisterService(server->hub_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   if (options.stream_window_bytes > 0) {
@@ -205,8 +223,21 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }
 
 absl::Status CoordinatorServer::Promote(uint64_t epoch) {
-  if (absl::Status s = coordinator_->RestoreCheckpoints(); !s.ok()) return s;
+  const bool in_sync = follower_ != nullptr && follower_->Stop();
+  if (in_sync) {
+    // Every state a member may hold is here, bit for bit.
+    LOG(INFO) << "promoted with the replicas of " << coordinator_->Jobs().size()
+              << " jobs (in sync with the former primary)";
+    coordinator_->PromoteReplicas();
+  } else {
+    // Not in sync (never caught up, or dropped): what replicas there are
+    // may be older than the checkpoints; the checkpoints it is.
+    coordinator_->BeginFollowing();  // drops the replicas
+    coordinator_->PromoteReplicas();
+    if (absl::Status s = coordinator_->RestoreCheckpoints(); !s.ok()) return s;
+  }
   coordinator_->RaiseEpoch(epoch);
+  promoted_.store(true, std::memory_order_release);
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the coordinator is stopping");
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
@@ -217,6 +248,16 @@ absl::Status CoordinatorServer::Promote(uint64_t epoch) {
   return absl::OkStatus();
 }
 
+void CoordinatorServer::Follow(std::string primary, uint64_t epoch) {
+  if (follower_ != nullptr && !promoted_.load(std::memory_order_acquire)) {
+    follower_->Follow(std::move(primary), epoch);
+  }
+}
+
+bool CoordinatorServer::InSync() {
+  return follower_ != nullptr && follower_->in_sync();
+}
+
 void CoordinatorServer::TickLoop() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
@@ -225,6 +266,7 @@ void CoordinatorServer::TickLoop() {
     if (stopping_) break;
     mu_.Unlock();
     coordinator_->Tick();
+    if (hub_ != nullptr) hub_->Tick(absl::Now());
     mu_.Lock();
   }
 }
@@ -270,6 +312,8 @@ void CoordinatorServer::FinishShutdown(absl::Time calls_deadline) {
     LOG(INFO) << "coordinator shutting down";
     server_->GetHealthCheckService()->SetServingStatus(false);
   }
+  // A standby stops following (its thread calls into the coordinator).
+  if (follower_ != nullptr) follower_->Stop();
   // Fails what still waits, then writes the checkpoints still queued.
   if (coordinator_ != nullptr) coordinator_->Stop();
   if (server_ != nullptr) {
@@ -284,6 +328,8 @@ void CoordinatorServer::FinishShutdown(absl::Time calls_deadline) {
       LOG(WARNING) << "streams still sending results at the deadline are "
                       "cancelled";
     }
+    // The standbys' streams end (they are in sync: a clean stop).
+    if (hub_ != nullptr) hub_->Shutdown();
     const absl::Time now = absl::Now();
     server_->Shutdown(absl::ToChronoTime(now + std::clamp(calls_deadline - now,
                                                           absl::ZeroDuration(),

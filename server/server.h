@@ -11,6 +11,7 @@
 #ifndef LOCALSGD_SERVER_SERVER_H_
 #define LOCALSGD_SERVER_SERVER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "server/auth.h"
 #include "server/http_status.h"
 #include "server/metrics.h"
+#include "server/replication.h"
 #include "server/service.h"
 #include "server/serving_gate.h"
 #include "src/coordinator.h"
@@ -75,6 +77,10 @@ struct ServerOptions {
   // primary), readiness is NOT_SERVING until Promote, and the checkpoints
   // are restored by Promote instead of Start. Null: serves from Start.
   const ServingGate* gate = nullptr;
+  // With a gate: the shard's replication (server/replication.h): as the
+  // primary it streams to its standbys, as a standby it follows the primary
+  // (Follow).
+  ReplicationOptions replication;
 
   absl::Status Validate() const;
 };
@@ -107,6 +113,13 @@ class CoordinatorServer {
   // calls (the caller opens it after this returns OK). Errors of the
   // restore. Call at most once.
   absl::Status Promote(uint64_t epoch);
+  // With a gate, as a standby: follows `primary` (its address) of election
+  // `epoch`; Promote stops following and, if this standby was in sync,
+  // serves its replicas instead of the checkpoints.
+  void Follow(std::string primary, uint64_t epoch);
+  // Whether this standby is in sync with the primary it follows (or
+  // followed last): it then holds every state a member may hold.
+  bool InSync();
 
   // Reads the token file again (what SIGHUP does). On error the tokens
   // loaded before stay in force and the error is returned (and logged).
@@ -152,7 +165,12 @@ class CoordinatorServer {
   // Declared before coordinator_, so destroyed after it: jobs call it.
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<CheckpointStore> store_;  // outlives coordinator_
+  // With a gate: the jobs' replicator (outlives coordinator_) and the
+  // standby's follower (stopped before coordinator_).
+  std::unique_ptr<ReplicationHub> hub_;
+  std::atomic<bool> promoted_{false};
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<ReplicaFollower> follower_;
   std::unique_ptr<Authenticator> authenticator_;  // outlives service_
   std::unique_ptr<CoordinatorService> service_;
   // Reads coordinator_, metrics_ and authenticator_; stopped in Shutdown.

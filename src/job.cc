@@ -766,15 +766,21 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
     update.record = record;
     if (record.reason == CloseReason::kSeed) {
       update.seed = committed;
+      update.layout = layout_;
+      update.settings = settings_;
     } else {
       update.previous_id = previous_id;
     }
     state_ticket_ = replicator_->Commit(std::move(update));
     ReleaseLocked(
         state_ticket_,
-        [self = shared_from_this(), committed] {
+        [self = shared_from_this(), committed, ticket = state_ticket_] {
           absl::MutexLock lock(&self->mu_);
-          self->released_state_ = committed;
+          // Releases may run out of order on different threads.
+          if (ticket > self->released_ticket_) {
+            self->released_ticket_ = ticket;
+            self->released_state_ = committed;
+          }
         },
         deferred);
   }
@@ -1144,9 +1150,13 @@ void Job::Promote() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   members_.ResetEmptySince(now);
-  // The members come back (they join again): one lease for them to, as
-  // after a restore.
-  pacing_.Restored(commit_.state_round(), now + policy_.lease_ttl);
+  // The members come back (they join again): the next round waits for as
+  // many as took part in the last one, or one lease, as after a re-seed.
+  const std::vector<RoundRecord> last = history_.Recent(1);
+  pacing_.Reseeded(
+      now + policy_.lease_ttl,
+      last.empty() ? 0
+                   : static_cast<uint32_t>(last[0].participants.size()));
   // Only a pseudo-gradient round tells members chunks before its close; a
   // parameter round's partial result no member can hold.
   if (mirror_ != nullptr && (!pseudo_gradients() || mirror_->num_final == 0)) {

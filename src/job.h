@@ -141,8 +141,9 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ApplyReplicated(const ReplicatedCommit& update)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The standby's job is now its primary's: members join again (one lease
-  // to come back, as after RestoreState); a round whose final chunks it
+  // The standby's job is now its primary's: members join again (the next
+  // round waits for as many as took part in the last, or one lease, as
+  // after a re-seed); a round whose final chunks it
   // holds (some members may have them) opens with those chunks fixed, and
   // the rest is averaged from the contributions sent again. A member that
   // holds a newer state (a standby out of sync) re-seeds it, as after a
@@ -486,6 +487,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // state, and the newest state released (acknowledged) for GetState.
   uint64_t state_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const StateSnapshot> released_state_ ABSL_GUARDED_BY(mu_);
+  uint64_t released_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   // A standby's round in progress; after Promote, the round that opens
   // with its final chunks fixed.
   std::unique_ptr<Mirror> mirror_ ABSL_GUARDED_BY(mu_);

@@ -80,6 +80,14 @@ struct JobReplica {
   std::vector<RoundRecord> recent_rounds;  // newest first
 };
 
+// A standby as its primary sees it (status, metrics).
+struct StandbyStatus {
+  std::string address;
+  bool in_sync = false;
+  uint64_t acked = 0;  // the last update it acknowledged
+  uint64_t lag = 0;    // updates made and not acknowledged by it
+};
+
 class Replicator {
  public:
   virtual ~Replicator() = default;
@@ -97,6 +105,9 @@ class Replicator {
   // sync, else later on another thread. Called without the job's lock;
   // `release` must not block.
   virtual void WhenAcked(uint64_t ticket, std::function<void()> release) = 0;
+
+  // The standbys following now (none by default).
+  virtual std::vector<StandbyStatus> Standbys() { return {}; }
 };
 
 }  // namespace localsgd

@@ -312,6 +312,14 @@ int Status() {
   if (response.epoch() != 0) {
     std::cout << "primary of its shard at epoch " << response.epoch()
               << " (standby coordinators, --ha_etcd)\n";
+    if (response.standbys().empty()) {
+      std::cout << "no standby follows its state\n";
+    }
+    for (const v1::StandbyStatus& s : response.standbys()) {
+      std::cout << "standby " << s.address() << ": "
+                << (s.in_sync() ? "in sync" : "catching up") << ", lag "
+                << s.lag() << " updates\n";
+    }
   }
   if (response.jobs().empty()) {
     std::cout << "no jobs on " << absl::GetFlag(FLAGS_target) << "\n";

@@ -1,0 +1,793 @@
+#include "server/replication.h"
+
+#include <openssl/crypto.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "proto/convert.h"
+#include "proto/grpc_status.h"
+#include "server/convert.h"
+#include "src/codec.h"
+
+namespace localsgd {
+namespace {
+
+using FollowStream =
+    grpc::ServerReaderWriter<v1::ReplicaUpdate, v1::FollowMessage>;
+
+// Float32 little-endian, as everything on the wire (the hosts are).
+std::string FloatBytes(absl::Span<const float> values) {
+  std::string out(values.size() * sizeof(float), '\0');
+  if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+absl::Status FloatsFrom(const std::string& bytes, absl::string_view what,
+                        std::vector<float>* out) {
+  if (bytes.size() % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", bytes.size(), " bytes is not a whole number of float32"));
+  }
+  out->resize(bytes.size() / sizeof(float));
+  if (!bytes.empty()) std::memcpy(out->data(), bytes.data(), bytes.size());
+  return absl::OkStatus();
+}
+
+bool SameToken(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// ReplicationHub
+
+ReplicationHub::ReplicationHub(ReplicationOptions options,
+                               std::function<uint64_t()> epoch,
+                               std::function<bool()> serving)
+    : options_(std::move(options)),
+      epoch_(std::move(epoch)),
+      serving_(std::move(serving)) {}
+
+ReplicationHub::~ReplicationHub() { Shutdown(); }
+
+uint64_t ReplicationHub::Chunk(ReplicatedChunk chunk) {
+  v1::ReplicaUpdate update;
+  v1::ChunkFinal* m = update.mutable_chunk();
+  m->set_job_id(chunk.job_id);
+  m->set_round(chunk.round);
+  m->set_index(chunk.chunk);
+  m->set_contributed(chunk.contributed);
+  m->set_mean(FloatBytes(chunk.mean));
+  return Append(chunk.job_id, std::move(update));
+}
+
+uint64_t ReplicationHub::Commit(ReplicatedCommit commit) {
+  v1::ReplicaUpdate update;
+  v1::StateCommit* m = update.mutable_commit();
+  m->set_job_id(commit.job_id);
+  m->set_round(commit.round);
+  m->set_state_id(commit.state_id);
+  m->set_previous_id(commit.previous_id);
+  RoundRecordToProto(commit.record, m->mutable_record());
+  m->set_contributor_weight(commit.record.contributor_weight);
+  if (commit.seed != nullptr) {
+    m->set_seed(true);
+    m->set_seed_values(FloatBytes(commit.seed->values));
+    LayoutToProto(commit.layout, m->mutable_layout());
+    SettingsToProto(commit.settings, m->mutable_settings());
+  }
+  return Append(commit.job_id, std::move(update));
+}
+
+uint64_t ReplicationHub::Append(std::string job_id, v1::ReplicaUpdate update) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t ticket = ++last_;
+  if (followers_.empty()) return ticket;  // no one to send it to
+  update.set_sequence(ticket);
+  update.set_epoch(epoch_());
+  log_.push_back(Entry{ticket, std::move(job_id),
+                       std::make_shared<const v1::ReplicaUpdate>(
+                           std::move(update))});
+  return ticket;
+}
+
+uint64_t ReplicationHub::LastTicket() {
+  absl::MutexLock lock(&mu_);
+  return last_;
+}
+
+void ReplicationHub::WhenAcked(uint64_t ticket, std::function<void()> release) {
+  std::vector<std::function<void()>> due;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) {
+      due.push_back(std::move(release));
+    } else {
+      waiting_.emplace(ticket, std::move(release));
+      due = DueLocked();
+    }
+  }
+  for (auto& fn : due) fn();
+}
+
+std::vector<std::function<void()>> ReplicationHub::DueLocked() {
+  bool any = false;
+  uint64_t least = UINT64_MAX;
+  for (const auto& [id, f] : followers_) {
+    if (!f.in_sync || f.dropped) continue;
+    any = true;
+    least = std::min(least, f.acked);
+  }
+  std::vector<std::function<void()>> due;
+  while (!waiting_.empty() && (!any || waiting_.begin()->first <= least)) {
+    due.push_back(std::move(waiting_.begin()->second));
+    waiting_.erase(waiting_.begin());
+  }
+  return due;
+}
+
+void ReplicationHub::TrimLocked() {
+  uint64_t needed = last_ + 1;  // the first ticket some follower still needs
+  for (const auto& [id, f] : followers_) needed = std::min(needed, f.sent + 1);
+  while (!log_.empty() && log_.front().ticket < needed) log_.pop_front();
+}
+
+absl::Status ReplicationHub::CheckFollow(
+    const v1::FollowRequest& request) const {
+  if (!options_.token.empty()) {
+    if (request.token().empty()) {
+      return absl::UnauthenticatedError(
+          "the replication stream needs the group's token (--ha_token)");
+    }
+    if (!SameToken(request.token(), options_.token)) {
+      return absl::PermissionDeniedError(
+          "the replication token is not the group's (--ha_token)");
+    }
+  }
+  if (request.group() != options_.group ||
+      request.shard_index() != options_.shard_index) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a standby of group '", request.group(), "' shard ",
+        request.shard_index(), " follows a primary of group '", options_.group,
+        "' shard ", options_.shard_index));
+  }
+  if (!serving_()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("coordinator ", options_.advertise,
+                     " is not the primary of its shard (now)"));
+  }
+  if (request.epoch() > epoch_()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the standby has seen epoch ", request.epoch(), "; this primary's is ",
+        epoch_(), ": it is deposed"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status ReplicationHub::Follow(grpc::ServerContext* context,
+                                    FollowStream* stream) {
+  v1::FollowMessage first;
+  if (!stream->Read(&first)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "no FollowRequest");
+  }
+  if (!first.has_follow()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "the first message of a Follow stream must be a FollowRequest"));
+  }
+  if (absl::Status s = CheckFollow(first.follow()); !s.ok()) {
+    LOG(WARNING) << "replication: refused a standby at " << context->peer()
+                 << ": " << s;
+    return ToGrpcStatus(s);
+  }
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down");
+    }
+    id = next_follower_++;
+    Follower& f = followers_[id];
+    f.address = first.follow().standby();
+    f.context = context;
+    f.next = last_ + 1;
+    f.sent = last_;
+    f.progress = absl::Now();
+  }
+  LOG(INFO) << "replication: standby " << first.follow().standby() << " ("
+            << context->peer() << ") follows; catch-up";
+
+  // Acks, on a thread of their own (one reader and one writer at a time).
+  std::thread reader([this, id, stream] {
+    v1::FollowMessage message;
+    while (stream->Read(&message)) {
+      if (message.kind_case() != v1::FollowMessage::kAcked) continue;
+      std::vector<std::function<void()>> due;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = followers_.find(id);
+        if (it == followers_.end()) break;
+        Follower& f = it->second;
+        if (message.acked() > f.sent && f.caught_up_sent) {
+          LOG(WARNING) << "replication: standby " << f.address
+                       << " acknowledges update " << message.acked()
+                       << ", beyond the last sent (" << f.sent << ")";
+        }
+        if (f.caught_up_sent && !f.in_sync) {
+          f.in_sync = true;
+          f.acked = std::max(f.acked, f.next - 1);
+          LOG(INFO) << "replication: standby " << f.address
+                    << " caught up; in sync";
+        }
+        f.acked = std::max(f.acked, std::min(message.acked(), f.sent));
+        f.progress = absl::Now();
+        due = DueLocked();
+      }
+      for (auto& fn : due) fn();
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = followers_.find(id);
+    if (it != followers_.end() && !it->second.dropped) {
+      it->second.dropped = true;
+    }
+  });
+
+  bool ok = WriteCatchUp(id, stream);
+  bool shutting_down = false;
+  std::string why = ok ? "" : "its stream broke during the catch-up";
+  while (ok) {
+    std::vector<Entry> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this, id]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        const Follower& f = followers_.at(id);
+        return shutdown_ || f.dropped ||
+               (!log_.empty() && log_.back().ticket > f.sent);
+      };
+      while (!has_work()) {
+        mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Seconds(1));
+      }
+      const Follower& f = followers_.at(id);
+      if (shutdown_) {
+        why = "the primary shuts down";
+        shutting_down = true;
+        break;
+      }
+      if (f.dropped) {
+        why = "it stopped acknowledging or its stream ended";
+        break;
+      }
+      for (const Entry& e : log_) {
+        if (e.ticket > f.sent) batch.push_back(e);
+        if (batch.size() == 64) break;
+      }
+    }
+    for (const Entry& e : batch) {
+      {
+        // Sent before it is written: its ack may come before Write returns.
+        absl::MutexLock lock(&mu_);
+        followers_.at(id).sent = e.ticket;
+      }
+      if (!stream->Write(*e.update)) {
+        ok = false;
+        why = "its stream broke";
+        break;
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    TrimLocked();
+  }
+  context->TryCancel();
+  reader.join();
+  std::vector<std::function<void()>> due;
+  std::string address;
+  {
+    absl::MutexLock lock(&mu_);
+    address = followers_.at(id).address;
+    followers_.erase(id);
+    TrimLocked();
+    due = DueLocked();
+  }
+  for (auto& fn : due) fn();
+  LOG(WARNING) << "replication: standby " << address << " no longer follows: "
+               << why;
+  // UNAVAILABLE: the standby is in sync (a clean stop); ABORTED: it is not.
+  return grpc::Status(shutting_down ? grpc::StatusCode::UNAVAILABLE
+                                    : grpc::StatusCode::ABORTED,
+                      why);
+}
+
+bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
+  for (const std::shared_ptr<Job>& job : coordinator_->Jobs()) {
+    const JobReplica replica = job->ExportReplica();
+    const ChunkGeometry& g = job->geometry();
+    v1::ReplicaUpdate header;
+    header.set_epoch(epoch_());
+    v1::JobReplica* m = header.mutable_job();
+    m->set_job_id(replica.job_id);
+    LayoutToProto(replica.layout, m->mutable_layout());
+    SettingsToProto(replica.settings, m->mutable_settings());
+    m->set_sequence(replica.sequence);
+    m->set_has_state(replica.state != nullptr);
+    if (replica.state != nullptr) {
+      m->set_round(replica.state->round);
+      m->set_state_id(replica.state->id);
+    }
+    m->set_final_chunks(static_cast<uint32_t>(replica.final_chunks.size()));
+    for (const RoundRecord& r : replica.recent_rounds) {
+      RoundRecordToProto(r, m->add_recent_rounds());
+    }
+    if (!stream->Write(header)) return false;
+    if (replica.state == nullptr) continue;
+    const StateSnapshot& s = *replica.state;
+    for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+      v1::ReplicaUpdate chunk;
+      chunk.set_epoch(epoch_());
+      v1::ReplicaStateChunk* p = chunk.mutable_state_chunk();
+      p->set_job_id(replica.job_id);
+      p->set_index(c);
+      auto part = [&](const std::vector<float>& v) {
+        return v.empty() ? std::string()
+                         : FloatBytes(absl::MakeConstSpan(v).subspan(
+                               g.Offset(c), g.Size(c)));
+      };
+      p->set_values(part(s.values));
+      p->set_momentum(part(s.momentum));
+      p->set_residual(part(s.residual));
+      if (!stream->Write(chunk)) return false;
+    }
+    const DType wire = replica.settings.wire_dtype;
+    for (uint32_t c : replica.final_chunks) {
+      v1::ReplicaUpdate chunk;
+      chunk.set_epoch(epoch_());
+      v1::ReplicaStateChunk* p = chunk.mutable_state_chunk();
+      p->set_job_id(replica.job_id);
+      p->set_index(c);
+      p->set_open_round(true);
+      p->set_values(FloatBytes(absl::MakeConstSpan(replica.partial_values)
+                                   .subspan(g.Offset(c), g.Size(c))));
+      const StateSnapshot& next = *replica.partial;
+      if (!next.momentum.empty()) {
+        p->set_momentum(FloatBytes(
+            absl::MakeConstSpan(next.momentum).subspan(g.Offset(c), g.Size(c))));
+      }
+      if (!next.residual.empty()) {
+        p->set_residual(FloatBytes(
+            absl::MakeConstSpan(next.residual).subspan(g.Offset(c), g.Size(c))));
+      }
+      p->set_delta(next.delta.substr(WireBytes(wire, g.chunk_elements()) * c,
+                                     WireBytes(wire, g.Size(c))));
+      if (!stream->Write(chunk)) return false;
+    }
+  }
+  v1::ReplicaUpdate done;
+  done.set_epoch(epoch_());
+  done.mutable_caught_up();
+  {
+    absl::MutexLock lock(&mu_);
+    Follower& f = followers_.at(id);
+    done.set_sequence(f.next - 1);
+    f.caught_up_sent = true;
+  }
+  return stream->Write(done);
+}
+
+void ReplicationHub::Tick(absl::Time now) {
+  std::vector<std::function<void()>> due;
+  {
+    absl::MutexLock lock(&mu_);
+    bool dropped = false;
+    for (auto& [id, f] : followers_) {
+      if (f.dropped) {
+        // Its stream ends with ABORTED (it knows it is out of sync) unless
+        // a write is stuck on it: then cancelled.
+        if (now - f.progress > options_.ack_timeout + absl::Seconds(1)) {
+          f.context->TryCancel();
+        }
+        continue;
+      }
+      if (!f.in_sync || f.acked >= f.sent) continue;
+      if (now - f.progress < options_.ack_timeout) continue;
+      LOG(ERROR) << "replication: standby " << f.address
+                 << " acknowledged nothing for "
+                 << absl::FormatDuration(now - f.progress) << " (" << f.acked
+                 << " of " << f.sent
+                 << " updates); going on without it until it catches up "
+                    "again";
+      f.dropped = true;
+      dropped = true;
+    }
+    if (dropped) due = DueLocked();
+  }
+  for (auto& fn : due) fn();
+}
+
+void ReplicationHub::Shutdown() {
+  std::vector<std::function<void()>> due;
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    for (auto& [id, f] : followers_) f.context->TryCancel();
+    while (!waiting_.empty()) {
+      due.push_back(std::move(waiting_.begin()->second));
+      waiting_.erase(waiting_.begin());
+    }
+  }
+  for (auto& fn : due) fn();
+}
+
+std::vector<StandbyStatus> ReplicationHub::Standbys() {
+  absl::MutexLock lock(&mu_);
+  std::vector<StandbyStatus> out;
+  for (const auto& [id, f] : followers_) {
+    StandbyStatus s;
+    s.address = f.address;
+    s.in_sync = f.in_sync && !f.dropped;
+    s.acked = f.acked;
+    s.lag = last_ - std::min(last_, f.acked);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// ReplicaFollower
+
+namespace {
+
+// A job's replica as its messages arrive: the header, the state's chunks in
+// order, then the open round's final chunks.
+struct ReplicaAssembly {
+  JobReplica replica;
+  std::vector<size_t> offsets;  // of the state's chunks
+  std::vector<size_t> sizes;
+  uint32_t finals_left = 0;
+  std::shared_ptr<StateSnapshot> state;
+  std::shared_ptr<StateSnapshot> partial;
+};
+
+absl::Status StartAssembly(const v1::JobReplica& m, ReplicaAssembly* a) {
+  *a = ReplicaAssembly();
+  JobReplica& r = a->replica;
+  r.job_id = m.job_id();
+  absl::StatusOr<Layout> layout = LayoutFromProto(m.layout());
+  if (!layout.ok()) return layout.status();
+  r.layout = *std::move(layout);
+  absl::StatusOr<JobSettings> settings = SettingsFromProto(m.settings());
+  if (!settings.ok()) return settings.status();
+  r.settings = *settings;
+  r.sequence = m.sequence();
+  for (const v1::RoundStatus& s : m.recent_rounds()) {
+    r.recent_rounds.push_back(RoundRecordFromProto(s));
+  }
+  if (m.has_state()) {
+    a->state = std::make_shared<StateSnapshot>();
+    a->state->round = m.round();
+    a->state->id = m.state_id();
+  }
+  a->finals_left = m.final_chunks();
+  return absl::OkStatus();
+}
+
+absl::Status AddToAssembly(const v1::ReplicaStateChunk& m,
+                           ReplicaAssembly* a) {
+  const std::string what =
+      absl::StrCat("replica of job '", m.job_id(), "' chunk ", m.index());
+  if (a->state == nullptr || m.job_id() != a->replica.job_id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": not of the job being caught up"));
+  }
+  std::vector<float> values, momentum, residual;
+  for (auto [bytes, out] : {std::pair{&m.values(), &values},
+                            std::pair{&m.momentum(), &momentum},
+                            std::pair{&m.residual(), &residual}}) {
+    if (absl::Status s = FloatsFrom(*bytes, what, out); !s.ok()) return s;
+  }
+  StateSnapshot& s = *a->state;
+  if (!m.open_round()) {
+    if (m.index() != a->sizes.size() || a->partial != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": out of order"));
+    }
+    if (values.empty() || (!momentum.empty() && momentum.size() != values.size()) ||
+        (!residual.empty() && residual.size() != values.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": sizes differ"));
+    }
+    a->offsets.push_back(s.values.size());
+    a->sizes.push_back(values.size());
+    s.values.insert(s.values.end(), values.begin(), values.end());
+    s.momentum.insert(s.momentum.end(), momentum.begin(), momentum.end());
+    s.residual.insert(s.residual.end(), residual.begin(), residual.end());
+    return absl::OkStatus();
+  }
+  if (a->finals_left == 0 || m.index() >= a->sizes.size() ||
+      values.size() != a->sizes[m.index()]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": not a final chunk the header announced"));
+  }
+  const size_t n = s.values.size();
+  if (a->partial == nullptr) {
+    a->partial = std::make_shared<StateSnapshot>();
+    a->replica.partial_values.assign(n, 0.0f);
+    if (!momentum.empty()) a->partial->momentum.assign(n, 0.0f);
+    if (!residual.empty()) a->partial->residual.assign(n, 0.0f);
+    const DType wire = a->replica.settings.wire_dtype;
+    const size_t last = a->sizes.size() - 1;
+    a->partial->delta.assign(
+        WireBytes(wire, a->replica.settings.chunk_elements) * last +
+            WireBytes(wire, a->sizes[last]),
+        '\0');
+  }
+  StateSnapshot& p = *a->partial;
+  const size_t offset = a->offsets[m.index()];
+  std::copy(values.begin(), values.end(),
+            a->replica.partial_values.begin() + offset);
+  if (momentum.size() == values.size() && p.momentum.size() == n) {
+    std::copy(momentum.begin(), momentum.end(), p.momentum.begin() + offset);
+  }
+  if (residual.size() == values.size() && p.residual.size() == n) {
+    std::copy(residual.begin(), residual.end(), p.residual.begin() + offset);
+  }
+  const DType wire = a->replica.settings.wire_dtype;
+  const size_t at = WireBytes(wire, a->replica.settings.chunk_elements) * m.index();
+  if (m.delta().size() != WireBytes(wire, values.size()) ||
+      at + m.delta().size() > p.delta.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": its delta"));
+  }
+  std::memcpy(p.delta.data() + at, m.delta().data(), m.delta().size());
+  a->replica.final_chunks.push_back(m.index());
+  --a->finals_left;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ReplicaFollower::ReplicaFollower(ReplicationOptions options,
+                                 Coordinator* coordinator)
+    : options_(std::move(options)), coordinator_(coordinator) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ReplicaFollower::~ReplicaFollower() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (context_ != nullptr) context_->TryCancel();
+  }
+  thread_.join();
+}
+
+void ReplicaFollower::Follow(std::string primary, uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  if (primary == primary_ && epoch == epoch_) return;
+  primary_ = std::move(primary);
+  epoch_ = epoch;
+  ++generation_;
+  if (context_ != nullptr) context_->TryCancel();
+}
+
+bool ReplicaFollower::Stop() {
+  absl::MutexLock lock(&mu_);
+  primary_.clear();
+  ++generation_;
+  if (context_ != nullptr) context_->TryCancel();
+  mu_.Await(absl::Condition(
+      +[](ReplicaFollower* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
+        return f->context_ == nullptr;
+      },
+      this));
+  return in_sync_;
+}
+
+uint64_t ReplicaFollower::applied() {
+  absl::MutexLock lock(&mu_);
+  return applied_;
+}
+
+bool ReplicaFollower::in_sync() {
+  absl::MutexLock lock(&mu_);
+  return in_sync_;
+}
+
+void ReplicaFollower::Loop() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    if (primary_.empty()) {
+      mu_.Await(absl::Condition(
+          +[](ReplicaFollower* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->mu_) {
+            return f->stop_ || !f->primary_.empty();
+          },
+          this));
+      continue;
+    }
+    const std::string primary = primary_;
+    const uint64_t epoch = epoch_;
+    const uint64_t generation = generation_;
+    mu_.Unlock();
+    const absl::Status s = FollowOnce(primary, epoch);
+    mu_.Lock();
+    if (stop_) break;
+    LOG(WARNING) << "replication: following " << primary << " ended: " << s;
+    if (generation == generation_) {
+      // The same primary: again after a pause (it may be restarting, or
+      // gone: etcd names the next one).
+      auto changed = [this, generation]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return stop_ || generation_ != generation;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Milliseconds(500));
+    }
+  }
+}
+
+absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
+                                         uint64_t epoch) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);  // a seed is the whole model
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  auto stub = v1::Replication::NewStub(grpc::CreateCustomChannel(
+      primary, grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext context;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return absl::CancelledError("stopping");
+    context_ = &context;
+  }
+  absl::Status status = absl::OkStatus();
+  bool began = false;
+  auto stream = stub->Follow(&context);
+  v1::FollowMessage hello;
+  v1::FollowRequest* request = hello.mutable_follow();
+  request->set_group(options_.group);
+  request->set_shard_index(options_.shard_index);
+  request->set_token(options_.token);
+  request->set_standby(options_.advertise);
+  request->set_epoch(epoch);
+  if (!stream->Write(hello)) status = absl::UnavailableError("cannot write");
+  absl::flat_hash_map<std::string, uint64_t> cuts;
+  ReplicaAssembly assembly;
+  bool assembling = false;
+  auto flush = [&]() -> absl::Status {
+    if (!assembling) return absl::OkStatus();
+    assembling = false;
+    if (assembly.finals_left != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replica of job '", assembly.replica.job_id, "': ",
+          assembly.finals_left, " final chunks announced are missing"));
+    }
+    assembly.replica.state = assembly.state;
+    assembly.replica.partial = assembly.partial;
+    cuts[assembly.replica.job_id] = assembly.replica.sequence;
+    return coordinator_->AdoptReplica(assembly.replica);
+  };
+  auto ack = [&](uint64_t sequence) {
+    v1::FollowMessage m;
+    m.set_acked(sequence);
+    stream->Write(m);
+  };
+  v1::ReplicaUpdate update;
+  while (status.ok() && stream->Read(&update)) {
+    if (update.epoch() < epoch) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "an update of epoch ", update.epoch(), " from ", primary,
+          "; this standby has seen epoch ", epoch, " (a deposed primary)"));
+      break;
+    }
+    if (!began) {
+      began = true;
+      coordinator_->BeginFollowing();
+      absl::MutexLock lock(&mu_);
+      in_sync_ = false;
+    }
+    switch (update.kind_case()) {
+      case v1::ReplicaUpdate::kJob:
+        status = flush();
+        if (status.ok()) status = StartAssembly(update.job(), &assembly);
+        assembling = status.ok();
+        break;
+      case v1::ReplicaUpdate::kStateChunk:
+        status = assembling ? AddToAssembly(update.state_chunk(), &assembly)
+                            : absl::InvalidArgumentError(
+                                  "a state chunk outside a job's replica");
+        break;
+      case v1::ReplicaUpdate::kCaughtUp: {
+        status = flush();
+        if (!status.ok()) break;
+        {
+          absl::MutexLock lock(&mu_);
+          in_sync_ = true;
+          applied_ = update.sequence();
+        }
+        LOG(INFO) << "replication: caught up with " << primary << " (epoch "
+                  << update.epoch() << ")";
+        ack(update.sequence());
+        break;
+      }
+      case v1::ReplicaUpdate::kChunk: {
+        status = flush();
+        const v1::ChunkFinal& m = update.chunk();
+        auto cut = cuts.find(m.job_id());
+        if (status.ok() &&
+            (cut == cuts.end() || update.sequence() > cut->second)) {
+          ReplicatedChunk c;
+          c.job_id = m.job_id();
+          c.round = m.round();
+          c.chunk = m.index();
+          c.contributed = m.contributed();
+          status = FloatsFrom(m.mean(), "a replicated chunk's mean", &c.mean);
+          if (status.ok()) status = coordinator_->ApplyReplicated(c);
+        }
+        if (status.ok()) ack(update.sequence());
+        break;
+      }
+      case v1::ReplicaUpdate::kCommit: {
+        status = flush();
+        const v1::StateCommit& m = update.commit();
+        auto cut = cuts.find(m.job_id());
+        if (status.ok() &&
+            (cut == cuts.end() || update.sequence() > cut->second)) {
+          ReplicatedCommit c;
+          c.job_id = m.job_id();
+          c.round = m.round();
+          c.state_id = m.state_id();
+          c.previous_id = m.previous_id();
+          c.record = RoundRecordFromProto(m.record());
+          c.record.contributor_weight = m.contributor_weight();
+          if (m.seed()) {
+            auto seed = std::make_shared<StateSnapshot>();
+            status = FloatsFrom(m.seed_values(), "a replicated seed",
+                                &seed->values);
+            c.seed = std::move(seed);
+            if (status.ok()) {
+              absl::StatusOr<Layout> layout = LayoutFromProto(m.layout());
+              absl::StatusOr<JobSettings> settings =
+                  SettingsFromProto(m.settings());
+              if (!layout.ok()) status = layout.status();
+              if (!settings.ok()) status = settings.status();
+              if (status.ok()) {
+                c.layout = *std::move(layout);
+                c.settings = *settings;
+              }
+            }
+          }
+          if (status.ok()) status = coordinator_->ApplyReplicated(c);
+          if (status.ok()) cuts.erase(m.job_id());
+        }
+        if (status.ok()) ack(update.sequence());
+        break;
+      }
+      default:
+        status = absl::InvalidArgumentError("an update of no known kind");
+    }
+    if (status.ok() && update.sequence() > 0) {
+      absl::MutexLock lock(&mu_);
+      applied_ = std::max(applied_, update.sequence());
+    }
+  }
+  if (!status.ok()) {
+    LOG(ERROR) << "replication: " << status
+               << "; not in sync until a new catch-up";
+    context.TryCancel();
+  }
+  const grpc::Status end = stream->Finish();
+  if (status.ok() && !end.ok()) status = FromGrpcStatus(end);
+  absl::MutexLock lock(&mu_);
+  // Still in sync if the stream only broke (the primary died, or this
+  // standby stops to be promoted): every update it got is applied. Not if
+  // an update failed here or the primary dropped it (ABORTED). A stream
+  // refused at its start (the callee is no primary yet) changes nothing.
+  if (began && !status.ok() && status.code() != absl::StatusCode::kUnavailable &&
+      status.code() != absl::StatusCode::kCancelled) {
+    in_sync_ = false;
+  }
+  context_ = nullptr;
+  return status;
+}
+
+}  // namespace localsgd

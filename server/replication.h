@@ -1,0 +1,181 @@
+// Replication between the coordinators of one shard (--ha_etcd), over the
+// localsgd.v1.Replication service (proto/localsgd/v1/replication.proto):
+//
+//   ReplicationHub   the primary's side: the Replicator its jobs tell every
+//                    update (src/replicator.h), and the Follow method a
+//                    standby calls: the catch-up (each job's replica), then
+//                    every update in order; results wait for the acks of
+//                    the standbys in sync.
+//   ReplicaFollower  the standby's side: follows the primary etcd names,
+//                    applies what it sends to its own coordinator's jobs
+//                    (Coordinator::AdoptReplica, ApplyReplicated) and acks.
+//
+// A standby is in sync from the ack of its catch-up until its stream ends.
+// One that stops acknowledging for `ack_timeout` (hung, or cut off) is
+// dropped: the primary goes on without it (logged; the job is not held
+// hostage by a dead standby), and it catches up again when it comes back.
+// A standby dropped while its primary lived and then promoted holds an older
+// state than some members: they re-seed it (Job::Promote).
+//
+// Follow is refused to a caller without the group's token (--ha_token; none
+// set: anyone who reaches the port may follow, logged at start), of another
+// group or shard, or when this coordinator is not the primary. Plaintext
+// only for now (docs/operating.md says so).
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef LOCALSGD_SERVER_REPLICATION_H_
+#define LOCALSGD_SERVER_REPLICATION_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "localsgd/v1/replication.grpc.pb.h"
+#include "src/coordinator.h"
+#include "src/replicator.h"
+
+namespace localsgd {
+
+struct ReplicationOptions {
+  std::string group;  // --ha_group
+  uint32_t shard_index = 0;
+  std::string token;      // --ha_token; empty: none
+  std::string advertise;  // this coordinator's address (--ha_advertise)
+  // A standby in sync that acknowledges nothing for this long is dropped.
+  absl::Duration ack_timeout = absl::Seconds(5);
+};
+
+class ReplicationHub final : public Replicator,
+                             public v1::Replication::Service {
+ public:
+  // `epoch` and `serving`: this coordinator's election epoch, and whether
+  // it serves as the primary now (only then is Follow taken).
+  ReplicationHub(ReplicationOptions options, std::function<uint64_t()> epoch,
+                 std::function<bool()> serving);
+  ~ReplicationHub() override;
+
+  // The coordinator whose jobs the catch-up exports; set once, before
+  // serving.
+  void set_coordinator(Coordinator* coordinator) { coordinator_ = coordinator; }
+
+  // Replicator.
+  uint64_t Chunk(ReplicatedChunk chunk) override;
+  uint64_t Commit(ReplicatedCommit commit) override;
+  uint64_t LastTicket() override;
+  void WhenAcked(uint64_t ticket, std::function<void()> release) override;
+
+  // localsgd.v1.Replication.
+  grpc::Status Follow(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::ReplicaUpdate, v1::FollowMessage>* stream)
+      override;
+
+  // Drops the standbys in sync that stopped acknowledging (ack_timeout).
+  void Tick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends every Follow stream and releases what waits; later updates are
+  // released at once.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  std::vector<StandbyStatus> Standbys() override ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Follower {
+    std::string address;
+    grpc::ServerContext* context = nullptr;
+    uint64_t next = 0;   // the first ticket of the live updates it gets
+    uint64_t sent = 0;   // the last ticket written to it
+    uint64_t acked = 0;  // the last ticket it acknowledged
+    bool caught_up_sent = false;
+    bool in_sync = false;
+    bool dropped = false;
+    absl::Time progress;  // its last ack (or when it came)
+    // Per job: updates at or below this ticket are in its catch-up.
+    absl::flat_hash_map<std::string, uint64_t> cuts;
+  };
+  struct Entry {
+    uint64_t ticket;
+    std::string job_id;
+    std::shared_ptr<const v1::ReplicaUpdate> update;
+  };
+
+  uint64_t Append(std::string job_id, v1::ReplicaUpdate update)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The releases now due (every waiter at or below the least ack of the
+  // standbys in sync; all of them if none is), taken out of waiting_.
+  std::vector<std::function<void()>> DueLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops log entries no follower still needs.
+  void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Drop(uint64_t id, absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckFollow(const v1::FollowRequest& request) const;
+  // The catch-up of follower `id`: every job's replica, then CaughtUp.
+  bool WriteCatchUp(
+      uint64_t id,
+      grpc::ServerReaderWriter<v1::ReplicaUpdate, v1::FollowMessage>* stream);
+
+  const ReplicationOptions options_;
+  const std::function<uint64_t()> epoch_;
+  const std::function<bool()> serving_;
+  Coordinator* coordinator_ = nullptr;
+
+  absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_follower_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Follower> followers_ ABSL_GUARDED_BY(mu_);
+  std::deque<Entry> log_ ABSL_GUARDED_BY(mu_);
+  std::multimap<uint64_t, std::function<void()>> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
+// The standby's side.
+class ReplicaFollower {
+ public:
+  ReplicaFollower(ReplicationOptions options, Coordinator* coordinator);
+  ~ReplicaFollower();
+
+  // Follows `primary` (host:port) of election epoch `epoch` from now on
+  // (a new catch-up), until Stop or another Follow.
+  void Follow(std::string primary, uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops following and returns once the stream has ended; the jobs stay
+  // as they are. Returns whether they were in sync when it ended (caught
+  // up, and every update applied without error): the promoted standby then
+  // serves them.
+  bool Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The last update applied (0: none), and whether in sync now.
+  uint64_t applied() ABSL_LOCKS_EXCLUDED(mu_);
+  bool in_sync() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Loop();
+  // One stream to `primary`: returns when it ends (with why).
+  absl::Status FollowOnce(const std::string& primary, uint64_t epoch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  const ReplicationOptions options_;
+  Coordinator* const coordinator_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::string primary_ ABSL_GUARDED_BY(mu_);
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool in_sync_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace localsgd
+
+#endif  // LOCALSGD_SERVER_REPLICATION_H_
