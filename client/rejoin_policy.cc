@@ -18,6 +18,13 @@ RejoinDecision DecideRejoin(bool has_state, RoundId job_round,
   if (job_round <= trained_from) {
     return {RejoinAction::kContribute, job_round + 1};
   }
+  // The round it was syncing closed: ask for it again. The coordinator
+  // answers with its result and whether it counted the member (a standby
+  // that took over after the round closed at its primary knows), or, had
+  // it not, the member adopts it as if late.
+  if (job_round == trained_from + 1) {
+    return {RejoinAction::kContribute, job_round};
+  }
   return {RejoinAction::kAdopt, 0};
 }
 

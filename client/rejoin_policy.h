@@ -24,7 +24,9 @@ enum class RejoinAction {
   // round has closed on yet (Job::BeginSync); otherwise it adopts the job's.
   kReseedThenContribute,
   // The job's state is not newer than the one the parameters were trained
-  // from: they are a valid contribution to its next round.
+  // from: they are a valid contribution to its next round. Or the job's
+  // state is that of the very round the member was syncing: it asks for
+  // that round again (its result says whether it counted the member).
   kContribute,
   // The member missed rounds: adopt the job's state (FetchState).
   kAdopt,
@@ -32,7 +34,8 @@ enum class RejoinAction {
 
 struct RejoinDecision {
   RejoinAction action = RejoinAction::kAdopt;
-  // kContribute: the round to contribute to (job_round + 1).
+  // kContribute: the round to contribute to (job_round + 1, or job_round
+  // when that is the round the member was syncing).
   RoundId round = 0;
 };
 

@@ -329,6 +329,11 @@ absl::StatusOr<SyncOutcome> Replica::Rejoin(const Layout& layout,
           params);
       break;
     case RejoinAction::kContribute: {
+      // Asking for the round it was syncing: the parameters (and anchor)
+      // still grew from `trained_from`, not from the round the Join named.
+      if (decision.round == info_.state_round) {
+        member_.RestoreRound(trained_from, last_contributors);
+      }
       SyncPlan plan;
       plan.round = decision.round;
       outcome = SyncRound(layout, plan, params);

@@ -53,15 +53,20 @@ TEST(DecideRejoinTest, Table) {
        true, 5, 7, false, RejoinAction::kContribute, 6},
       {"parameters, restored at the seed", true, 0, 7, false,
        RejoinAction::kContribute, 1},
-      {"missed one round: adopt", true, 8, 7, false, RejoinAction::kAdopt, 0},
+      {"the round it was syncing closed (a failover after the close): ask "
+       "for it again",
+       true, 8, 7, false, RejoinAction::kContribute, 8},
+      {"missed two rounds: adopt", true, 9, 7, false, RejoinAction::kAdopt, 0},
       {"missed many rounds: adopt", true, 100, 7, false, RejoinAction::kAdopt,
        0},
       {"deltas, lease lost: contribute", true, 7, 7, true,
        RejoinAction::kContribute, 8},
       {"deltas, job behind the anchor: offer the anchor as a newer re-seed",
        true, 6, 7, true, RejoinAction::kReseedThenContribute, 0},
-      {"deltas, missed a round: adopt", true, 8, 7, true, RejoinAction::kAdopt,
-       0},
+      {"deltas, the round it was syncing closed: ask for it again", true, 8, 7,
+       true, RejoinAction::kContribute, 8},
+      {"deltas, missed two rounds: adopt", true, 9, 7, true,
+       RejoinAction::kAdopt, 0},
   };
   for (const Row& row : rows) {
     const RejoinDecision d = DecideRejoin(
