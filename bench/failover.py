@@ -13,8 +13,13 @@ standby's election, the re-join); the steady round time is the median gap
 away from kills. Prints both (p50, p99, max) and checks at the end that all
 members hold the same parameters.
 
+With --kills=0 it measures steady rounds alone, and --standbys=0 runs the
+same elected primary without a standby: the two side by side give what
+following the primary's state costs a round.
+
 usage: bench/failover.py [--build=build] [--world=4] [--millions=1]
                          [--kills=10] [--every=3] [--lease_ttl=2s]
+                         [--standbys=1] [--duration=20]
 """
 import argparse
 import multiprocessing as mp
@@ -100,7 +105,12 @@ def main():
     p.add_argument("--kills", type=int, default=10)
     p.add_argument("--every", type=float, default=3)
     p.add_argument("--lease_ttl", default="2s")
+    p.add_argument("--standbys", type=int, default=1)
+    p.add_argument("--duration", type=float, default=20,
+                   help="with --kills=0: seconds of steady rounds")
     args = p.parse_args()
+    if args.kills > 0 and args.standbys < 1:
+        sys.exit("--kills needs a standby (--standbys >= 1)")
     tmp = tempfile.mkdtemp(prefix="localsgd-failover.")
     etcd_port, peer = free_port(), free_port()
     etcd = subprocess.Popen(
@@ -113,10 +123,23 @@ def main():
         stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/etcd.log", "w"))
     wait_port(etcd_port)
     coords = [Coordinator(args, tmp, i, free_port(), f"127.0.0.1:{etcd_port}")
-              for i in range(2)]
+              for i in range(1 + args.standbys)]
     for c in coords:
         c.start()
         wait_port(c.port)
+    if args.standbys > 0:
+        # The standbys catch up before the rounds are timed.
+        ctl = os.path.join(args.build, "tools", "localsgdctl")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            primary = next((c for c in coords if c.serving()), None)
+            if primary is not None:
+                out = subprocess.run(
+                    [ctl, f"--target=127.0.0.1:{primary.port}", "status"],
+                    capture_output=True, text=True, timeout=10).stdout
+                if out.count(": in sync") >= args.standbys:
+                    break
+            time.sleep(0.2)
     target = "|".join(f"127.0.0.1:{c.port}" for c in coords)
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
@@ -131,6 +154,8 @@ def main():
     kills = []
     try:
         time.sleep(args.every)
+        if args.kills == 0:
+            time.sleep(args.duration)
         for _ in range(args.kills):
             primary = next((c for c in coords if c.serving()), None)
             if primary is None:
@@ -179,12 +204,14 @@ def main():
     rounds = min(len(ts) for ts in per_member)
     same = len(set(finals[:])) == 1
     print(f"world {args.world}, {args.millions:g}M fp32, lease TTL "
-          f"{args.lease_ttl}: {len(kills)} kills over {rounds} rounds; "
-          f"members agree: {same}")
+          f"{args.lease_ttl}, {args.standbys} standbys: {len(kills)} kills "
+          f"over {rounds} rounds; members agree: {same}")
     print(f"  steady round: median {statistics.median(steady):.3f} s")
-    print(f"  failover wait: p50 {statistics.median(waits):.3f} s, p99 "
-          f"{waits[min(len(waits) - 1, int(0.99 * len(waits)))]:.3f} s, "
-          f"max {waits[-1]:.3f} s  ({', '.join(f'{w:.2f}' for w in waits)})")
+    if waits:
+        print(f"  failover wait: p50 {statistics.median(waits):.3f} s, p99 "
+              f"{waits[min(len(waits) - 1, int(0.99 * len(waits)))]:.3f} s, "
+              f"max {waits[-1]:.3f} s  "
+              f"({', '.join(f'{w:.2f}' for w in waits)})")
     shutil.rmtree(tmp, ignore_errors=True)
     if not same:
         sys.exit("members disagree: " + ", ".join(str(f) for f in finals))

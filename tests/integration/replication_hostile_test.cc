@@ -1,0 +1,269 @@
+// Hostile input on the replication stream (localsgd.v1.Replication/Follow),
+// table-driven: a primary of group "g" shard 0 with a token serves a job
+// that one member trains; every row opens a Follow stream that is not a
+// standby of the group's, and checks the status, the message, and that it
+// changed nothing: the member's next round still completes (no result
+// waits for a standby that is not one) and its state is the one it would
+// have been. One more row follows properly and checks the catch-up.
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "localsgd/v1/replication.grpc.pb.h"
+#include "server/server.h"
+#include "server/serving_gate.h"
+#include "tests/testkit/testkit.h"
+
+namespace localsgd {
+namespace {
+
+using ::testing::HasSubstr;
+using testkit::kElements;
+
+// The election won: always serving.
+class OpenGate : public ServingGate {
+ public:
+  absl::Status Check() const override { return absl::OkStatus(); }
+};
+
+v1::FollowRequest Good() {
+  v1::FollowRequest r;
+  r.set_group("g");
+  r.set_shard_index(0);
+  r.set_token("s3cret");
+  r.set_standby("127.0.0.1:1");
+  r.set_epoch(7);
+  return r;
+}
+
+struct Row {
+  std::string name;
+  std::function<v1::FollowMessage()> first;
+  grpc::StatusCode code;
+  std::string message;
+};
+
+void PrintTo(const Row& row, std::ostream* os) { *os << row.name; }
+
+v1::FollowMessage Follow(std::function<void(v1::FollowRequest&)> spoil) {
+  v1::FollowMessage m;
+  v1::FollowRequest r = Good();
+  spoil(r);
+  *m.mutable_follow() = r;
+  return m;
+}
+
+std::vector<Row> Rows() {
+  return {
+      {"AckFirst_InvalidArgument",
+       [] {
+         v1::FollowMessage m;
+         m.set_acked(99);
+         return m;
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "must be a FollowRequest"},
+      {"NoToken_Unauthenticated",
+       [] { return Follow([](v1::FollowRequest& r) { r.clear_token(); }); },
+       grpc::StatusCode::UNAUTHENTICATED, "needs the group's token"},
+      {"WrongToken_PermissionDenied",
+       [] {
+         return Follow([](v1::FollowRequest& r) { r.set_token("s3creT"); });
+       },
+       grpc::StatusCode::PERMISSION_DENIED, "not the group's"},
+      {"OtherGroup_FailedPrecondition",
+       [] { return Follow([](v1::FollowRequest& r) { r.set_group("h"); }); },
+       grpc::StatusCode::FAILED_PRECONDITION,
+       "a standby of group 'h' shard 0 follows a primary of group 'g' shard 0"},
+      {"OtherShard_FailedPrecondition",
+       [] {
+         return Follow([](v1::FollowRequest& r) { r.set_shard_index(3); });
+       },
+       grpc::StatusCode::FAILED_PRECONDITION, "shard 3 follows"},
+      {"NewerEpoch_FailedPreconditionDeposed",
+       [] { return Follow([](v1::FollowRequest& r) { r.set_epoch(8); }); },
+       grpc::StatusCode::FAILED_PRECONDITION,
+       "has seen epoch 8; this primary's is 7: it is deposed"},
+  };
+}
+
+class ReplicationHostileInput : public ::testing::TestWithParam<Row> {};
+
+struct Primary {
+  OpenGate gate;
+  std::unique_ptr<CoordinatorServer> server;
+};
+
+std::unique_ptr<Primary> StartPrimary() {
+  auto p = std::make_unique<Primary>();
+  ServerOptions options = testkit::BaseServerOptions();
+  options.gate = &p->gate;
+  options.replication.group = "g";
+  options.replication.shard_index = 0;
+  options.replication.token = "s3cret";
+  options.replication.advertise = "primary";
+  p->server = testkit::StartServer(std::move(options));
+  if (p->server == nullptr) return nullptr;
+  EXPECT_TRUE(p->server->Promote(7).ok());
+  return p;
+}
+
+// One member's round: its parameters + 1.
+void Round(Client& client, std::vector<float>& params, RoundId round) {
+  for (float& v : params) v += 1.0f;
+  absl::StatusOr<SyncOutcome> out = client.Sync(absl::MakeSpan(params));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->round, round);
+  EXPECT_TRUE(out->contributed);
+  EXPECT_EQ(params, std::vector<float>(kElements, 1.0f * round));
+}
+
+TEST_P(ReplicationHostileInput, Row) {
+  const Row& row = GetParam();
+  std::unique_ptr<Primary> primary = StartPrimary();
+  ASSERT_NE(primary, nullptr);
+  auto member = testkit::JoinedClient(
+      testkit::BaseClientOptions(*primary->server, "job", "m"));
+  ASSERT_NE(member, nullptr);
+  std::vector<float> params(kElements, 0.0f);
+  ASSERT_TRUE(member->Initialize(absl::MakeSpan(params)).ok());
+  Round(*member, params, 1);
+
+  auto stub = v1::Replication::NewStub(grpc::CreateChannel(
+      testkit::Target(*primary->server), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  auto stream = stub->Follow(&context);
+  ASSERT_TRUE(stream->Write(row.first()));
+  stream->WritesDone();
+  v1::ReplicaUpdate update;
+  EXPECT_FALSE(stream->Read(&update)) << "it was sent " << update.DebugString();
+  const grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), row.code) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr(row.message));
+
+  // Nothing changed: the rounds go on, released at once.
+  Round(*member, params, 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, ReplicationHostileInput,
+                         ::testing::ValuesIn(Rows()),
+                         [](const auto& info) { return info.param.name; });
+
+// A coordinator that is not (yet) the primary refuses to be followed.
+TEST(ReplicationTest, NotThePrimary_FailedPrecondition) {
+  OpenGate gate;
+  ServerOptions options = testkit::BaseServerOptions();
+  options.gate = &gate;
+  options.replication.group = "g";
+  options.replication.token = "s3cret";
+  auto server = testkit::StartServer(std::move(options));
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Replication::NewStub(grpc::CreateChannel(
+      testkit::Target(*server), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  auto stream = stub->Follow(&context);
+  v1::FollowMessage m;
+  *m.mutable_follow() = Good();
+  m.mutable_follow()->set_epoch(0);
+  ASSERT_TRUE(stream->Write(m));
+  stream->WritesDone();
+  v1::ReplicaUpdate update;
+  EXPECT_FALSE(stream->Read(&update));
+  const grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("is not the primary"));
+}
+
+// A standby of the group follows: the catch-up holds the job's state, then
+// CaughtUp; a round made meanwhile waits for its ack, and an ack beyond what
+// was sent does not release more than was sent.
+TEST(ReplicationTest, Follow_CatchUpThenUpdatesWaitForTheAck) {
+  std::unique_ptr<Primary> primary = StartPrimary();
+  ASSERT_NE(primary, nullptr);
+  auto member = testkit::JoinedClient(
+      testkit::BaseClientOptions(*primary->server, "job", "m"));
+  ASSERT_NE(member, nullptr);
+  std::vector<float> params(kElements, 0.0f);
+  ASSERT_TRUE(member->Initialize(absl::MakeSpan(params)).ok());
+  Round(*member, params, 1);
+
+  auto stub = v1::Replication::NewStub(grpc::CreateChannel(
+      testkit::Target(*primary->server), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  auto stream = stub->Follow(&context);
+  v1::FollowMessage hello;
+  *hello.mutable_follow() = Good();
+  ASSERT_TRUE(stream->Write(hello));
+  v1::ReplicaUpdate update;
+  ASSERT_TRUE(stream->Read(&update));
+  ASSERT_TRUE(update.has_job()) << update.DebugString();
+  EXPECT_EQ(update.job().job_id(), "job");
+  EXPECT_EQ(update.job().round(), 1u);
+  EXPECT_EQ(update.epoch(), 7u);
+  std::string values;
+  while (stream->Read(&update) && update.has_state_chunk()) {
+    values += update.state_chunk().values();
+  }
+  ASSERT_EQ(values.size(), kElements * sizeof(float));
+  for (size_t i = 0; i < kElements; ++i) {
+    float v;
+    std::memcpy(&v, values.data() + i * sizeof(float), sizeof(float));
+    EXPECT_EQ(v, 1.0f) << i;
+  }
+  ASSERT_TRUE(update.has_caught_up()) << update.DebugString();
+  v1::FollowMessage ack;
+  ack.set_acked(update.sequence());
+  ASSERT_TRUE(stream->Write(ack));
+  // In sync: round 2's result waits for this standby's ack.
+  ASSERT_TRUE(testkit::AwaitCondition([&] {
+    v1::GetJobStatusResponse status;
+    auto coordinator_stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+        testkit::Target(*primary->server), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext c;
+    v1::GetJobStatusRequest request;
+    return coordinator_stub->GetJobStatus(&c, request, &status).ok() &&
+           status.standbys_size() == 1 && status.standbys(0).in_sync();
+  }));
+  absl::StatusOr<SyncOutcome> out;
+  std::atomic<bool> returned{false};
+  std::thread sync([&] {
+    for (float& v : params) v += 1.0f;
+    out = member->Sync(absl::MakeSpan(params));
+    returned = true;
+  });
+  uint64_t last = 0;
+  int chunks = 0;
+  bool committed = false;
+  while (!committed && stream->Read(&update)) {
+    if (update.has_chunk()) ++chunks;
+    committed = update.has_commit();
+    last = update.sequence();
+  }
+  ASSERT_TRUE(committed);
+  EXPECT_EQ(chunks, 3);  // 40 elements in chunks of 16
+  EXPECT_EQ(update.commit().round(), 2u);
+  // Not released before the ack (it cannot be: the result waits for it).
+  EXPECT_FALSE(returned.load());
+  ack.set_acked(last);
+  ASSERT_TRUE(stream->Write(ack));
+  sync.join();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->round, 2u);
+  EXPECT_EQ(params, std::vector<float>(kElements, 2.0f));
+  context.TryCancel();
+  stream->Finish().ok();
+}
+
+}  // namespace
+}  // namespace localsgd
