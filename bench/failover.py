@@ -6,7 +6,8 @@ shard (each restarted as a standby when it ends, as a supervisor would),
 and --world Python worker processes (localsgd.Client, --millions fp32
 parameters) that sync round after round against "primary|standby". The
 primary is SIGKILLed --kills times, each once every member has had two
-results since the one before, then --every seconds more. Per kill, the
+results since the one before, then --every seconds more, and once the
+restarted standby is in sync (a kill before would be a double failure). Per kill, the
 failover wait is the longest gap between two consecutive results at any
 member across the kill (its round in flight when the primary died, the
 standby's election, the re-join); the steady round time is the median gap
@@ -106,6 +107,8 @@ def main():
     p.add_argument("--every", type=float, default=3)
     p.add_argument("--lease_ttl", default="2s")
     p.add_argument("--standbys", type=int, default=1)
+    p.add_argument("--keep_logs", action="store_true",
+                   help="keep the coordinators' and etcd's logs")
     p.add_argument("--duration", type=float, default=20,
                    help="with --kills=0: seconds of steady rounds")
     args = p.parse_args()
@@ -127,8 +130,8 @@ def main():
     for c in coords:
         c.start()
         wait_port(c.port)
-    if args.standbys > 0:
-        # The standbys catch up before the rounds are timed.
+    def await_in_sync():
+        """Until the primary has its standbys in sync (or 60 s)."""
         ctl = os.path.join(args.build, "tools", "localsgdctl")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -138,8 +141,12 @@ def main():
                     [ctl, f"--target=127.0.0.1:{primary.port}", "status"],
                     capture_output=True, text=True, timeout=10).stdout
                 if out.count(": in sync") >= args.standbys:
-                    break
-            time.sleep(0.2)
+                    return primary
+            time.sleep(0.1)
+        return None
+
+    if args.standbys > 0:
+        await_in_sync()  # before the rounds are timed
     target = "|".join(f"127.0.0.1:{c.port}" for c in coords)
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
@@ -157,10 +164,10 @@ def main():
         if args.kills == 0:
             time.sleep(args.duration)
         for _ in range(args.kills):
-            primary = next((c for c in coords if c.serving()), None)
+            # A failover, not a double failure: the standby is in sync.
+            primary = await_in_sync()
             if primary is None:
-                time.sleep(0.2)
-                continue
+                sys.exit(f"no standby in sync; logs in {tmp}")
             killed = time.monotonic()
             kills.append(killed)
             primary.proc.kill()
@@ -212,9 +219,13 @@ def main():
               f"{waits[min(len(waits) - 1, int(0.99 * len(waits)))]:.3f} s, "
               f"max {waits[-1]:.3f} s  "
               f"({', '.join(f'{w:.2f}' for w in waits)})")
-    shutil.rmtree(tmp, ignore_errors=True)
     if not same:
-        sys.exit("members disagree: " + ", ".join(str(f) for f in finals))
+        sys.exit("members disagree: " + ", ".join(str(f) for f in finals) +
+                 f"; logs in {tmp}")
+    if args.keep_logs:
+        print(f"  logs in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

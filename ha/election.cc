@@ -234,11 +234,16 @@ int64_t Elector::Campaign(int64_t stale_lease) {
   if (options_.campaign_delay) {
     const absl::Duration delay = options_.campaign_delay();
     if (delay > absl::ZeroDuration()) {
-      absl::StatusOr<EtcdGetResult> got = client_->Get(key_);
-      if (got.ok() && !got->kv.has_value()) {
-        VLOG(1) << "election " << key_ << ": letting others campaign for "
-                << absl::FormatDuration(delay);
-        if (WaitOrStop(delay)) return stale_lease;
+      // While the key stays absent, up to `delay`; a primary that wins
+      // meanwhile is followed at once (the campaign below loses).
+      const absl::Time until = absl::Now() + delay;
+      while (absl::Now() < until) {
+        absl::StatusOr<EtcdGetResult> got = client_->Get(key_);
+        if (!got.ok() || got->kv.has_value()) break;
+        if (WaitOrStop(
+                std::min(absl::Milliseconds(100), until - absl::Now()))) {
+          return stale_lease;
+        }
       }
     }
   }

@@ -38,7 +38,8 @@ absl::Status FloatsFrom(const std::string& bytes, absl::string_view what,
 }
 
 bool SameToken(const std::string& a, const std::string& b) {
-  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+  return a.size() == b.size() &&
+         CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 }  // namespace
@@ -90,9 +91,9 @@ uint64_t ReplicationHub::Append(std::string job_id, v1::ReplicaUpdate update) {
   if (followers_.empty()) return ticket;  // no one to send it to
   update.set_sequence(ticket);
   update.set_epoch(epoch_());
-  log_.push_back(Entry{ticket, std::move(job_id),
-                       std::make_shared<const v1::ReplicaUpdate>(
-                           std::move(update))});
+  log_.push_back(
+      Entry{ticket, std::move(job_id),
+            std::make_shared<const v1::ReplicaUpdate>(std::move(update))});
   return ticket;
 }
 
@@ -151,10 +152,10 @@ absl::Status ReplicationHub::CheckFollow(
   }
   if (request.group() != options_.group ||
       request.shard_index() != options_.shard_index) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a standby of group '", request.group(), "' shard ",
-        request.shard_index(), " follows a primary of group '", options_.group,
-        "' shard ", options_.shard_index));
+    return absl::FailedPreconditionError(
+        absl::StrCat("a standby of group '", request.group(), "' shard ",
+                     request.shard_index(), " follows a primary of group '",
+                     options_.group, "' shard ", options_.shard_index));
   }
   if (!serving_()) {
     return absl::FailedPreconditionError(
@@ -162,9 +163,9 @@ absl::Status ReplicationHub::CheckFollow(
                      " is not the primary of its shard (now)"));
   }
   if (request.epoch() > epoch_()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the standby has seen epoch ", request.epoch(), "; this primary's is ",
-        epoch_(), ": it is deposed"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the standby has seen epoch ", request.epoch(),
+                     "; this primary's is ", epoch_(), ": it is deposed"));
   }
   return absl::OkStatus();
 }
@@ -293,12 +294,12 @@ grpc::Status ReplicationHub::Follow(grpc::ServerContext* context,
     due = DueLocked();
   }
   for (auto& fn : due) fn();
-  LOG(WARNING) << "replication: standby " << address << " no longer follows: "
-               << why;
+  LOG(WARNING) << "replication: standby " << address
+               << " no longer follows: " << why;
   // UNAVAILABLE: the standby is in sync (a clean stop); ABORTED: it is not.
-  return grpc::Status(shutting_down ? grpc::StatusCode::UNAVAILABLE
-                                    : grpc::StatusCode::ABORTED,
-                      why);
+  return grpc::Status(
+      shutting_down ? grpc::StatusCode::UNAVAILABLE : grpc::StatusCode::ABORTED,
+      why);
 }
 
 bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
@@ -352,12 +353,12 @@ bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
                                    .subspan(g.Offset(c), g.Size(c))));
       const StateSnapshot& next = *replica.partial;
       if (!next.momentum.empty()) {
-        p->set_momentum(FloatBytes(
-            absl::MakeConstSpan(next.momentum).subspan(g.Offset(c), g.Size(c))));
+        p->set_momentum(FloatBytes(absl::MakeConstSpan(next.momentum)
+                                       .subspan(g.Offset(c), g.Size(c))));
       }
       if (!next.residual.empty()) {
-        p->set_residual(FloatBytes(
-            absl::MakeConstSpan(next.residual).subspan(g.Offset(c), g.Size(c))));
+        p->set_residual(FloatBytes(absl::MakeConstSpan(next.residual)
+                                       .subspan(g.Offset(c), g.Size(c))));
       }
       p->set_delta(next.delta.substr(WireBytes(wire, g.chunk_elements()) * c,
                                      WireBytes(wire, g.Size(c))));
@@ -473,8 +474,7 @@ absl::Status StartAssembly(const v1::JobReplica& m, ReplicaAssembly* a) {
   return absl::OkStatus();
 }
 
-absl::Status AddToAssembly(const v1::ReplicaStateChunk& m,
-                           ReplicaAssembly* a) {
+absl::Status AddToAssembly(const v1::ReplicaStateChunk& m, ReplicaAssembly* a) {
   const std::string what =
       absl::StrCat("replica of job '", m.job_id(), "' chunk ", m.index());
   if (a->state == nullptr || m.job_id() != a->replica.job_id) {
@@ -482,9 +482,9 @@ absl::Status AddToAssembly(const v1::ReplicaStateChunk& m,
         absl::StrCat(what, ": not of the job being caught up"));
   }
   std::vector<float> values, momentum, residual;
-  for (auto [bytes, out] : {std::pair{&m.values(), &values},
-                            std::pair{&m.momentum(), &momentum},
-                            std::pair{&m.residual(), &residual}}) {
+  for (auto [bytes, out] :
+       {std::pair{&m.values(), &values}, std::pair{&m.momentum(), &momentum},
+        std::pair{&m.residual(), &residual}}) {
     if (absl::Status s = FloatsFrom(*bytes, what, out); !s.ok()) return s;
   }
   StateSnapshot& s = *a->state;
@@ -492,7 +492,8 @@ absl::Status AddToAssembly(const v1::ReplicaStateChunk& m,
     if (m.index() != a->sizes.size() || a->partial != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": out of order"));
     }
-    if (values.empty() || (!momentum.empty() && momentum.size() != values.size()) ||
+    if (values.empty() ||
+        (!momentum.empty() && momentum.size() != values.size()) ||
         (!residual.empty() && residual.size() != values.size())) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": sizes differ"));
     }
@@ -532,7 +533,8 @@ absl::Status AddToAssembly(const v1::ReplicaStateChunk& m,
     std::copy(residual.begin(), residual.end(), p.residual.begin() + offset);
   }
   const DType wire = a->replica.settings.wire_dtype;
-  const size_t at = WireBytes(wire, a->replica.settings.chunk_elements) * m.index();
+  const size_t at =
+      WireBytes(wire, a->replica.settings.chunk_elements) * m.index();
   if (m.delta().size() != WireBytes(wire, values.size()) ||
       at + m.delta().size() > p.delta.size()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": its delta"));
@@ -658,8 +660,8 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
     assembling = false;
     if (assembly.finals_left != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "replica of job '", assembly.replica.job_id, "': ",
-          assembly.finals_left, " final chunks announced are missing"));
+          "replica of job '", assembly.replica.job_id,
+          "': ", assembly.finals_left, " final chunks announced are missing"));
     }
     assembly.replica.state = assembly.state;
     assembly.replica.partial = assembly.partial;
@@ -741,8 +743,8 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
           c.record.contributor_weight = m.contributor_weight();
           if (m.seed()) {
             auto seed = std::make_shared<StateSnapshot>();
-            status = FloatsFrom(m.seed_values(), "a replicated seed",
-                                &seed->values);
+            status =
+                FloatsFrom(m.seed_values(), "a replicated seed", &seed->values);
             c.seed = std::move(seed);
             if (status.ok()) {
               absl::StatusOr<Layout> layout = LayoutFromProto(m.layout());
@@ -770,7 +772,8 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
       applied_ = std::max(applied_, update.sequence());
     }
   }
-  if (!status.ok()) {
+  const bool local_error = !status.ok();
+  if (local_error) {
     LOG(ERROR) << "replication: " << status
                << "; not in sync until a new catch-up";
     context.TryCancel();
@@ -778,12 +781,12 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
   const grpc::Status end = stream->Finish();
   if (status.ok() && !end.ok()) status = FromGrpcStatus(end);
   absl::MutexLock lock(&mu_);
-  // Still in sync if the stream only broke (the primary died, or this
-  // standby stops to be promoted): every update it got is applied. Not if
-  // an update failed here or the primary dropped it (ABORTED). A stream
-  // refused at its start (the callee is no primary yet) changes nothing.
-  if (began && !status.ok() && status.code() != absl::StatusCode::kUnavailable &&
-      status.code() != absl::StatusCode::kCancelled) {
+  // Still in sync if the stream only broke (the primary died, however the
+  // transport says so, or this standby stops to be promoted): every update
+  // it got is applied. Not if an update failed here or the primary dropped
+  // it (ABORTED). A stream refused at its start (the callee is no primary
+  // yet) changes nothing.
+  if (began && (local_error || end.error_code() == grpc::StatusCode::ABORTED)) {
     in_sync_ = false;
   }
   context_ = nullptr;
