@@ -57,6 +57,11 @@ ReplicationHub::ReplicationHub(ReplicationOptions options,
 ReplicationHub::~ReplicationHub() { Shutdown(); }
 
 uint64_t ReplicationHub::Chunk(ReplicatedChunk chunk) {
+  {
+    // No standby: a ticket, and nothing to encode.
+    absl::MutexLock lock(&mu_);
+    if (followers_.empty()) return ++last_;
+  }
   v1::ReplicaUpdate update;
   v1::ChunkFinal* m = update.mutable_chunk();
   m->set_job_id(chunk.job_id);
@@ -68,6 +73,10 @@ uint64_t ReplicationHub::Chunk(ReplicatedChunk chunk) {
 }
 
 uint64_t ReplicationHub::Commit(ReplicatedCommit commit) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (followers_.empty()) return ++last_;
+  }
   v1::ReplicaUpdate update;
   v1::StateCommit* m = update.mutable_commit();
   m->set_job_id(commit.job_id);

@@ -369,8 +369,9 @@ TEST_F(ReplicationTest, Promote_RoundInFlightKeepsTheChunksMembersHold) {
     ASSERT_TRUE(standby_->Heartbeat(a2).ok());
   }
   standby_->Tick();
-  ASSERT_TRUE(again.result().ok()) << again.result().status();
-  const SyncResult& got = *again.result();
+  const absl::StatusOr<SyncResult> result = again.result();  // held
+  ASSERT_TRUE(result.ok()) << result.status();
+  const SyncResult& got = *result;
   EXPECT_TRUE(got.contributed);
   EXPECT_EQ(got.round, 2u);
   const std::vector<float>& values = got.state->values;
