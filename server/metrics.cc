@@ -66,7 +66,34 @@ class Metrics::JobGauges final : public prometheus::Collectable {
     prometheus::ClientMetric c;
     c.gauge.value = static_cast<double>(jobs.size());
     count.metric.push_back(std::move(c));
-    return {std::move(members), std::move(count), std::move(learned)};
+    std::vector<prometheus::MetricFamily> out = {
+        std::move(members), std::move(count), std::move(learned)};
+    if (Replicator* replicator = coordinator_->options().replicator) {
+      // A primary's standbys (--ha_etcd); none listed on a standby.
+      prometheus::MetricFamily in_sync;
+      in_sync.name = "localsgd_ha_standby_in_sync";
+      in_sync.help =
+          "Standbys following this primary's state: 1 in sync (results wait "
+          "for its acks), 0 catching up";
+      in_sync.type = prometheus::MetricType::Gauge;
+      prometheus::MetricFamily lag;
+      lag.name = "localsgd_ha_replication_lag_updates";
+      lag.help =
+          "Replication updates (final chunks, commits) made and not yet "
+          "acknowledged by the standby";
+      lag.type = prometheus::MetricType::Gauge;
+      for (const StandbyStatus& s : replicator->Standbys()) {
+        prometheus::ClientMetric m;
+        m.label.push_back({"standby", s.address});
+        m.gauge.value = s.in_sync ? 1 : 0;
+        in_sync.metric.push_back(m);
+        m.gauge.value = static_cast<double>(s.lag);
+        lag.metric.push_back(std::move(m));
+      }
+      out.push_back(std::move(in_sync));
+      out.push_back(std::move(lag));
+    }
+    return out;
   }
 
  private:

@@ -27,6 +27,9 @@
 //   lease_expiries_total{job_id}          members dropped for their lease
 //   bytes_received_total{job_id}          chunk payload bytes received
 //   bytes_sent_total{job_id}              chunk payload bytes sent
+//   ha_standby_in_sync{standby}           a primary's standbys: 1 in sync,
+//                                         0 catching up (--ha_etcd)
+//   ha_replication_lag_updates{standby}   updates not yet acknowledged
 //   requests_rejected_total{method,code}  calls that ended with a non-OK code
 //                                         (method: the RPC, or "HTTP <path>")
 //

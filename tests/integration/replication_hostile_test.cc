@@ -235,6 +235,14 @@ TEST(ReplicationTest, Follow_CatchUpThenUpdatesWaitForTheAck) {
     return coordinator_stub->GetJobStatus(&c, request, &status).ok() &&
            status.standbys_size() == 1 && status.standbys(0).in_sync();
   }));
+  // And in the metrics.
+  const std::string metrics =
+      primary->server->metrics()->ScrapeText(primary->server->coordinator());
+  EXPECT_THAT(
+      metrics,
+      HasSubstr("localsgd_ha_standby_in_sync{standby=\"127.0.0.1:1\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("localsgd_ha_replication_lag_updates{"
+                                 "standby=\"127.0.0.1:1\"} 0"));
   absl::StatusOr<SyncOutcome> out;
   std::atomic<bool> returned{false};
   std::thread sync([&] {
