@@ -339,6 +339,7 @@ void Job::OpenRoundLocked(RoundId round, absl::Time now) {
   open_ = std::make_unique<OpenRound>(RoundState(
       round, now, geometry_, commit_.TakeBuffer(), pseudo_gradients(),
       settings_.deadline_mode == DeadlineMode::kAdaptive));
+  open_->serial = ++round_serial_;
   if (pseudo_gradients()) {
     open_->released.assign(geometry_.num_chunks(), false);
     if (mirror_ != nullptr && mirror_->round == round &&
@@ -630,8 +631,8 @@ void Job::TellFinalLocked(const std::vector<uint32_t>& indices,
   if (replicator_ != nullptr) {
     ReleaseLocked(
         open_->chunk_ticket,
-        [self = shared_from_this(), round = open_->round.id(), indices] {
-          self->ReleaseFinal(round, indices);
+        [self = shared_from_this(), serial = open_->serial, indices] {
+          self->ReleaseFinal(serial, indices);
         },
         deferred);
     return;
@@ -657,11 +658,12 @@ void Job::ReleaseLocked(uint64_t ticket, std::function<void()> release,
       });
 }
 
-void Job::ReleaseFinal(RoundId round, std::vector<uint32_t> indices) {
+void Job::ReleaseFinal(uint64_t serial, std::vector<uint32_t> indices) {
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    if (open_ == nullptr || open_->round.id() != round) return;  // closed
+    // Closed (or dropped, and another of the same number opened since).
+    if (open_ == nullptr || open_->serial != serial) return;
     std::vector<uint32_t> fresh;
     for (uint32_t c : indices) {
       if (!open_->released[c]) {
@@ -1155,8 +1157,7 @@ void Job::Promote() {
   const std::vector<RoundRecord> last = history_.Recent(1);
   pacing_.Reseeded(
       now + policy_.lease_ttl,
-      last.empty() ? 0
-                   : static_cast<uint32_t>(last[0].participants.size()));
+      last.empty() ? 0 : static_cast<uint32_t>(last[0].participants.size()));
   // Only a pseudo-gradient round tells members chunks before its close; a
   // parameter round's partial result no member can hold.
   if (mirror_ != nullptr && (!pseudo_gradients() || mirror_->num_final == 0)) {

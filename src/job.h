@@ -291,6 +291,9 @@ class Job : public std::enable_shared_from_this<Job> {
     // in sync), and the ticket of the last chunk shipped.
     std::vector<bool> released;
     uint64_t chunk_ticket = 0;
+    // Which opening of the job's rounds this is (a round superseded by a
+    // re-seed and opened again has the same number).
+    uint64_t serial = 0;
     // Prefinal chunks' new values (RoundState::MarkPrefinal), put into the
     // result at the close; empty if none.
     std::vector<float> prefinal_values;
@@ -429,8 +432,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // acknowledged (deferred; at once without a replicator or ticket 0).
   void ReleaseLocked(uint64_t ticket, std::function<void()> release,
                      Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Chunks `indices` of round `round`, acknowledged: told to its waiters.
-  void ReleaseFinal(RoundId round, std::vector<uint32_t> indices)
+  // Chunks `indices` of the open round of serial `serial`, acknowledged:
+  // told to its waiters (nothing if that round is gone).
+  void ReleaseFinal(uint64_t serial, std::vector<uint32_t> indices)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The open round's released chunks, in order.
   std::vector<uint32_t> ReleasedChunksLocked() const
@@ -483,6 +487,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // The records of the recent closed rounds, for status and late arrivals.
   RoundHistory history_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t round_serial_ ABSL_GUARDED_BY(mu_) = 0;
   // With a replicator: the ticket of the update that made the current
   // state, and the newest state released (acknowledged) for GetState.
   uint64_t state_ticket_ ABSL_GUARDED_BY(mu_) = 0;
