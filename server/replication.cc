@@ -115,12 +115,9 @@ void ReplicationHub::WhenAcked(uint64_t ticket, std::function<void()> release) {
   std::vector<std::function<void()>> due;
   {
     absl::MutexLock lock(&mu_);
-    if (shutdown_) {
-      due.push_back(std::move(release));
-    } else {
-      waiting_.emplace(ticket, std::move(release));
-      due = DueLocked();
-    }
+    if (shutdown_) return;  // never released (see Shutdown)
+    waiting_.emplace(ticket, std::move(release));
+    due = DueLocked();
   }
   for (auto& fn : due) fn();
 }
@@ -227,12 +224,6 @@ grpc::Status ReplicationHub::Follow(grpc::ServerContext* context,
                        << " acknowledges update " << message.acked()
                        << ", beyond the last sent (" << f.sent << ")";
         }
-        if (f.caught_up_sent && !f.in_sync) {
-          f.in_sync = true;
-          f.acked = std::max(f.acked, f.next - 1);
-          LOG(INFO) << "replication: standby " << f.address
-                    << " caught up; in sync";
-        }
         f.acked = std::max(f.acked, std::min(message.acked(), f.sent));
         f.progress = absl::Now();
         due = DueLocked();
@@ -280,7 +271,11 @@ grpc::Status ReplicationHub::Follow(grpc::ServerContext* context,
       {
         // Sent before it is written: its ack may come before Write returns.
         absl::MutexLock lock(&mu_);
-        followers_.at(id).sent = e.ticket;
+        Follower& f = followers_.at(id);
+        // Its ack timeout runs from the oldest update it has not
+        // acknowledged: an idle gap between rounds is not a stall.
+        if (f.acked >= f.sent) f.progress = absl::Now();
+        f.sent = e.ticket;
       }
       if (!stream->Write(*e.update)) {
         ok = false;
@@ -290,6 +285,14 @@ grpc::Status ReplicationHub::Follow(grpc::ServerContext* context,
     }
     absl::MutexLock lock(&mu_);
     TrimLocked();
+  }
+  if (ok && !shutting_down) {
+    // Tell it, so that it does not count itself in sync (a cancelled call
+    // would say nothing).
+    v1::ReplicaUpdate dropped;
+    dropped.set_epoch(epoch_());
+    dropped.mutable_dropped()->set_why(why);
+    stream->Write(dropped);
   }
   context->TryCancel();
   reader.join();
@@ -380,9 +383,17 @@ bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
   {
     absl::MutexLock lock(&mu_);
     Follower& f = followers_.at(id);
+    // From here on results wait for it. What was released during the
+    // catch-up (tickets from f.next to `through`) it gets next; it counts
+    // itself in sync once it has applied them.
     done.set_sequence(f.next - 1);
+    done.mutable_caught_up()->set_through(last_);
     f.caught_up_sent = true;
+    f.in_sync = true;
+    f.acked = std::max(f.acked, f.next - 1);
+    f.progress = absl::Now();
   }
+  LOG(INFO) << "replication: standby caught up; results wait for it";
   return stream->Write(done);
 }
 
@@ -417,17 +428,15 @@ void ReplicationHub::Tick(absl::Time now) {
 }
 
 void ReplicationHub::Shutdown() {
-  std::vector<std::function<void()>> due;
+  std::multimap<uint64_t, std::function<void()>> unreleased;
   {
     absl::MutexLock lock(&mu_);
     shutdown_ = true;
     for (auto& [id, f] : followers_) f.context->TryCancel();
-    while (!waiting_.empty()) {
-      due.push_back(std::move(waiting_.begin()->second));
-      waiting_.erase(waiting_.begin());
-    }
+    // Not released: a standby may not have them. Their members' calls end
+    // with the server; they retry against the next primary.
+    unreleased.swap(waiting_);
   }
-  for (auto& fn : due) fn();
 }
 
 std::vector<StandbyStatus> ReplicationHub::Standbys() {
@@ -574,6 +583,9 @@ ReplicaFollower::~ReplicaFollower() {
 void ReplicaFollower::Follow(std::string primary, uint64_t epoch) {
   absl::MutexLock lock(&mu_);
   if (primary == primary_ && epoch == epoch_) return;
+  // Another primary: what it serves before this standby catches up with
+  // it is not here.
+  if (epoch != epoch_) in_sync_ = false;
   primary_ = std::move(primary);
   epoch_ = epoch;
   ++generation_;
@@ -618,7 +630,7 @@ void ReplicaFollower::Loop() {
     const uint64_t epoch = epoch_;
     const uint64_t generation = generation_;
     mu_.Unlock();
-    const absl::Status s = FollowOnce(primary, epoch);
+    const absl::Status s = FollowOnce(primary, epoch, generation);
     mu_.Lock();
     if (stop_) break;
     LOG(WARNING) << "replication: following " << primary << " ended: " << s;
@@ -634,7 +646,7 @@ void ReplicaFollower::Loop() {
 }
 
 absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
-                                         uint64_t epoch) {
+                                         uint64_t epoch, uint64_t generation) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // a seed is the whole model
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -647,7 +659,11 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
   grpc::ClientContext context;
   {
     absl::MutexLock lock(&mu_);
-    if (stop_) return absl::CancelledError("stopping");
+    // Stopped (to be promoted) or re-targeted since Loop let go of the
+    // lock: not this stream.
+    if (stop_ || generation != generation_) {
+      return absl::CancelledError("no longer following " + primary);
+    }
     context_ = &context;
   }
   absl::Status status = absl::OkStatus();
@@ -662,6 +678,8 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
   request->set_epoch(epoch);
   if (!stream->Write(hello)) status = absl::UnavailableError("cannot write");
   absl::flat_hash_map<std::string, uint64_t> cuts;
+  uint64_t through = 0;  // CaughtUp's: in sync once applied through it
+  bool dropped = false;  // the primary said it goes on without us
   ReplicaAssembly assembly;
   bool assembling = false;
   auto flush = [&]() -> absl::Status {
@@ -710,16 +728,25 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
       case v1::ReplicaUpdate::kCaughtUp: {
         status = flush();
         if (!status.ok()) break;
+        // In sync once it has applied what the primary released during the
+        // catch-up (up to `through`).
+        through = update.caught_up().through();
         {
           absl::MutexLock lock(&mu_);
-          in_sync_ = true;
           applied_ = update.sequence();
+          in_sync_ = through <= applied_;
         }
         LOG(INFO) << "replication: caught up with " << primary << " (epoch "
-                  << update.epoch() << ")";
+                  << update.epoch() << "); in sync from update " << through;
         ack(update.sequence());
         break;
       }
+      case v1::ReplicaUpdate::kDropped:
+        dropped = true;
+        status = absl::AbortedError(
+            absl::StrCat("the primary goes on without this standby: ",
+                         update.dropped().why()));
+        break;
       case v1::ReplicaUpdate::kChunk: {
         status = flush();
         const v1::ChunkFinal& m = update.chunk();
@@ -779,9 +806,10 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
     if (status.ok() && update.sequence() > 0) {
       absl::MutexLock lock(&mu_);
       applied_ = std::max(applied_, update.sequence());
+      if (through > 0 && applied_ >= through) in_sync_ = true;
     }
   }
-  const bool local_error = !status.ok();
+  const bool local_error = !status.ok() && !dropped;
   if (local_error) {
     LOG(ERROR) << "replication: " << status
                << "; not in sync until a new catch-up";
@@ -795,7 +823,8 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
   // it got is applied. Not if an update failed here or the primary dropped
   // it (ABORTED). A stream refused at its start (the callee is no primary
   // yet) changes nothing.
-  if (began && (local_error || end.error_code() == grpc::StatusCode::ABORTED)) {
+  if (began && (local_error || dropped ||
+                end.error_code() == grpc::StatusCode::ABORTED)) {
     in_sync_ = false;
   }
   context_ = nullptr;

@@ -160,8 +160,8 @@ class ReplicaFollower {
  private:
   void Loop();
   // One stream to `primary`: returns when it ends (with why).
-  absl::Status FollowOnce(const std::string& primary, uint64_t epoch)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status FollowOnce(const std::string& primary, uint64_t epoch,
+                          uint64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
 
   const ReplicationOptions options_;
   Coordinator* const coordinator_;

@@ -1076,6 +1076,14 @@ JobReplica Job::ExportReplica() {
       std::copy(from.begin(), from.end(),
                 replica.partial_values.begin() + geometry_.Offset(c));
     }
+  } else if (open_ == nullptr && mirror_ != nullptr && mirror_->num_final > 0) {
+    // Promoted, and the round in flight not open again yet: the chunks its
+    // members may hold are in the mirror (Promote).
+    for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
+      if (mirror_->final[c]) replica.final_chunks.push_back(c);
+    }
+    replica.partial = mirror_->next;
+    replica.partial_values = mirror_->values;
   }
   return replica;
 }
