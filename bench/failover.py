@@ -77,7 +77,7 @@ class Coordinator:
             timeout=10).returncode == 0
 
 
-def worker(rank, args, target, stop, times, finals):
+def worker(rank, args, target, stop, times, finals, counts):
     sys.path.insert(0, os.path.join(args.build, "python"))
     import localsgd
     n = int(args.millions * 1e6)
@@ -94,6 +94,7 @@ def worker(rank, args, target, stop, times, finals):
         times[rank * (len(times) // args.world) + i] = time.monotonic()
         i += 1
     finals[rank] = float(params[0])
+    counts[rank] = i
     client.leave()
     client.close()
 
@@ -153,8 +154,10 @@ def main():
     slots = 100000
     times = ctx.Array("d", args.world * slots, lock=False)
     finals = ctx.Array("d", args.world, lock=False)
+    counts = ctx.Array("i", args.world, lock=False)
     procs = [ctx.Process(target=worker,
-                         args=(r, args, target, stop, times, finals))
+                         args=(r, args, target, stop, times, finals,
+                               counts))
              for r in range(args.world)]
     for w in procs:
         w.start()
@@ -209,7 +212,10 @@ def main():
             waits.append(max(gaps))
     waits.sort()
     rounds = min(len(ts) for ts in per_member)
-    same = len(set(finals[:])) == 1
+    # At the stop, a member that leaves first misses the others' last round
+    # (it closes without it): the members that made as many rounds agree.
+    last = max(counts[:])
+    same = len({finals[r] for r in range(args.world) if counts[r] == last}) == 1
     print(f"world {args.world}, {args.millions:g}M fp32, lease TTL "
           f"{args.lease_ttl}, {args.standbys} standbys: {len(kills)} kills "
           f"over {rounds} rounds; members agree: {same}")
