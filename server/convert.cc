@@ -112,8 +112,8 @@ RoundRecord RoundRecordFromProto(const v1::RoundStatus& p) {
   r.opened = r.closed - absl::Milliseconds(p.duration_ms());
   // Names are sorted (RoundState::Close); a hostile record need not be.
   for (std::vector<std::string>* names :
-       {&r.participants, &r.contributors, &r.dropped, &r.timed_out,
-        &r.rejected, &r.late}) {
+       {&r.participants, &r.contributors, &r.dropped, &r.timed_out, &r.rejected,
+        &r.late}) {
     std::sort(names->begin(), names->end());
   }
   return r;

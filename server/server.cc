@@ -113,8 +113,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   CoordinatorServer* raw = server.get();
   if (options.gate != nullptr) {
     server->hub_ = std::make_unique<ReplicationHub>(
-        options.replication,
-        [raw] { return raw->coordinator_->epoch(); },
+        options.replication, [raw] { return raw->coordinator_->epoch(); },
         [raw] { return raw->promoted_.load(std::memory_order_acquire); });
     options.coordinator.replicator = server->hub_.get();
     if (options.replication.token.empty()) {
