@@ -222,6 +222,97 @@ TEST(StateCommitTest, Commit_RecyclesTheOldBuffersOnlyWhenNoOneReadsThem) {
   EXPECT_EQ(commit.TakeBuffer().data(), second);
 }
 
+// Small updates in a block of large ones, both ends' error feedback (the
+// members' encoder as MemberState::EncodeDelta runs it, the coordinator's
+// here): a value of ratio x to its block's largest (q = 127 int8, 7 int4)
+// does not move at all for about 1/(2 x q) rounds, until its residual
+// reaches half a code step; after that its movement is never more than
+// 1/((2q - 1) x) rounds of its own update behind the intended one (half a
+// step of the member's residual, the step at most max / (q - 1/2); the
+// members agree, so the mean is on their grid and the coordinator's
+// residual holds nothing). Bounded with a round of slack for fp32 rounding.
+// bench/small_updates measures the same over N(0, 1) weights.
+TEST(StateCommitTest, SmallUpdates_LagByTheirRatioInTheBlock) {
+  const ChunkGeometry geometry(4 * kQuantBlock, 2 * kQuantBlock);
+  constexpr int kMembers = 2;
+  for (DType wire : {DType::kInt8Block, DType::kInt4Block}) {
+    SCOPED_TRACE(DTypeName(wire));
+    const int q = wire == DType::kInt8Block ? 127 : 7;
+    JobSettings settings = Settings(Contribution::kPseudoGradients, wire);
+    settings.chunk_elements = geometry.chunk_elements();
+    StateCommit commit(settings, geometry);
+    // Block b: its largest at element 7b, the others at ratios 2^(-11 k /
+    // 63) (1 down to 1/2048), magnitudes 2^b, alternating signs; each
+    // round every member adds 1e-3 theta0.
+    const size_t n = geometry.num_elements();
+    std::vector<double> x(n);
+    std::vector<float> theta0(n), u(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t b = i / kQuantBlock;
+      const size_t k = (i % kQuantBlock + kQuantBlock - 7 * b) % kQuantBlock;
+      x[i] = std::exp2(-11.0 * static_cast<double>(k) / (kQuantBlock - 1));
+      theta0[i] = static_cast<float>((i % 2 ? -1 : 1) * std::ldexp(x[i], b));
+      u[i] = 1e-3f * theta0[i];
+    }
+    commit.Restore(0, theta0, 0, {}, {});
+    std::vector<float> anchor = theta0;
+    std::vector<std::vector<float>> residual(kMembers,
+                                             std::vector<float>(n, 0.0f));
+    const int rounds = static_cast<int>(2048.0 / (2 * q - 1)) * 2 + 4;
+    for (int r = 1; r <= rounds; ++r) {
+      RoundAccumulator sums(commit.TakeBuffer(), geometry);
+      sums.FitScale(kMembers);
+      std::shared_ptr<StateSnapshot> next = commit.NewNext();
+      for (int m = 0; m < kMembers; ++m) {
+        for (uint32_t c = 0; c < geometry.num_chunks(); ++c) {
+          // The member's delta: (anchor + u) - anchor, in fp32.
+          std::vector<float> delta(geometry.Size(c)), decoded(delta.size());
+          for (size_t k = 0; k < delta.size(); ++k) {
+            const size_t i = geometry.Offset(c) + k;
+            delta[k] = (anchor[i] + u[i]) - anchor[i];
+          }
+          std::string bytes(WireBytes(wire, delta.size()), '\0');
+          EncodeWithFeedback(delta,
+                             absl::MakeSpan(residual[m])
+                                 .subspan(geometry.Offset(c), delta.size()),
+                             wire, bytes.data(), absl::MakeSpan(decoded));
+          const absl::string_view piece(bytes);
+          sums.Add(c, absl::MakeConstSpan(&piece, 1), wire, 1.0f);
+        }
+      }
+      next = commit.FinishNext(std::move(sums), {0, 1}, std::move(next));
+      // Every member applies the delta onto its anchor.
+      for (uint32_t c = 0; c < geometry.num_chunks(); ++c) {
+        const auto slice = absl::MakeSpan(anchor).subspan(geometry.Offset(c),
+                                                          geometry.Size(c));
+        ASSERT_TRUE(
+            DecodeOnto(absl::string_view(
+                           next->delta.data() +
+                               WireBytes(wire, geometry.chunk_elements()) * c,
+                           WireBytes(wire, geometry.Size(c))),
+                       wire, slice, slice)
+                .ok());
+      }
+      ASSERT_EQ(anchor, next->values) << "round " << r;
+      commit.Commit(std::move(next), r);
+      for (size_t i = 0; i < n; ++i) {
+        const double step = std::fabs(static_cast<double>(u[i]));
+        const double moved =
+            (static_cast<double>(anchor[i]) - theta0[i]) * (u[i] > 0 ? 1 : -1);
+        const double first_code = 1.0 / (2 * x[i] * q);
+        if (r <= std::ceil(first_code) - 2) {
+          ASSERT_EQ(moved, 0)
+              << "element " << i << " (x " << x[i] << ") moved in round " << r;
+        }
+        const double bound = std::ceil(1.0 / ((2 * q - 1) * x[i])) + 1;
+        ASSERT_GE(moved, (r - bound) * step)
+            << "element " << i << " (x " << x[i] << ") after round " << r
+            << ": " << r - moved / step << " rounds behind";
+      }
+    }
+  }
+}
+
 TEST(StateCommitTest, NewStateId_IsNeverZero) {
   StateCommit commit(Settings(Contribution::kParameters, DType::kFloat32),
                      kGeometry);
