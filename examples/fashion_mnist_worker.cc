@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -159,6 +160,12 @@ ABSL_FLAG(bool, overlap, false,
 ABSL_FLAG(std::string, deadline_mode, "",
           "How the job's rounds stop waiting for stragglers: fixed or "
           "adaptive (learned); empty: the coordinator's default");
+ABSL_FLAG(double, scale_delta, 1,
+          "A diverging or hostile member, for the outlier guard's benchmark "
+          "(bench/outlier_guard.py): before each sync, this worker's change "
+          "since the state it trained from is multiplied by this (1: an "
+          "honest worker). Blocking syncs of pseudo-gradients, no node "
+          "group");
 // Transport security and the job's token: client/security_flags.h
 // (--tls_ca, --tls_cert, --tls_key, --tls_server_name, --token_file).
 
@@ -228,6 +235,7 @@ struct Config {
   int chunk_elements = 0;
   int local_rank = 0;
   int local_world_size = 1;
+  double scale_delta = 1;
   std::string node_store;
   int node_timeout_seconds = 300;
 };
@@ -265,6 +273,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   c.local_rank = IntFromEnv(absl::GetFlag(FLAGS_local_rank), "LOCAL_RANK", 0);
   c.local_world_size =
       IntFromEnv(absl::GetFlag(FLAGS_local_world_size), "LOCAL_WORLD_SIZE", 1);
+  c.scale_delta = absl::GetFlag(FLAGS_scale_delta);
   c.node_store = absl::GetFlag(FLAGS_node_store);
   if (c.node_store.empty()) {
     const char* store = std::getenv("LOCALSGD_NODE_STORE");
@@ -353,6 +362,16 @@ absl::StatusOr<Config> ConfigFromFlags() {
         "them or --no_sync");
   }
   if (c.local_world_size < 1) return bad("--local_world_size must be >= 1");
+  if (!std::isfinite(c.scale_delta)) {
+    return bad("--scale_delta must be finite");
+  }
+  if (c.scale_delta != 1 &&
+      (c.no_sync || c.local_world_size > 1 || absl::GetFlag(FLAGS_overlap) ||
+       c.contribution != Contribution::kPseudoGradients)) {
+    return bad(
+        "--scale_delta needs blocking syncs of pseudo_gradients without a "
+        "node group (no --no_sync, --overlap or --local_world_size > 1)");
+  }
   if (c.local_rank < 0 || c.local_rank >= c.local_world_size) {
     return bad(absl::StrCat(
         "--local_rank=", c.local_rank,
@@ -679,6 +698,18 @@ absl::Status Run(const Config& c) {
 
   torch::optim::SGD optimizer(
       model->parameters(), torch::optim::SGDOptions(c.lr).momentum(c.momentum));
+  // --scale_delta: the state this worker trained from (what it adopted,
+  // then every sync's result).
+  std::vector<torch::Tensor> trained_from;
+  auto remember_state = [&] {
+    if (c.scale_delta == 1) return;
+    torch::NoGradGuard no_grad;
+    trained_from.clear();
+    for (const torch::Tensor& p : model->parameters()) {
+      trained_from.push_back(p.detach().clone());
+    }
+  };
+  remember_state();
   model->train();
   std::vector<float> losses;
   losses.reserve(static_cast<size_t>(total_steps));
@@ -709,6 +740,17 @@ absl::Status Run(const Config& c) {
 
       const int64_t syncs_before = local_sgd->num_syncs();
       const int64_t skipped_before = local_sgd->num_skipped_syncs();
+      if (c.scale_delta != 1 && (local_sgd->steps() + 1) % c.k == 0) {
+        // This step syncs: theta = anchor + scale * (theta - anchor).
+        torch::NoGradGuard no_grad;
+        std::vector<torch::Tensor> params = model->parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+          params[i]
+              .sub_(trained_from[i])
+              .mul_(c.scale_delta)
+              .add_(trained_from[i]);
+        }
+      }
       if (absl::Status s = local_sgd->Step(); !s.ok()) {
         return absl::Status(
             s.code(), absl::StrCat("sync at step ", step, ": ", s.message()));
@@ -721,6 +763,7 @@ absl::Status Run(const Config& c) {
       } else if (local_sgd->num_syncs() != syncs_before) {
         Emit(c, SyncLine(*local_sgd));
         period_ended = true;
+        remember_state();
         if (absl::Status s =
                 dump_round("round", local_sgd->last_outcome().round);
             !s.ok()) {

@@ -216,6 +216,7 @@ absl::StatusOr<JobSettings> SettingsFromProto(const v1::JobSettings& proto) {
   settings.contribution = *contribution;
   settings.outer_lr = proto.outer_lr();
   settings.outer_momentum = proto.outer_momentum();
+  settings.outlier_ratio = proto.outlier_ratio();
   absl::StatusOr<DeadlineMode> deadline =
       DeadlineModeFromProto(proto.deadline_mode());
   if (!deadline.ok()) return deadline.status();
@@ -234,6 +235,7 @@ void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto) {
   proto->set_contribution(ContributionToProto(settings.contribution));
   proto->set_outer_lr(settings.outer_lr);
   proto->set_outer_momentum(settings.outer_momentum);
+  proto->set_outlier_ratio(settings.outlier_ratio);
   proto->set_deadline_mode(DeadlineModeToProto(settings.deadline_mode));
 }
 

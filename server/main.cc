@@ -92,6 +92,7 @@ LOCALSGD_SETTING_FLAG(contribution);
 LOCALSGD_SETTING_FLAG(outer_lr);
 LOCALSGD_SETTING_FLAG(outer_momentum);
 LOCALSGD_SETTING_FLAG(deadline_mode);
+LOCALSGD_SETTING_FLAG(outlier_ratio);
 #undef LOCALSGD_SETTING_FLAG
 
 ABSL_FLAG(bool, keep_freed_memory, true,

@@ -128,6 +128,13 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values,
     return absl::StrCat("unknown contribution ",
                         static_cast<int>(c.settings.contribution));
   }
+  if (c.settings.outlier_ratio != 0 &&
+      c.settings.outlier_ratio != kOutlierGuardOff &&
+      !(c.settings.outlier_ratio >= kMinOutlierRatio &&
+        c.settings.outlier_ratio <= kMaxOutlierRatio)) {
+    return absl::StrCat("outlier ratio ", c.settings.outlier_ratio,
+                        " is out of range");
+  }
   if ((num_momentum != 0 && num_momentum != num_values) ||
       (num_residual != 0 && num_residual != num_values)) {
     return absl::StrCat("momentum (", num_momentum, ") and residual (",
@@ -181,6 +188,8 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values,
   PutU64(&h, c.state_id);
   PutU32(&h, static_cast<uint32_t>(c.settings.deadline_mode));
   PutU64(&h, c.epoch);
+  std::memcpy(&bits, &c.settings.outlier_ratio, 4);
+  PutU32(&h, bits);
   PutU64(&h, num_values);
   PutU64(&h, num_momentum);
   PutU64(&h, num_residual);
@@ -466,6 +475,12 @@ absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
     c->settings.deadline_mode = static_cast<DeadlineMode>(deadline);
   }
   if (version >= 5 && !r.U64(&c->epoch)) return Malformed(r, "epoch");
+  c->settings.outlier_ratio = kOutlierGuardOff;
+  if (version >= 6) {
+    uint32_t ratio;
+    if (!r.U32(&ratio)) return Malformed(r, "outlier ratio");
+    std::memcpy(&c->settings.outlier_ratio, &ratio, 4);
+  }
   ArrayCounts counts;
   if (!r.U64(&counts.values)) return Malformed(r, "values count");
   if (version >= 3 && (!r.U64(&counts.momentum) || !r.U64(&counts.residual))) {

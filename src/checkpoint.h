@@ -1,12 +1,12 @@
 // Durable checkpoints of coordinator job state: what a restarted coordinator
 // needs to resume a job (layout, settings, round, global parameters).
 //
-// File format, version 5. All integers little-endian; floats IEEE-754
+// File format, version 6. All integers little-endian; floats IEEE-754
 // binary32, little-endian.
 //
 //   offset  size  field
 //   0       8     magic "LSGDCKPT"
-//   8       4     format version (5; 1 to 4 are read too)
+//   8       4     format version (6; 1 to 5 are read too)
 //   12      4     H: header length in bytes
 //   16      8     file length in bytes (all of it, the trailer included)
 //   24      H     header:
@@ -23,6 +23,7 @@
 //                   u64 state id                         (version 3)
 //                   u32 deadline_mode                    (version 4)
 //                   u64 epoch                            (version 5)
+//                   f32 outlier_ratio                    (version 6)
 //                   u64 N: number of values (the shard's elements)
 //                   u64 M, u64 R: momentum and residual values, each 0
 //                     or N                               (version 3)
@@ -35,11 +36,12 @@
 // CRCs are masked as leveldb masks them (a CRC over data that holds CRCs is
 // weak otherwise). The header CRC lets a reader trust the header's lengths
 // before it reads gigabytes of values; the trailing CRC covers everything. A
-// later version changes the format version. This build writes version 5 and
+// later version changes the format version. This build writes version 6 and
 // reads 1 (which had no non-finite policy, "reject", and no shards, {0, 1}),
 // 2 (which had no pseudo-gradients: contribution "parameters", outer
 // hyper-parameters 0, no state id, momentum or residual), 3 (no deadline
-// mode: "fixed"), 4 (no epoch: 0) and 5.
+// mode: "fixed"), 4 (no epoch: 0), 5 (no outlier guard: off, as the job
+// ran) and 6.
 #ifndef LOCALSGD_SRC_CHECKPOINT_H_
 #define LOCALSGD_SRC_CHECKPOINT_H_
 
@@ -86,7 +88,7 @@ struct JobCheckpoint {
 };
 
 // The file format version this build writes and reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 5;
+inline constexpr uint32_t kCheckpointFormatVersion = 6;
 // The oldest format version this build reads.
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 

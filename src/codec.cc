@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -464,6 +465,50 @@ float MaxAbsPieces(absl::Span<const absl::string_view> pieces, DType dtype) {
                       return true;
                     });
   return max;
+}
+
+ChunkMagnitude MagnitudePieces(absl::Span<const absl::string_view> pieces,
+                               DType dtype, size_t n, bool with_norm) {
+  ChunkMagnitude m;
+  if (!with_norm) {
+    m.max_abs = MaxAbsPieces(pieces, dtype);
+    return m;
+  }
+  if (IsBlockDType(dtype)) {
+    const absl::string_view data = Contiguous(pieces);
+    m.max_abs = MaxAbs(data, dtype);
+    thread_local std::vector<float> decoded;
+    decoded.resize(n);
+    if (!DecodeValues(data, dtype, absl::MakeSpan(decoded)).ok()) return m;
+    const float* v = decoded.data();
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += static_cast<double>(v[i]) * v[i];
+    m.sum_of_squares = sum;
+    return m;
+  }
+  const size_t size = DTypeSize(dtype);
+  float max = 0.0f;
+  double sum = 0;
+  ForEachElementRun(pieces, size, [&](absl::string_view run, size_t) {
+    const char* p = run.data();
+    const size_t count = run.size() / size;
+    for (size_t i = 0; i < count; ++i) {
+      float v;
+      if (dtype == DType::kBFloat16) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        v = BFloat16ToFloat(h);
+      } else {
+        std::memcpy(&v, p + 4 * i, 4);
+      }
+      max = std::max(max, std::fabs(v));
+      sum += static_cast<double>(v) * v;
+    }
+    return true;
+  });
+  m.max_abs = max;
+  m.sum_of_squares = sum;
+  return m;
 }
 
 void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,

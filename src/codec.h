@@ -122,6 +122,19 @@ void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
 int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
                              DType dtype);
 float MaxAbsPieces(absl::Span<const absl::string_view> pieces, DType dtype);
+// A contribution chunk's magnitude, for the coordinator's guards: MaxAbs
+// (the finite-state guard's bound) and the sum of the squares of the values
+// as they decode, in double (the outlier guard's L2 norm is its root).
+struct ChunkMagnitude {
+  float max_abs = 0;
+  double sum_of_squares = 0;
+};
+// Of `n` elements in wire dtype `dtype` (all finite, sizes checked), in
+// one pass over a float32 or bfloat16 payload; for a blockwise one the
+// sum of squares decodes it into a buffer of the calling thread. Without
+// `with_norm`, sum_of_squares is 0 (MaxAbsPieces's cost).
+ChunkMagnitude MagnitudePieces(absl::Span<const absl::string_view> pieces,
+                               DType dtype, size_t n, bool with_norm);
 void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
                               DType dtype, float weight, absl::Span<float> acc);
 // These two: INVALID_ARGUMENT, changing nothing, if the pieces do not hold

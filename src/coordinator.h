@@ -45,7 +45,8 @@ struct CoordinatorOptions {
                                /*contribution=*/Contribution::kParameters,
                                /*outer_lr=*/0.7f,
                                /*outer_momentum=*/0.9f,
-                               /*deadline_mode=*/DeadlineMode::kFixed};
+                               /*deadline_mode=*/DeadlineMode::kFixed,
+                               /*outlier_ratio=*/10.0f};
   // The chunks this coordinator owns when several replicas share the jobs
   // (chunk i of a layout goes to replica i mod shard.count). A job's state
   // here holds only those chunks, back to back.

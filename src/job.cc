@@ -44,6 +44,10 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       pacing_(id_, settings.rendezvous_members,
               settings.deadline_mode == DeadlineMode::kAdaptive,
               CloseRules{policy.round_deadline, policy.min_quorum}),
+      guard_(geometry_.num_chunks(),
+             settings.contribution == Contribution::kPseudoGradients
+                 ? settings.outlier_ratio
+                 : 0.0f),
       history_(policy.max_recent_rounds) {}
 
 Job::~Job() = default;
@@ -371,7 +375,7 @@ void Job::OpenRoundLocked(RoundId round, absl::Time now) {
 
 absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
                            absl::Span<const absl::string_view> pieces,
-                           float max_abs) {
+                           ChunkMagnitude magnitude) {
   // SyncSession::AddChunk checked it.
   if (session.got_[index]) return absl::OkStatus();
   const absl::Time now = clock_->Now();
@@ -382,19 +386,26 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
     if (members_.Renew(session.member_, now) == nullptr) {
       return members_.NotFound(session.member_);
     }
-    bool rejected = false;
-    // The finite-state guard: a delta that could make the next state
-    // non-finite is refused, and the round goes on without it.
+    bool handled = false;
     if (session.role_ == SyncSession::Role::kContribute && open_ != nullptr &&
         open_->next != nullptr && open_->round.id() == session.round_ &&
         !open_->round.IsFinal(index)) {
-      if (absl::Status headroom = commit_.CheckHeadroom(index, max_abs);
+      // The finite-state guard: a delta that could make the next state
+      // non-finite is refused, and the round goes on without it.
+      if (absl::Status headroom =
+              commit_.CheckHeadroom(index, magnitude.max_abs);
           !headroom.ok()) {
-        rejected =
-            RejectLocked(session, index, headroom.message(), now, deferred);
+        RejectLocked(session.member_, session.round_, index, headroom.message(),
+                     now, deferred);
+        handled = true;
+      } else if (guard_.enabled()) {
+        GuardContributionLocked(session.member_, session.round_, index, pieces,
+                                std::sqrt(magnitude.sum_of_squares), now,
+                                deferred);
+        handled = true;
       }
     }
-    if (!rejected) {
+    if (!handled) {
       if (absl::Status s =
               ApplyChunkLocked(session, index, pieces, now, deferred);
           !s.ok()) {
@@ -423,27 +434,124 @@ absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
       if (*complete) CompleteSeedLocked(now, deferred);
       return absl::OkStatus();
     }
-    case SyncSession::Role::kContribute: {
-      if (open_ == nullptr || open_->round.id() != session.round_) {
-        return absl::OkStatus();
-      }
-      // The whole chunk goes in under the lock: simple and, at a few
-      // hundred KiB per chunk and ~17 GB/s, short.
-      const RoundState::Added added = open_->round.Add(
-          session.member_, index, pieces, ChunkDType(session), now);
-      if (added == RoundState::Added::kIgnored) return absl::OkStatus();
-      if (open_->next != nullptr) {
-        MaybeFinalizeChunkLocked(index, now, deferred);
-      }
-      if (added == RoundState::Added::kCompleted) {
-        MaybeCloseRoundLocked(now, deferred);
-      }
+    case SyncSession::Role::kContribute:
+      ApplyContributionLocked(session.member_, session.round_, index, pieces,
+                              ChunkDType(session), now, deferred);
       return absl::OkStatus();
-    }
     case SyncSession::Role::kAdopt:
       break;
   }
   return absl::OkStatus();
+}
+
+void Job::ApplyContributionLocked(const MemberId& member, RoundId round,
+                                  uint32_t index,
+                                  absl::Span<const absl::string_view> pieces,
+                                  DType dtype, absl::Time now,
+                                  Deferred& deferred) {
+  if (open_ == nullptr || open_->round.id() != round) return;
+  // The whole chunk goes in under the lock: simple and, at a few hundred
+  // KiB per chunk and ~17 GB/s, short.
+  const RoundState::Added added =
+      open_->round.Add(member, index, pieces, dtype, now);
+  if (added == RoundState::Added::kIgnored) return;
+  if (open_->next != nullptr) MaybeFinalizeChunkLocked(index, now, deferred);
+  if (added == RoundState::Added::kCompleted) {
+    MaybeCloseRoundLocked(now, deferred);
+  }
+}
+
+void Job::GuardContributionLocked(const MemberId& member, RoundId round,
+                                  uint32_t index,
+                                  absl::Span<const absl::string_view> pieces,
+                                  double norm, absl::Time now,
+                                  Deferred& deferred) {
+  const Participant* p = open_->round.Find(member);
+  // Not a participant that can still give it: ignored, as RoundState::Add
+  // ignores it.
+  if (p == nullptr || p->gone || p->got[index] || guard_.Holds(index, member)) {
+    return;
+  }
+  std::string why;
+  switch (guard_.Judge(index, norm, &why)) {
+    case OutlierGuard::Verdict::kAccept: {
+      guard_.Accept(index, norm);
+      const uint64_t serial = open_->serial;
+      ApplyContributionLocked(member, round, index, pieces,
+                              settings_.wire_dtype, now, deferred);
+      // A zero delta, accepted at once, may be the last that others' held
+      // ones of the chunk waited for.
+      if (open_ != nullptr && open_->serial == serial &&
+          guard_.HoldsChunk(index) && NoneOweLocked(index)) {
+        JudgeHeldLocked(index, now, deferred);
+      }
+      return;
+    }
+    case OutlierGuard::Verdict::kReject:
+      // Counted first: the refusal may close the round.
+      ++open_->outlier_refused;
+      if (!RejectLocked(member, round, index, why, now, deferred)) {
+        --open_->outlier_refused;  // nothing changed
+      }
+      return;
+    case OutlierGuard::Verdict::kHold:
+      guard_.Hold(index, member, pieces, norm);
+      if (guard_.Due(index) || NoneOweLocked(index)) {
+        JudgeHeldLocked(index, now, deferred);
+      }
+      return;
+  }
+}
+
+bool Job::NoneOweLocked(uint32_t c) const {
+  if (open_ == nullptr) return true;
+  for (const auto& [id, p] : open_->round.participants()) {
+    if (!p.gone && !p.got[c] && !guard_.Holds(c, id)) return false;
+  }
+  return true;
+}
+
+void Job::JudgeHeldLocked(uint32_t c, absl::Time now, Deferred& deferred) {
+  if (open_ == nullptr) {
+    guard_.Release(c);
+    return;
+  }
+  const RoundId round = open_->round.id();
+  const uint64_t serial = open_->serial;
+  // The round closes after all of them are in (an accepted chunk may
+  // complete a participant, and a deadline close it with the others'
+  // chunks still in this loop).
+  ++judging_;
+  for (OutlierGuard::Judged& j : guard_.Release(c)) {
+    if (open_ == nullptr || open_->serial != serial) break;
+    if (j.accepted) {
+      const absl::string_view bytes = j.bytes;
+      ApplyContributionLocked(j.member, round, c,
+                              absl::MakeConstSpan(&bytes, 1),
+                              settings_.wire_dtype, now, deferred);
+    } else {
+      // Counted first: the refusal may close the round.
+      ++open_->outlier_refused;
+      if (!RejectLocked(j.member, round, c, j.why, now, deferred)) {
+        --open_->outlier_refused;  // nothing changed
+      }
+    }
+  }
+  if (--judging_ == 0) MaybeCloseRoundLocked(now, deferred);
+}
+
+void Job::JudgeDueHeldLocked(absl::Time now, Deferred& deferred) {
+  ++judging_;
+  for (uint32_t c : guard_.HeldChunks()) {
+    if (guard_.Due(c) || NoneOweLocked(c)) JudgeHeldLocked(c, now, deferred);
+  }
+  if (--judging_ == 0) MaybeCloseRoundLocked(now, deferred);
+}
+
+void Job::JudgeAllHeldLocked(absl::Time now, Deferred& deferred) {
+  ++judging_;
+  for (uint32_t c : guard_.HeldChunks()) JudgeHeldLocked(c, now, deferred);
+  if (--judging_ == 0) MaybeCloseRoundLocked(now, deferred);
 }
 
 void Job::DropNonFinite(SyncSession& session, uint32_t index, int64_t bad) {
@@ -451,7 +559,7 @@ void Job::DropNonFinite(SyncSession& session, uint32_t index, int64_t bad) {
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    RejectLocked(session, index,
+    RejectLocked(session.member_, session.round_, index,
                  absl::StrCat("a non-finite value at element ", bad,
                               " of chunk ", index, " (policy drop)"),
                  now, deferred);
@@ -462,18 +570,17 @@ void Job::DropNonFinite(SyncSession& session, uint32_t index, int64_t bad) {
   RunDeferred(deferred);
 }
 
-bool Job::RejectLocked(const SyncSession& session, uint32_t index,
+bool Job::RejectLocked(const MemberId& member, RoundId round, uint32_t index,
                        absl::string_view why, absl::Time now,
                        Deferred& deferred) {
-  const Participant* p = open_ != nullptr && open_->round.id() == session.round_
-                             ? open_->round.Find(session.member_)
+  const Participant* p = open_ != nullptr && open_->round.id() == round
+                             ? open_->round.Find(member)
                              : nullptr;
   if (p == nullptr || p->complete() || p->gone) return false;
   LOG(WARNING) << "job " << id_ << ": member " << p->name
-               << "'s contribution to round " << session.round_
-               << " refused at chunk " << index << ": " << why
-               << "; dropped from the round, its " << p->received
-               << " chunks so far stay counted";
+               << "'s contribution to round " << round << " refused at chunk "
+               << index << ": " << why << "; dropped from the round, its "
+               << p->received << " chunks so far stay counted";
   if (observer_ != nullptr) {
     deferred.push_back([observer = observer_, id = id_] {
       observer->ContributionRejected(id);
@@ -481,7 +588,7 @@ bool Job::RejectLocked(const SyncSession& session, uint32_t index,
   }
   // As if it had left: the round stops waiting for it, its complete chunks
   // count, and the rest of its stream is ignored.
-  DropFromRoundLocked(session.member_, why, now, deferred);
+  DropFromRoundLocked(member, why, now, deferred);
   return true;
 }
 
@@ -521,6 +628,12 @@ void Job::DropFromRoundLocked(const MemberId& member,
                               Deferred& deferred) {
   if (open_ == nullptr || !open_->round.MarkGone(member, rejected)) return;
   const RoundId round = open_->round.id();
+  const uint64_t serial = open_->serial;
+  // What the outlier guard holds of it is not judged; what it holds of
+  // the others may be due now that it owes nothing.
+  guard_.Forget(member);
+  JudgeDueHeldLocked(now, deferred);
+  if (open_ == nullptr || open_->serial != serial) return;
   MaybeCloseRoundLocked(now, deferred);
   // Chunks only it had not given are final now.
   if (open_ != nullptr && open_->round.id() == round) {
@@ -529,8 +642,17 @@ void Job::DropFromRoundLocked(const MemberId& member,
 }
 
 void Job::MaybeCloseRoundLocked(absl::Time now, Deferred& deferred) {
-  if (open_ == nullptr) return;
-  const CloseDecision decision = pacing_.Decide(open_->round, now);
+  // The outlier guard judges held chunks: it decides once they are all in.
+  if (open_ == nullptr || judging_ > 0) return;
+  CloseDecision decision = pacing_.Decide(open_->round, now);
+  if (decision.close && guard_.any_held()) {
+    // What the outlier guard holds was given in time: judged, it counts
+    // (or is refused) before the round closes.
+    const uint64_t serial = open_->serial;
+    JudgeAllHeldLocked(now, deferred);
+    if (open_ == nullptr || open_->serial != serial) return;
+    decision = pacing_.Decide(open_->round, now);
+  }
   if (decision.close) CloseRoundLocked(decision.reason, now, deferred);
 }
 
@@ -572,6 +694,14 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
     }
   }
   RoundClosure closure = round->round.Close(reason, now);
+  if (guard_.RoundClosed(round->outlier_refused,
+                         static_cast<uint32_t>(closure.contributed.size()))) {
+    LOG(WARNING) << "job " << id_ << ": round " << round->round.id()
+                 << ": the outlier guard refused " << round->outlier_refused
+                 << " participants and counted " << closure.contributed.size()
+                 << ": the scale of the contributions changed; it learns "
+                    "it anew from the next round";
+  }
   for (const MemberId& id : closure.contributed) {
     members_.CountRound(id, /*contributed=*/true);
   }
@@ -708,6 +838,8 @@ void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
 
 void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
   std::unique_ptr<Seed> seed = std::move(seed_);
+  // A new state: what the outlier guard learned was of the old one.
+  guard_.Reset();
   const MemberId& owner = seed->state.owner();
   const SeedOrigin origin = seed->state.origin();
   const MemberInfo* member = members_.Get(owner);
@@ -864,6 +996,13 @@ void Job::Tick() {
           deferred);
     }
     FinalizeHeldChunksLocked(now, deferred);
+    // At the round's deadline the outlier guard judges what it holds (the
+    // close decision counts only what it accepted).
+    if (open_ != nullptr && guard_.any_held() &&
+        policy_.round_deadline > absl::ZeroDuration() &&
+        now >= open_->round.opened() + policy_.round_deadline) {
+      JudgeAllHeldLocked(now, deferred);
+    }
     MaybeCloseRoundLocked(now, deferred);
   }
   RunDeferred(deferred);
@@ -1190,7 +1329,7 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   s.state_round = commit_.state_round();
   if (open_ != nullptr) {
     DescribeOpenRound(open_->round, pacing_.Decide(open_->round, clock_->Now()),
-                      s);
+                      s, &guard_);
   }
   s.recent_rounds = history_.Recent(max_rounds);
   if (settings_.deadline_mode == DeadlineMode::kAdaptive) {

@@ -77,10 +77,12 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "src/clock.h"
+#include "src/codec.h"
 #include "src/job_status.h"
 #include "src/job_types.h"
 #include "src/layout.h"
 #include "src/membership.h"
+#include "src/outlier_guard.h"
 #include "src/replicator.h"
 #include "src/round.h"
 #include "src/round_state.h"
@@ -297,6 +299,8 @@ class Job : public std::enable_shared_from_this<Job> {
     // Prefinal chunks' new values (RoundState::MarkPrefinal), put into the
     // result at the close; empty if none.
     std::vector<float> prefinal_values;
+    // Participants the outlier guard refused.
+    uint32_t outlier_refused = 0;
   };
   // A standby's round in progress: the chunks of its result the primary
   // finalized so far (values and next state), until its commit.
@@ -344,16 +348,45 @@ class Job : public std::enable_shared_from_this<Job> {
                                           uint64_t waiter_id);
 
   // A chunk of `session` that SyncSession::AddChunk checked (CheckChunk),
-  // applied under the lock (ApplyChunkLocked).
-  // `max_abs`: the largest |value| of a pseudo-gradient contribution's
-  // chunk (MaxAbsPieces), for the finite-state guard.
+  // applied under the lock (ApplyChunkLocked) unless a guard refuses or
+  // holds it. `magnitude`: a pseudo-gradient contribution's chunk's
+  // (MagnitudePieces), for the finite-state guard and the outlier guard.
   absl::Status AddChunk(SyncSession& session, uint32_t index,
                         absl::Span<const absl::string_view> pieces,
-                        float max_abs) ABSL_LOCKS_EXCLUDED(mu_);
+                        ChunkMagnitude magnitude) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ApplyChunkLocked(const SyncSession& session, uint32_t index,
                                 absl::Span<const absl::string_view> pieces,
                                 absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Chunk `index` of `member`'s contribution to round `round` into the open
+  // round's sums (if that round is open and the member a participant that
+  // has not given it), finalizing the chunk and closing the round if that
+  // decides them.
+  void ApplyContributionLocked(const MemberId& member, RoundId round,
+                               uint32_t index,
+                               absl::Span<const absl::string_view> pieces,
+                               DType dtype, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The outlier guard on a contribution chunk of `member` (a participant
+  // of the open round `round` that has not given it): accepted (applied),
+  // refused (RejectLocked) or held (OutlierGuard's cold start).
+  void GuardContributionLocked(const MemberId& member, RoundId round,
+                               uint32_t index,
+                               absl::Span<const absl::string_view> pieces,
+                               double norm, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The outlier guard's held chunks judged and applied or refused: chunk
+  // `c`'s; every held chunk that is due (OutlierGuard::Due, or no
+  // participant that has not given it is left); every held chunk.
+  void JudgeHeldLocked(uint32_t c, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void JudgeDueHeldLocked(absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void JudgeAllHeldLocked(absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every participant of the open round that is not gone gave
+  // chunk `c` or has it held.
+  bool NoneOweLocked(uint32_t c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CancelWaiter(const SyncSession& session) ABSL_LOCKS_EXCLUDED(mu_);
   // NonFinitePolicy::kDrop: drops the session's member from its round for a
   // non-finite value at element `bad` of chunk `index`.
@@ -363,7 +396,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // that has not given every chunk; otherwise returns false) at chunk
   // `index` for `why`: dropped from the round as if it had left, named in
   // the round's record as rejected.
-  bool RejectLocked(const SyncSession& session, uint32_t index,
+  bool RejectLocked(const MemberId& member, RoundId round, uint32_t index,
                     absl::string_view why, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -480,6 +513,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // The rendezvous, the regather and the learned deadline; the close
   // decision.
   RoundPacing pacing_ ABSL_GUARDED_BY(mu_);
+  // The outlier guard (off unless a pseudo-gradient job's outlier_ratio
+  // sets it): the norms it learned, the chunks it holds.
+  OutlierGuard guard_ ABSL_GUARDED_BY(mu_);
+  // Depth of the guard's judging of held chunks (JudgeHeldLocked): no
+  // round closes within it.
+  int judging_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<Seed> seed_ ABSL_GUARDED_BY(mu_);
   // The state is a re-seed (SeedOrigin::round > 0) and no round has closed
   // since: a newer re-seed supersedes it.

@@ -91,16 +91,37 @@ SyncResult LatestResult(const RoundHistory& history,
 }
 
 void DescribeOpenRound(const RoundState& round, CloseDecision decision,
-                       JobStatusSnapshot& status) {
+                       JobStatusSnapshot& status, const OutlierGuard* guard) {
   status.round_open = true;
   status.open_round = round.id();
-  status.open_round_decision = std::move(decision);
   status.open_round_participants.clear();
   status.open_round_contributed.clear();
+  std::vector<std::string> held;
   for (const auto& [id, p] : round.participants()) {
     status.open_round_participants.push_back(p.name);
-    if (p.complete()) status.open_round_contributed.push_back(p.name);
+    bool delivered = p.complete();
+    if (!delivered && !p.gone && guard != nullptr && guard->any_held()) {
+      delivered = true;
+      for (uint32_t c = 0; c < p.got.size() && delivered; ++c) {
+        delivered = p.got[c] || guard->Holds(c, id);
+      }
+      if (delivered) held.push_back(p.name);
+    }
+    if (delivered) status.open_round_contributed.push_back(p.name);
   }
+  if (!held.empty()) {
+    std::sort(held.begin(), held.end());
+    std::vector<std::string>& waiting = decision.waiting_for;
+    for (const std::string& name : held) {
+      waiting.erase(std::remove(waiting.begin(), waiting.end(), name),
+                    waiting.end());
+    }
+    absl::StrAppend(&decision.why_open, decision.why_open.empty() ? "" : "; ",
+                    "the outlier guard holds what ", absl::StrJoin(held, ", "),
+                    " gave until it has three contributions of a chunk to "
+                    "judge them by (its cold start)");
+  }
+  status.open_round_decision = std::move(decision);
   std::sort(status.open_round_participants.begin(),
             status.open_round_participants.end());
   std::sort(status.open_round_contributed.begin(),

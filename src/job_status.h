@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "src/job_types.h"
 #include "src/observer.h"
+#include "src/outlier_guard.h"
 #include "src/round.h"
 #include "src/round_state.h"
 #include "src/types.h"
@@ -70,9 +71,13 @@ SyncResult LatestResult(const RoundHistory& history,
 
 // JobStatusSnapshot parts:
 // the open round: its id, participants and those that contributed every
-// chunk (sorted), and `decision` (DecideClose as of the status call);
+// chunk (sorted), and `decision` (DecideClose as of the status call). With
+// `guard`, a participant whose every chunk is given or held by the outlier
+// guard (its cold start: OutlierGuard::Holds) has contributed too, and the
+// decision no longer says it waits for it but that the guard holds it;
 void DescribeOpenRound(const RoundState& round, CloseDecision decision,
-                       JobStatusSnapshot& status);
+                       JobStatusSnapshot& status,
+                       const OutlierGuard* guard = nullptr);
 // the members (sorted by name) that count as persistent stragglers.
 std::vector<std::string> Stragglers(const std::vector<MemberInfo>& members);
 

@@ -38,6 +38,21 @@ absl::Status ParseNumber(absl::string_view text, T& out) {
       absl::StrCat("must be a whole number >= 0; got '", text, "'"));
 }
 
+// The outlier guard's ratio: a number, or "off" (kOutlierGuardOff).
+absl::Status ParseOutlierRatio(absl::string_view text, float& out) {
+  if (text == "off") {
+    out = kOutlierGuardOff;
+    return absl::OkStatus();
+  }
+  if (absl::SimpleAtof(text, &out)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("must be a number or off; got '", text, "'"));
+}
+
+std::string OutlierRatioText(float ratio) {
+  return ratio == kOutlierGuardOff ? "off" : absl::StrCat(ratio);
+}
+
 absl::Status ParseFloat(absl::string_view text, float& out) {
   if (absl::SimpleAtof(text, &out)) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -196,6 +211,23 @@ const JobSettingSpec kSpecs[] = {
      },
      LOCALSGD_CHOICE_TEXT(deadline_mode, kDeadlineModes, DeadlineModeName),
      [](JobSettings& s) { s.deadline_mode = DeadlineMode::kAdaptive; }},
+    {"outlier_ratio", "outlier_ratio", "10",
+     "Default outlier guard for new jobs of pseudo-gradients: a "
+     "contribution chunk whose L2 norm exceeds this many times the median "
+     "of the chunk's recent contributions is refused and its member "
+     "dropped from the round; in [2, 1e9], or off (docs/design.md "
+     "\"Outlier guard\").",
+     LOCALSGD_SETTING(outlier_ratio, 0.0f),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat(
+           "uses outlier ratio ", OutlierRatioText(job.outlier_ratio),
+           "; member asks for ", OutlierRatioText(asked.outlier_ratio));
+     },
+     [](const JobSettings& s) { return OutlierRatioText(s.outlier_ratio); },
+     [](absl::string_view text, JobSettings& s) {
+       return ParseOutlierRatio(text, s.outlier_ratio);
+     },
+     [](JobSettings& s) { s.outlier_ratio = 4; }},
 };
 
 #undef LOCALSGD_SETTING
@@ -205,8 +237,9 @@ const JobSettingSpec kSpecs[] = {
 // Does not compile when JobSettings gains or loses a field: give the new
 // one its row in kSpecs (and see settings.h for the other layers).
 [[maybe_unused]] void EveryFieldHasARow(const JobSettings& s) {
-  [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10] = s;
-  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 10,
+  [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11] =
+      s;
+  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 11,
                 "one row of kSpecs per field of JobSettings");
 }
 
@@ -251,6 +284,14 @@ absl::Status ValidateSetFields(const JobSettings& s,
     return absl::InvalidArgumentError(
         absl::StrCat(what, "outer_momentum ", s.outer_momentum,
                      " is out of range; use (0, 1) (no momentum: outer_sgd)"));
+  }
+  if (s.outlier_ratio != 0 && s.outlier_ratio != kOutlierGuardOff &&
+      !(s.outlier_ratio >= kMinOutlierRatio &&
+        s.outlier_ratio <= kMaxOutlierRatio)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "outlier_ratio ", s.outlier_ratio, " is out of range; use [",
+        kMinOutlierRatio, ", ", kMaxOutlierRatio, "], or ", kOutlierGuardOff,
+        " for no outlier guard"));
   }
   if (s.rendezvous_members > limits.max_members) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -129,11 +129,13 @@ absl::Status SyncSession::AddChunk(uint32_t index,
     job_->DropNonFinite(*this, index, *nonfinite);
     return absl::OkStatus();
   }
-  const float max_abs =
+  const ChunkMagnitude magnitude =
       role_ == Role::kContribute && round_ > 0 && job_->pseudo_gradients()
-          ? MaxAbsPieces(pieces, job_->ChunkDType(*this))
-          : 0.0f;
-  return job_->AddChunk(*this, index, pieces, max_abs);
+          ? MagnitudePieces(pieces, job_->ChunkDType(*this),
+                            job_->geometry().Size(index),
+                            /*with_norm=*/job_->settings().outlier_ratio > 0)
+          : ChunkMagnitude();
+  return job_->AddChunk(*this, index, pieces, magnitude);
 }
 
 bool SyncSession::Cancel() {

@@ -129,7 +129,17 @@ struct JobSettings {
   float outer_lr = 0;
   float outer_momentum = 0;
   DeadlineMode deadline_mode = DeadlineMode::kUnspecified;
+  // The outlier guard (pseudo-gradient jobs; src/outlier_guard.h): a
+  // contribution chunk whose L2 norm exceeds this many times the median of
+  // the chunk's recent ones is refused. 0: unset; kOutlierGuardOff: off.
+  float outlier_ratio = 0;
 };
+
+// JobSettings.outlier_ratio's value for "no outlier guard", and the range of
+// the others.
+inline constexpr float kOutlierGuardOff = -1.0f;
+inline constexpr float kMinOutlierRatio = 2.0f;
+inline constexpr float kMaxOutlierRatio = 1e9f;
 
 // Round number of a job. Round 0 is the seed; averaging rounds start at 1.
 using RoundId = uint64_t;
@@ -199,8 +209,9 @@ struct RoundOutcome {
   // Members counted in the round and their total weight.
   uint32_t contributors = 0;
   double contributor_weight = 0;
-  // The id of the state the member now holds (pseudo-gradient jobs; 0 in
-  // parameter jobs): what its next contribution names as its anchor.
+  // The id of the state the member now holds: in a pseudo-gradient job,
+  // what its next contribution names as its anchor (parameter jobs' states
+  // have ids too; their members do not send them).
   uint64_t state_id = 0;
   // The epoch of the primary that answered (SyncResult.epoch); 0 without
   // an election.

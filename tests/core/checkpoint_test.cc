@@ -331,6 +331,11 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
     header.U32(static_cast<uint32_t>(c.settings.deadline_mode));
   }
   if (version >= 5) header.U64(c.epoch);
+  if (version >= 6) {
+    uint32_t bits;
+    std::memcpy(&bits, &c.settings.outlier_ratio, 4);
+    header.U32(bits);
+  }
   header.U64(3);
   if (version >= 3) {
     header.U64(c.momentum.size());
@@ -370,7 +375,7 @@ JobCheckpoint FormatCheckpoint() {
 
 TEST(CheckpointFormatTest, Encode_MatchesTheDocumentedFormat) {
   const JobCheckpoint c = FormatCheckpoint();
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 5));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 6));
 }
 
 // Version 3: a pseudo-gradient job keeps its state id, its outer
@@ -381,7 +386,7 @@ TEST(CheckpointFormatTest, PseudoGradientJob_KeepsMomentumResidualAndStateId) {
   c.state_id = 0x0123456789abcdefull;
   c.momentum = {0.5f, -0.25f, 1e-30f};
   c.residual = {-1e-3f, 0.0f, 2e-3f};
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 5));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 6));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSame(*back, c);
@@ -411,13 +416,32 @@ TEST(CheckpointFormatTest, DeadlineMode_KeptAndVersion3ReadsAsFixed) {
 TEST(CheckpointFormatTest, Epoch_KeptAndVersion4ReadsAsZero) {
   JobCheckpoint c = FormatCheckpoint();
   c.epoch = 0x1122334455ull;
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 5));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 6));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->epoch, c.epoch);
   back = DecodeCheckpoint(ReferenceFile(c, 4));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->epoch, 0u);
+}
+
+// Version 6: the outlier guard's ratio; version 5 files restore with the
+// guard off (as those jobs ran).
+TEST(CheckpointFormatTest, OutlierRatio_KeptAndVersion5ReadsAsOff) {
+  JobCheckpoint c = FormatCheckpoint();
+  c.settings = NesterovSettings();
+  c.settings.outlier_ratio = 7.5f;
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 6));
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->settings.outlier_ratio, 7.5f);
+  back = DecodeCheckpoint(ReferenceFile(c, 5));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->settings.outlier_ratio, kOutlierGuardOff);
+  // Out of its range (a corrupt or hostile file): refused.
+  c.settings.outlier_ratio = 1.0f;
+  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 6)).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 // Every setting of the settings table (src/settings.h) survives a restart:

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -49,10 +50,10 @@ JobSettings DeltaSettings(DType wire, AveragingMode mode = AveragingMode::kMean,
 
 class PseudoGradientTest : public ::testing::Test {
  protected:
-  void MakeJob(JobSettings settings) {
+  void MakeJob(JobSettings settings, JobPolicy policy = JobPolicy()) {
     settings_ = settings;
     job_ = std::make_shared<Job>("pg", MakeFloatLayout({{"w", {10}}}),
-                                 kElements, settings, JobPolicy(), &clock_);
+                                 kElements, settings, policy, &clock_);
   }
 
   MemberId Join(const std::string& name, double weight = 1) {
@@ -789,6 +790,282 @@ TEST_F(PseudoGradientTest, AdaptiveDeadline_StragglerAdoptsOneOffDelayCounts) {
   rec = round(9, on_time, slow);
   EXPECT_EQ(rec.timed_out, Names{"c"});
   EXPECT_EQ(rec.closed - rec.opened, absl::Milliseconds(1150));
+}
+
+// ---------------------------------------------------------------------------
+// The outlier guard (JobSettings.outlier_ratio; src/outlier_guard.h).
+
+JobSettings Guarded(DType wire, AveragingMode mode = AveragingMode::kMean,
+                    float ratio = 10) {
+  JobSettings s = DeltaSettings(wire, mode);
+  s.outlier_ratio = ratio;
+  return s;
+}
+
+class OutlierGuardJobTest : public PseudoGradientTest {
+ protected:
+  struct Run {
+    std::vector<std::shared_ptr<const StateSnapshot>> states;
+    std::vector<absl::StatusOr<SyncResult>> hostile;
+    JobStatusSnapshot status;
+  };
+
+  // Three honest members (deltas of 0.25, 0.5 and 0.75 times `scale` in
+  // round r, r = 1..rounds) and, with `hostile_factor` > 0, a fourth whose
+  // delta is that many times the first's. `hostile_first`: the hostile
+  // member sends before the honest ones (in a cold round its chunks are
+  // held first), else after the first honest one.
+  Run Train(JobSettings settings, int rounds, float hostile_factor,
+            bool hostile_first) {
+    MakeJob(settings);
+    const DType wire = settings.wire_dtype;
+    std::vector<MemberId> honest;
+    for (const char* name : {"h0", "h1", "h2"}) honest.push_back(Join(name));
+    const MemberId x = hostile_factor > 0 ? Join("x") : MemberId();
+    uint64_t anchor = Seed(honest[0], Ramp(1.0f, 0.5f));
+    Run run;
+    for (RoundId r = 1; r <= static_cast<RoundId>(rounds); ++r) {
+      const float scale = 1.0f / (1 << r);  // dyadic: sums are exact
+      std::vector<SyncCapture> captures;
+      auto send_hostile = [&] {
+        SyncCapture bad = Send(
+            x, r, std::vector<float>(kElements, hostile_factor * 0.25f * scale),
+            wire, anchor);
+        return bad;
+      };
+      std::vector<SyncCapture> bad;
+      if (hostile_factor > 0 && hostile_first) bad.push_back(send_hostile());
+      for (size_t i = 0; i < honest.size(); ++i) {
+        captures.push_back(
+            Send(honest[i], r,
+                 std::vector<float>(kElements, 0.25f * (i + 1) * scale), wire,
+                 anchor));
+        if (hostile_factor > 0 && !hostile_first && i == 0) {
+          bad.push_back(send_hostile());
+        }
+      }
+      for (SyncCapture& capture : captures) {
+        const absl::StatusOr<SyncResult> got = capture.result();
+        EXPECT_TRUE(got.ok()) << got.status();
+        if (!got.ok()) return run;
+        EXPECT_TRUE(got->contributed) << "round " << r;
+        EXPECT_EQ(got->round, r);
+      }
+      for (SyncCapture& b : bad) run.hostile.push_back(b.result());
+      const absl::StatusOr<SyncResult> got = captures[0].result();
+      run.states.push_back(got->state);
+      anchor = got->state_id;
+    }
+    run.status = job_->Status(16);
+    return run;
+  }
+};
+
+// A member whose delta is a million times too large, among three honest
+// ones: refused in every round, the first (the guard's cold start: judged
+// against the median of the first three it holds) included, whether it
+// sends first or among the others; every state is the one a job without it
+// computes, bit for bit; the round records name it with the reason.
+TEST_F(OutlierGuardJobTest, MillionTimesDelta_RefusedStateAsWithoutIt) {
+  for (const DType wire : {DType::kFloat32, DType::kInt8Block}) {
+    for (const bool first : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(wire), first ? " first" : " later"));
+      const JobSettings settings = Guarded(wire, AveragingMode::kOuterNesterov);
+      const Run attacked = Train(settings, 4, 1e6f, first);
+      const Run twin = Train(settings, 4, 0, false);
+      ASSERT_EQ(attacked.states.size(), 4u);
+      ASSERT_EQ(twin.states.size(), 4u);
+      for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(attacked.states[i]->values, twin.states[i]->values) << i;
+        EXPECT_EQ(attacked.states[i]->momentum, twin.states[i]->momentum);
+        EXPECT_EQ(attacked.states[i]->delta, twin.states[i]->delta);
+      }
+      ASSERT_EQ(attacked.hostile.size(), 4u);
+      for (size_t i = 0; i < 4; ++i) {
+        const absl::StatusOr<SyncResult>& h = attacked.hostile[i];
+        ASSERT_TRUE(h.ok()) << h.status();
+        EXPECT_FALSE(h->contributed);
+        EXPECT_FALSE(h->late);
+        EXPECT_EQ(h->round, i + 1);
+      }
+      // Records: newest first, the seed last.
+      ASSERT_EQ(attacked.status.recent_rounds.size(), 5u);
+      for (size_t i = 0; i < 4; ++i) {
+        const RoundRecord& record = attacked.status.recent_rounds[i];
+        EXPECT_THAT(record.contributors, ElementsAre("h0", "h1", "h2"));
+        ASSERT_EQ(record.rejected.size(), 1u) << record.round;
+        EXPECT_THAT(record.rejected[0], HasSubstr("x: chunk 0 has an L2 norm"));
+        EXPECT_THAT(record.rejected[0], HasSubstr("the outlier guard refuses "
+                                                  "more than 10 times"));
+      }
+    }
+  }
+}
+
+// With the guard off (-1) the same member's delta is averaged in: the
+// guard, not something else, made the difference above.
+TEST_F(OutlierGuardJobTest, Off_MillionTimesDeltaIsAveraged) {
+  const Run attacked =
+      Train(Guarded(DType::kFloat32, AveragingMode::kMean, kOutlierGuardOff), 1,
+            1e6f, true);
+  ASSERT_EQ(attacked.hostile.size(), 1u);
+  ASSERT_TRUE(attacked.hostile[0].ok());
+  EXPECT_TRUE(attacked.hostile[0]->contributed);
+  // anchor 1 + mean(0.125, 0.25, 0.375, 125000) / 1 at element 0.
+  EXPECT_EQ(attacked.states[0]->values[0],
+            1.0f + (0.125f + 0.25f + 0.375f + 125000.0f) / 4);
+}
+
+// Two members: nothing says which of two is the outlier; both count.
+TEST_F(OutlierGuardJobTest, TwoMembers_ColdStartCountsBoth) {
+  MakeJob(Guarded(DType::kFloat32));
+  const MemberId a = Join("a");
+  const MemberId b = Join("b");
+  const uint64_t anchor = Seed(a, Ramp(0.0f, 1.0f));
+  SyncCapture ca =
+      Send(a, 1, std::vector<float>(kElements, 1.0f), DType::kFloat32, anchor);
+  EXPECT_FALSE(ca.fired());  // held: b may still give it
+  SyncCapture cb = Send(b, 1, std::vector<float>(kElements, 1000.0f),
+                        DType::kFloat32, anchor);
+  ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+  EXPECT_TRUE(ca.result()->contributed);
+  EXPECT_TRUE(cb.result()->contributed);
+  EXPECT_EQ(ca.result()->state->values[1], 1.0f + 500.5f);
+}
+
+// Every member moves by a hundred times more at once (a learning-rate
+// schedule): the round refuses them all and keeps its state; the guard
+// forgets what it learned, and the next round at the new scale counts.
+TEST_F(OutlierGuardJobTest, ScaleChangeOfAll_OneRoundRefusedThenLearned) {
+  MakeJob(Guarded(DType::kFloat32));
+  std::vector<MemberId> m;
+  for (const char* name : {"a", "b", "c"}) m.push_back(Join(name));
+  uint64_t anchor = Seed(m[0], Ramp(0.0f, 1.0f));
+  std::vector<float> values = Ramp(0.0f, 1.0f);
+  for (RoundId r = 1; r <= 3; ++r) {
+    const float delta = r == 1 ? 0.25f : 25.0f;
+    std::vector<SyncCapture> captures;
+    for (const MemberId& id : m) {
+      captures.push_back(Send(id, r, std::vector<float>(kElements, delta),
+                              DType::kFloat32, anchor));
+    }
+    for (SyncCapture& c : captures) {
+      ASSERT_TRUE(c.result().ok()) << c.result().status();
+      EXPECT_EQ(c.result()->contributed, r != 2) << "round " << r;
+    }
+    if (r != 2) {
+      for (float& v : values) v += delta;
+    }
+    EXPECT_EQ(captures[0].result()->state->values, values) << "round " << r;
+    anchor = captures[0].result()->state_id;
+  }
+}
+
+// A job of one member: its first three rounds teach the guard (each
+// judged alone: accepted), a delta a hundred times larger is refused, and
+// that refusal (all of the round's participants) makes the guard learn the
+// new scale: the next round counts.
+TEST_F(OutlierGuardJobTest, OneMember_ScaleJumpCostsOneRound) {
+  MakeJob(Guarded(DType::kFloat32));
+  const MemberId a = Join("a");
+  uint64_t anchor = Seed(a, Ramp(0.0f, 1.0f));
+  std::vector<float> values = Ramp(0.0f, 1.0f);
+  for (RoundId r = 1; r <= 6; ++r) {
+    const float delta = r <= 3 ? 0.25f : 25.0f;
+    SyncCapture c = Send(a, r, std::vector<float>(kElements, delta),
+                         DType::kFloat32, anchor);
+    ASSERT_TRUE(c.result().ok()) << c.result().status();
+    EXPECT_EQ(c.result()->contributed, r != 4) << "round " << r;
+    if (r != 4) {
+      for (float& v : values) v += delta;
+    }
+    EXPECT_EQ(c.result()->state->values, values) << "round " << r;
+    anchor = c.result()->state_id;
+  }
+}
+
+// A held chunk (the cold start) is judged at the round's deadline: two
+// members in, the third silent; the deadline closes the round with the
+// two counted.
+TEST_F(OutlierGuardJobTest, HeldChunks_JudgedAtTheDeadline) {
+  JobPolicy policy;
+  policy.round_deadline = absl::Seconds(5);
+  MakeJob(Guarded(DType::kFloat32), policy);
+  const MemberId a = Join("a");
+  const MemberId b = Join("b");
+  Join("c");
+  const uint64_t anchor = Seed(a, Ramp(0.0f, 1.0f));
+  SyncCapture ca =
+      Send(a, 1, std::vector<float>(kElements, 1.0f), DType::kFloat32, anchor);
+  SyncCapture cb =
+      Send(b, 1, std::vector<float>(kElements, 2.0f), DType::kFloat32, anchor);
+  job_->Tick();
+  EXPECT_FALSE(ca.fired());
+  clock_.Advance(absl::Seconds(6));
+  job_->Tick();
+  ASSERT_TRUE(ca.fired());
+  ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+  EXPECT_TRUE(ca.result()->contributed);
+  EXPECT_TRUE(cb.result()->contributed);
+  EXPECT_EQ(ca.result()->state->values[0], 1.5f);
+}
+
+// A member that leaves with chunks held: what it held is not judged, and
+// the others' held chunks are judged once no one else owes them.
+TEST_F(OutlierGuardJobTest, MemberLeavesWhileHeld_OthersJudged) {
+  MakeJob(Guarded(DType::kFloat32));
+  const MemberId a = Join("a");
+  const MemberId b = Join("b");
+  const MemberId c = Join("c");
+  const uint64_t anchor = Seed(a, Ramp(0.0f, 1.0f));
+  SyncCapture ca =
+      Send(a, 1, std::vector<float>(kElements, 1.0f), DType::kFloat32, anchor);
+  SyncCapture cc =
+      Send(c, 1, std::vector<float>(kElements, 5.0f), DType::kFloat32, anchor);
+  EXPECT_FALSE(ca.fired());
+  ASSERT_TRUE(job_->Leave(c).ok());
+  EXPECT_FALSE(ca.fired());  // b may still give them
+  SyncCapture cb =
+      Send(b, 1, std::vector<float>(kElements, 2.0f), DType::kFloat32, anchor);
+  ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+  EXPECT_TRUE(ca.result()->contributed);
+  EXPECT_TRUE(cb.result()->contributed);
+  EXPECT_EQ(ca.result()->state->values[0], 1.5f);
+}
+
+// A zero delta (frozen parameters) is neither held nor judged; one that
+// comes last ends the wait of the others' held chunks.
+TEST_F(OutlierGuardJobTest, ZeroDeltaLast_JudgesTheHeldOnes) {
+  MakeJob(Guarded(DType::kFloat32));
+  const MemberId a = Join("a");
+  const MemberId b = Join("b");
+  const uint64_t anchor = Seed(a, Ramp(0.0f, 1.0f));
+  SyncCapture ca =
+      Send(a, 1, std::vector<float>(kElements, -1.0f), DType::kFloat32, anchor);
+  EXPECT_FALSE(ca.fired());  // held: b may still give it
+  SyncCapture cb =
+      Send(b, 1, std::vector<float>(kElements, 0.0f), DType::kFloat32, anchor);
+  ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+  EXPECT_TRUE(ca.result()->contributed);
+  EXPECT_TRUE(cb.result()->contributed);
+  EXPECT_EQ(ca.result()->state->values[0], -0.5f);
+}
+
+// Zero deltas alone: a member alone with the others silent still gets its
+// chunk final.
+TEST_F(OutlierGuardJobTest, ZeroDelta_NeverHeld) {
+  MakeJob(Guarded(DType::kFloat32));
+  const MemberId a = Join("a");
+  const MemberId b = Join("b");
+  const uint64_t anchor = Seed(a, Ramp(0.0f, 1.0f));
+  SyncCapture ca =
+      Send(a, 1, std::vector<float>(kElements, 0.0f), DType::kFloat32, anchor);
+  SyncCapture cb =
+      Send(b, 1, std::vector<float>(kElements, 0.0f), DType::kFloat32, anchor);
+  ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+  EXPECT_TRUE(ca.result()->contributed);
+  EXPECT_TRUE(cb.result()->contributed);
+  EXPECT_EQ(ca.result()->state->values, Ramp(0.0f, 1.0f));
 }
 
 }  // namespace

@@ -172,6 +172,27 @@ std::vector<Row> Rows() {
       {"Join_OuterMomentumOne_InvalidArgument",
        settings_join([](v1::JobSettings* s) { s->set_outer_momentum(1.0f); }),
        grpc::StatusCode::INVALID_ARGUMENT, "outer_momentum 1 is out of range"},
+      {"Join_OutlierRatioBelowTwo_InvalidArgument",
+       settings_join([](v1::JobSettings* s) { s->set_outlier_ratio(1.5f); }),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "outlier_ratio 1.5 is out of range; use [2, 1e+09], or -1"},
+      {"Join_OutlierRatioNaN_InvalidArgument",
+       settings_join([](v1::JobSettings* s) {
+         s->set_outlier_ratio(std::numeric_limits<float>::quiet_NaN());
+       }),
+       grpc::StatusCode::INVALID_ARGUMENT, "outlier_ratio nan is out of range"},
+      {"Join_OutlierRatioInfinite_InvalidArgument",
+       settings_join([](v1::JobSettings* s) {
+         s->set_outlier_ratio(std::numeric_limits<float>::infinity());
+       }),
+       grpc::StatusCode::INVALID_ARGUMENT, "outlier_ratio inf is out of range"},
+      {"Join_OutlierRatioNegativeNotOff_InvalidArgument",
+       settings_join([](v1::JobSettings* s) { s->set_outlier_ratio(-2.0f); }),
+       grpc::StatusCode::INVALID_ARGUMENT, "outlier_ratio -2 is out of range"},
+      {"Join_OtherOutlierRatio_FailedPreconditionNamingBoth",
+       settings_join([](v1::JobSettings* s) { s->set_outlier_ratio(-1.0f); }),
+       grpc::StatusCode::FAILED_PRECONDITION,
+       "uses outlier ratio 10; member asks for off"},
       {"Join_OtherRule_FailedPreconditionNamingBoth",
        settings_join([](v1::JobSettings* s) {
          s->set_mode(v1::AVERAGING_MODE_OUTER_SGD);
