@@ -58,8 +58,9 @@ class MemberState {
   // The member (re)joined a job of a `total`-element layout as `info`
   // says (its shard's chunks, wire dtype, contribution, state round). The
   // anchor, its id and the error feedback carry over a re-join (a re-seed
-  // and a contribution after it need them); buffers are sized to the
-  // shard. Requires info.settings.chunk_elements >= 1.
+  // needs the anchor, a contribution after the re-join the error feedback;
+  // a re-seed's commit resets the error feedback: SetAnchorId); buffers are
+  // sized to the shard. Requires info.settings.chunk_elements >= 1.
   void OnJoined(const JoinInfo& info, uint64_t total);
 
   bool pseudo_gradients() const { return pseudo_gradients_; }
