@@ -11,6 +11,7 @@
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 #include "server/convert.h"
+#include "server/replica_applier.h"
 #include "src/codec.h"
 
 namespace localsgd {
@@ -24,17 +25,6 @@ std::string FloatBytes(absl::Span<const float> values) {
   std::string out(values.size() * sizeof(float), '\0');
   if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
   return out;
-}
-
-absl::Status FloatsFrom(const std::string& bytes, absl::string_view what,
-                        std::vector<float>* out) {
-  if (bytes.size() % sizeof(float) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", bytes.size(), " bytes is not a whole number of float32"));
-  }
-  out->resize(bytes.size() / sizeof(float));
-  if (!bytes.empty()) std::memcpy(out->data(), bytes.data(), bytes.size());
-  return absl::OkStatus();
 }
 
 bool SameToken(const std::string& a, const std::string& b) {
@@ -456,115 +446,6 @@ std::vector<StandbyStatus> ReplicationHub::Standbys() {
 // ---------------------------------------------------------------------------
 // ReplicaFollower
 
-namespace {
-
-// A job's replica as its messages arrive: the header, the state's chunks in
-// order, then the open round's final chunks.
-struct ReplicaAssembly {
-  JobReplica replica;
-  std::vector<size_t> offsets;  // of the state's chunks
-  std::vector<size_t> sizes;
-  uint32_t finals_left = 0;
-  std::shared_ptr<StateSnapshot> state;
-  std::shared_ptr<StateSnapshot> partial;
-};
-
-absl::Status StartAssembly(const v1::JobReplica& m, ReplicaAssembly* a) {
-  *a = ReplicaAssembly();
-  JobReplica& r = a->replica;
-  r.job_id = m.job_id();
-  absl::StatusOr<Layout> layout = LayoutFromProto(m.layout());
-  if (!layout.ok()) return layout.status();
-  r.layout = *std::move(layout);
-  absl::StatusOr<JobSettings> settings = SettingsFromProto(m.settings());
-  if (!settings.ok()) return settings.status();
-  r.settings = *settings;
-  r.sequence = m.sequence();
-  for (const v1::RoundStatus& s : m.recent_rounds()) {
-    r.recent_rounds.push_back(RoundRecordFromProto(s));
-  }
-  if (m.has_state()) {
-    a->state = std::make_shared<StateSnapshot>();
-    a->state->round = m.round();
-    a->state->id = m.state_id();
-  }
-  a->finals_left = m.final_chunks();
-  return absl::OkStatus();
-}
-
-absl::Status AddToAssembly(const v1::ReplicaStateChunk& m, ReplicaAssembly* a) {
-  const std::string what =
-      absl::StrCat("replica of job '", m.job_id(), "' chunk ", m.index());
-  if (a->state == nullptr || m.job_id() != a->replica.job_id) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": not of the job being caught up"));
-  }
-  std::vector<float> values, momentum, residual;
-  for (auto [bytes, out] :
-       {std::pair{&m.values(), &values}, std::pair{&m.momentum(), &momentum},
-        std::pair{&m.residual(), &residual}}) {
-    if (absl::Status s = FloatsFrom(*bytes, what, out); !s.ok()) return s;
-  }
-  StateSnapshot& s = *a->state;
-  if (!m.open_round()) {
-    if (m.index() != a->sizes.size() || a->partial != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": out of order"));
-    }
-    if (values.empty() ||
-        (!momentum.empty() && momentum.size() != values.size()) ||
-        (!residual.empty() && residual.size() != values.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": sizes differ"));
-    }
-    a->offsets.push_back(s.values.size());
-    a->sizes.push_back(values.size());
-    s.values.insert(s.values.end(), values.begin(), values.end());
-    s.momentum.insert(s.momentum.end(), momentum.begin(), momentum.end());
-    s.residual.insert(s.residual.end(), residual.begin(), residual.end());
-    return absl::OkStatus();
-  }
-  if (a->finals_left == 0 || m.index() >= a->sizes.size() ||
-      values.size() != a->sizes[m.index()]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": not a final chunk the header announced"));
-  }
-  const size_t n = s.values.size();
-  if (a->partial == nullptr) {
-    a->partial = std::make_shared<StateSnapshot>();
-    a->replica.partial_values.assign(n, 0.0f);
-    if (!momentum.empty()) a->partial->momentum.assign(n, 0.0f);
-    if (!residual.empty()) a->partial->residual.assign(n, 0.0f);
-    const DType wire = a->replica.settings.wire_dtype;
-    const size_t last = a->sizes.size() - 1;
-    a->partial->delta.assign(
-        WireBytes(wire, a->replica.settings.chunk_elements) * last +
-            WireBytes(wire, a->sizes[last]),
-        '\0');
-  }
-  StateSnapshot& p = *a->partial;
-  const size_t offset = a->offsets[m.index()];
-  std::copy(values.begin(), values.end(),
-            a->replica.partial_values.begin() + offset);
-  if (momentum.size() == values.size() && p.momentum.size() == n) {
-    std::copy(momentum.begin(), momentum.end(), p.momentum.begin() + offset);
-  }
-  if (residual.size() == values.size() && p.residual.size() == n) {
-    std::copy(residual.begin(), residual.end(), p.residual.begin() + offset);
-  }
-  const DType wire = a->replica.settings.wire_dtype;
-  const size_t at =
-      WireBytes(wire, a->replica.settings.chunk_elements) * m.index();
-  if (m.delta().size() != WireBytes(wire, values.size()) ||
-      at + m.delta().size() > p.delta.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": its delta"));
-  }
-  std::memcpy(p.delta.data() + at, m.delta().data(), m.delta().size());
-  a->replica.final_chunks.push_back(m.index());
-  --a->finals_left;
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 ReplicaFollower::ReplicaFollower(ReplicationOptions options,
                                  Coordinator* coordinator)
     : options_(std::move(options)), coordinator_(coordinator) {
@@ -677,24 +558,8 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
   request->set_standby(options_.advertise);
   request->set_epoch(epoch);
   if (!stream->Write(hello)) status = absl::UnavailableError("cannot write");
-  absl::flat_hash_map<std::string, uint64_t> cuts;
   uint64_t through = 0;  // CaughtUp's: in sync once applied through it
-  bool dropped = false;  // the primary said it goes on without us
-  ReplicaAssembly assembly;
-  bool assembling = false;
-  auto flush = [&]() -> absl::Status {
-    if (!assembling) return absl::OkStatus();
-    assembling = false;
-    if (assembly.finals_left != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "replica of job '", assembly.replica.job_id,
-          "': ", assembly.finals_left, " final chunks announced are missing"));
-    }
-    assembly.replica.state = assembly.state;
-    assembly.replica.partial = assembly.partial;
-    cuts[assembly.replica.job_id] = assembly.replica.sequence;
-    return coordinator_->AdoptReplica(assembly.replica);
-  };
+  ReplicaApplier applier(coordinator_, epoch);
   auto ack = [&](uint64_t sequence) {
     v1::FollowMessage m;
     m.set_acked(sequence);
@@ -702,113 +567,41 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
   };
   v1::ReplicaUpdate update;
   while (status.ok() && stream->Read(&update)) {
-    if (update.epoch() < epoch) {
-      status = absl::FailedPreconditionError(absl::StrCat(
-          "an update of epoch ", update.epoch(), " from ", primary,
-          "; this standby has seen epoch ", epoch, " (a deposed primary)"));
-      break;
-    }
-    if (!began) {
-      began = true;
-      coordinator_->BeginFollowing();
+    const bool began_before = applier.began();
+    absl::StatusOr<ReplicaApplier::Applied> applied = applier.Apply(update);
+    began = applier.began();
+    if (!began_before && began) {
       absl::MutexLock lock(&mu_);
       in_sync_ = false;
     }
-    switch (update.kind_case()) {
-      case v1::ReplicaUpdate::kJob:
-        status = flush();
-        if (status.ok()) status = StartAssembly(update.job(), &assembly);
-        assembling = status.ok();
-        break;
-      case v1::ReplicaUpdate::kStateChunk:
-        status = assembling ? AddToAssembly(update.state_chunk(), &assembly)
-                            : absl::InvalidArgumentError(
-                                  "a state chunk outside a job's replica");
-        break;
-      case v1::ReplicaUpdate::kCaughtUp: {
-        status = flush();
-        if (!status.ok()) break;
-        // In sync once it has applied what the primary released during the
-        // catch-up (up to `through`).
-        through = update.caught_up().through();
-        {
-          absl::MutexLock lock(&mu_);
-          applied_ = update.sequence();
-          in_sync_ = through <= applied_;
-        }
-        LOG(INFO) << "replication: caught up with " << primary << " (epoch "
-                  << update.epoch() << "); in sync from update " << through;
-        ack(update.sequence());
-        break;
+    if (!applied.ok()) {
+      status = applied.status();
+      if (status.code() == absl::StatusCode::kFailedPrecondition) {
+        status = absl::FailedPreconditionError(
+            absl::StrCat(primary, ": ", status.message()));
       }
-      case v1::ReplicaUpdate::kDropped:
-        dropped = true;
-        status = absl::AbortedError(
-            absl::StrCat("the primary goes on without this standby: ",
-                         update.dropped().why()));
-        break;
-      case v1::ReplicaUpdate::kChunk: {
-        status = flush();
-        const v1::ChunkFinal& m = update.chunk();
-        auto cut = cuts.find(m.job_id());
-        if (status.ok() &&
-            (cut == cuts.end() || update.sequence() > cut->second)) {
-          ReplicatedChunk c;
-          c.job_id = m.job_id();
-          c.round = m.round();
-          c.chunk = m.index();
-          c.contributed = m.contributed();
-          status = FloatsFrom(m.mean(), "a replicated chunk's mean", &c.mean);
-          if (status.ok()) status = coordinator_->ApplyReplicated(c);
-        }
-        if (status.ok()) ack(update.sequence());
-        break;
-      }
-      case v1::ReplicaUpdate::kCommit: {
-        status = flush();
-        const v1::StateCommit& m = update.commit();
-        auto cut = cuts.find(m.job_id());
-        if (status.ok() &&
-            (cut == cuts.end() || update.sequence() > cut->second)) {
-          ReplicatedCommit c;
-          c.job_id = m.job_id();
-          c.round = m.round();
-          c.state_id = m.state_id();
-          c.previous_id = m.previous_id();
-          c.record = RoundRecordFromProto(m.record());
-          c.record.contributor_weight = m.contributor_weight();
-          if (m.seed()) {
-            auto seed = std::make_shared<StateSnapshot>();
-            status =
-                FloatsFrom(m.seed_values(), "a replicated seed", &seed->values);
-            c.seed = std::move(seed);
-            if (status.ok()) {
-              absl::StatusOr<Layout> layout = LayoutFromProto(m.layout());
-              absl::StatusOr<JobSettings> settings =
-                  SettingsFromProto(m.settings());
-              if (!layout.ok()) status = layout.status();
-              if (!settings.ok()) status = settings.status();
-              if (status.ok()) {
-                c.layout = *std::move(layout);
-                c.settings = *settings;
-              }
-            }
-          }
-          if (status.ok()) status = coordinator_->ApplyReplicated(c);
-          if (status.ok()) cuts.erase(m.job_id());
-        }
-        if (status.ok()) ack(update.sequence());
-        break;
-      }
-      default:
-        status = absl::InvalidArgumentError("an update of no known kind");
+      break;
     }
-    if (status.ok() && update.sequence() > 0) {
+    if (applied->caught_up) {
+      // In sync once it has applied what the primary released during the
+      // catch-up (up to `through`).
+      through = applied->through;
+      {
+        absl::MutexLock lock(&mu_);
+        applied_ = update.sequence();
+        in_sync_ = through <= applied_;
+      }
+      LOG(INFO) << "replication: caught up with " << primary << " (epoch "
+                << update.epoch() << "); in sync from update " << through;
+    }
+    if (applied->acknowledge) ack(update.sequence());
+    if (update.sequence() > 0) {
       absl::MutexLock lock(&mu_);
       applied_ = std::max(applied_, update.sequence());
       if (through > 0 && applied_ >= through) in_sync_ = true;
     }
   }
+  const bool dropped = applier.dropped();
   const bool local_error = !status.ok() && !dropped;
   if (local_error) {
     LOG(ERROR) << "replication: " << status

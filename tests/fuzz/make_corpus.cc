@@ -624,6 +624,159 @@ void JoinCorpus() {
   }
 }
 
+// The replica fuzzer: a standby's stream, well-formed and not.
+void ReplicaSettings(v1::JobSettings* s, v1::AveragingMode mode) {
+  s->set_local_sgd_steps(1);
+  s->set_chunk_elements(4);
+  s->set_wire_dtype(v1::DTYPE_FLOAT32);
+  s->set_mode(mode);
+  s->set_nonfinite_policy(v1::NON_FINITE_POLICY_REJECT);
+  s->set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
+  s->set_outer_lr(0.7f);
+  s->set_outer_momentum(0.9f);
+  s->set_deadline_mode(v1::DEADLINE_MODE_FIXED);
+  s->set_outlier_ratio(10);
+}
+
+// The catch-up of job "j" (10 elements, chunks of 4) at round `round`.
+void AddCatchUp(ReplicaScript& s, uint64_t round, uint64_t state_id,
+                v1::AveragingMode mode, uint32_t finals = 0) {
+  v1::JobReplica* job = s.add_updates()->mutable_job();
+  job->set_job_id("j");
+  FillLayout({6, 4}, job->mutable_layout());
+  ReplicaSettings(job->mutable_settings(), mode);
+  job->set_has_state(true);
+  job->set_round(round);
+  job->set_state_id(state_id);
+  job->set_final_chunks(finals);
+  for (uint32_t c = 0; c < 3; ++c) {
+    v1::ReplicaStateChunk* chunk = s.add_updates()->mutable_state_chunk();
+    chunk->set_job_id("j");
+    chunk->set_index(c);
+    const size_t n = c < 2 ? 4 : 2;
+    chunk->set_values(Floats(std::vector<float>(n, 1.0f + c)));
+    if (mode == v1::AVERAGING_MODE_OUTER_NESTEROV) {
+      chunk->set_momentum(Floats(std::vector<float>(n, 0.5f)));
+    }
+  }
+}
+
+// Round `round`'s chunks (but `final_already`, final in the catch-up) and
+// its commit.
+void AddRound(ReplicaScript& s, uint64_t round, uint64_t previous,
+              uint64_t id, int final_already = -1) {
+  for (uint32_t c = 0; c < 3; ++c) {
+    if (static_cast<int>(c) == final_already) continue;
+    v1::ChunkFinal* chunk = s.add_updates()->mutable_chunk();
+    chunk->set_job_id("j");
+    chunk->set_round(round);
+    chunk->set_index(c);
+    chunk->set_contributed(true);
+    chunk->set_mean(Floats(std::vector<float>(c < 2 ? 4 : 2, 0.25f * (c + 1))));
+  }
+  v1::StateCommit* commit = s.add_updates()->mutable_commit();
+  commit->set_job_id("j");
+  commit->set_round(round);
+  commit->set_state_id(id);
+  commit->set_previous_id(previous);
+  commit->mutable_record()->set_round(round);
+  commit->mutable_record()->add_contributors("m0");
+  commit->set_contributor_weight(1);
+}
+
+void ReplicaCorpus() {
+  {
+    // A catch-up, then two rounds; promoted.
+    ReplicaScript s;
+    s.set_epoch(5);
+    s.set_fix_epochs(true);
+    s.set_fix_sequences(true);
+    s.set_promote(true);
+    AddCatchUp(s, 3, 77, v1::AVERAGING_MODE_MEAN);
+    s.add_updates()->mutable_caught_up()->set_through(0);
+    AddRound(s, 4, 77, 78);
+    AddRound(s, 5, 78, 79);
+    Write("replica", "catch_up_rounds", s);
+  }
+  {
+    // OUTER_NESTEROV, a round open in the catch-up (one final chunk).
+    ReplicaScript s;
+    s.set_epoch(2);
+    s.set_fix_epochs(true);
+    s.set_fix_sequences(true);
+    s.set_promote(true);
+    AddCatchUp(s, 1, 11, v1::AVERAGING_MODE_OUTER_NESTEROV, /*finals=*/1);
+    v1::ReplicaStateChunk* open = s.add_updates()->mutable_state_chunk();
+    open->set_job_id("j");
+    open->set_index(1);
+    open->set_open_round(true);
+    open->set_values(Floats(std::vector<float>(4, 2.5f)));
+    open->set_momentum(Floats(std::vector<float>(4, 0.25f)));
+    open->set_delta(Floats(std::vector<float>(4, 0.5f)));
+    s.add_updates()->mutable_caught_up()->set_through(0);
+    AddRound(s, 2, 11, 12, /*final_already=*/1);
+    AddRound(s, 3, 12, 13);
+    Write("replica", "open_round_nesterov", s);
+  }
+  {
+    // A job that starts with a replicated seed, then a round.
+    ReplicaScript s;
+    s.set_epoch(1);
+    s.set_fix_epochs(true);
+    s.set_fix_sequences(true);
+    s.set_promote(true);
+    s.add_updates()->mutable_caught_up()->set_through(0);
+    v1::StateCommit* seed = s.add_updates()->mutable_commit();
+    seed->set_job_id("j");
+    seed->set_round(0);
+    seed->set_state_id(5);
+    seed->set_seed(true);
+    seed->set_seed_values(Floats(std::vector<float>(10, 0.5f)));
+    FillLayout({6, 4}, seed->mutable_layout());
+    ReplicaSettings(seed->mutable_settings(), v1::AVERAGING_MODE_MEAN);
+    seed->set_contributor_weight(1);
+    AddRound(s, 1, 5, 6);
+    Write("replica", "seed_then_round", s);
+  }
+  {
+    // Hostile: non-finite values, wrong sizes, chunks out of order, a
+    // round that skips one, an update of a lower epoch, Dropped.
+    ReplicaScript s;
+    s.set_epoch(9);
+    AddCatchUp(s, 3, 77, v1::AVERAGING_MODE_MEAN);
+    for (int i = 0; i < s.updates_size(); ++i) {
+      s.mutable_updates(i)->set_epoch(9);
+      s.mutable_updates(i)->set_sequence(i + 1);
+    }
+    v1::ReplicaUpdate* nan = s.add_updates();
+    nan->set_epoch(9);
+    nan->mutable_chunk()->set_job_id("j");
+    nan->mutable_chunk()->set_round(4);
+    nan->mutable_chunk()->set_contributed(true);
+    nan->mutable_chunk()->set_mean(
+        Floats({1, std::numeric_limits<float>::quiet_NaN(), 1, 1}));
+    AddCatchUp(s, 3, 77, v1::AVERAGING_MODE_MEAN);
+    v1::ReplicaUpdate* ragged = s.add_updates();
+    ragged->set_epoch(9);
+    ragged->mutable_chunk()->set_job_id("j");
+    ragged->mutable_chunk()->set_round(4);
+    ragged->mutable_chunk()->set_index(7);
+    ragged->mutable_chunk()->set_mean("abc");
+    AddCatchUp(s, 3, 77, v1::AVERAGING_MODE_MEAN);
+    AddRound(s, 6, 77, 80);  // skips round 4
+    v1::ReplicaUpdate* old = s.add_updates();
+    old->set_epoch(3);
+    old->mutable_caught_up();
+    s.add_updates()->mutable_dropped()->set_why("fuzz");
+    for (int i = 0; i < s.updates_size(); ++i) {
+      if (s.updates(i).epoch() == 0) s.mutable_updates(i)->set_epoch(9);
+      // Sequences past each catch-up's cut (0): applied, not skipped.
+      s.mutable_updates(i)->set_sequence(i + 1);
+    }
+    Write("replica", "hostile", s);
+  }
+}
+
 }  // namespace
 }  // namespace fuzz
 }  // namespace localsgd
@@ -637,5 +790,6 @@ int main(int argc, char** argv) {
   localsgd::fuzz::SyncCorpus();
   localsgd::fuzz::FetchCorpus();
   localsgd::fuzz::JoinCorpus();
+  localsgd::fuzz::ReplicaCorpus();
   return 0;
 }

@@ -1,0 +1,125 @@
+// libFuzzer target: the standby's side of replication
+// (server/replica_applier.h) against arbitrary updates, as from a primary
+// that is broken or not one. The input is a ReplicaScript
+// (tests/fuzz/fuzz_input.proto).
+//
+// Invariants (a violation aborts, which libFuzzer reports as a crash):
+//  - an update the applier refuses gets a status it documents
+//    (INVALID_ARGUMENT, FAILED_PRECONDITION, ABORTED) with a message;
+//  - whatever it applied, every job the standby holds has a state of its
+//    layout's size (or none), finite, with momentum and residual empty or
+//    of the same size; promoted, every job answers its status and still
+//    does.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "fuzz_input.pb.h"
+#include "server/replica_applier.h"
+#include "src/clock.h"
+#include "src/coordinator.h"
+#include "src/job.h"
+#include "tests/fuzz/harness.h"
+
+namespace localsgd {
+namespace fuzz {
+namespace {
+
+void Check(bool ok, const std::string& what) {
+  if (ok) return;
+  std::fprintf(stderr, "replica_fuzzer: invariant violated: %s\n",
+               what.c_str());
+  std::abort();
+}
+
+void CheckFinite(const std::vector<float>& v, const std::string& what) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    Check(std::isfinite(v[i]), what + ": a non-finite value");
+  }
+}
+
+void CheckJobs(Coordinator& coordinator) {
+  for (const std::shared_ptr<Job>& job : coordinator.Jobs()) {
+    const JobReplica replica = job->ExportReplica();
+    const std::string what = "job '" + replica.job_id + "'";
+    if (replica.state == nullptr) continue;
+    const StateSnapshot& s = *replica.state;
+    Check(s.values.size() == job->geometry().num_elements(),
+          what + ": a state of another size than its layout");
+    Check(s.momentum.empty() || s.momentum.size() == s.values.size(),
+          what + ": momentum of another size");
+    Check(s.residual.empty() || s.residual.size() == s.values.size(),
+          what + ": residual of another size");
+    CheckFinite(s.values, what + " values");
+    CheckFinite(s.momentum, what + " momentum");
+    CheckFinite(s.residual, what + " residual");
+  }
+}
+
+void Run(const ReplicaScript& script) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  options.max_jobs = 4;
+  options.max_model_elements = 1 << 16;
+  absl::StatusOr<std::unique_ptr<Coordinator>> created =
+      Coordinator::Create(options);
+  Check(created.ok(), "Coordinator::Create");
+  Coordinator& coordinator = **created;
+  auto applier = std::make_unique<ReplicaApplier>(&coordinator, script.epoch());
+  for (int i = 0; i < script.updates_size(); ++i) {
+    v1::ReplicaUpdate update = script.updates(i);
+    if (script.fix_epochs()) update.set_epoch(script.epoch());
+    if (script.fix_sequences()) update.set_sequence(i + 1);
+    const absl::StatusOr<ReplicaApplier::Applied> applied =
+        applier->Apply(update);
+    if (getenv("LOCALSGD_FUZZ_VERBOSE") != nullptr) {
+      std::fprintf(stderr, "update %d (%d): %s\n", i,
+                   static_cast<int>(update.kind_case()),
+                   applied.ok() ? "ok" : applied.status().ToString().c_str());
+    }
+    if (!applied.ok()) {
+      const absl::StatusCode code = applied.status().code();
+      Check(code == absl::StatusCode::kInvalidArgument ||
+                code == absl::StatusCode::kFailedPrecondition ||
+                code == absl::StatusCode::kAborted,
+            "an update refused with " + applied.status().ToString());
+      Check(!applied.status().message().empty(), "an error without a message");
+      // The follower's next stream: a new catch-up.
+      applier = std::make_unique<ReplicaApplier>(&coordinator, script.epoch());
+    }
+    CheckJobs(coordinator);
+  }
+  if (!script.promote()) return;
+  coordinator.PromoteReplicas();
+  for (const std::shared_ptr<Job>& job : coordinator.Jobs()) {
+    const JobStatusSnapshot status = job->Status(4);
+    Check(status.job_id == job->id(), "a promoted job's status");
+  }
+  CheckJobs(coordinator);
+}
+
+}  // namespace
+}  // namespace fuzz
+}  // namespace localsgd
+
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  localsgd::fuzz::InitFuzzing();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  localsgd::fuzz::ReplicaScript script;
+  if (!script.ParseFromArray(data, static_cast<int>(size)) ||
+      script.updates_size() > 256) {
+    return -1;
+  }
+  localsgd::fuzz::Run(script);
+  return 0;
+}
