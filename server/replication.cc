@@ -305,6 +305,13 @@ grpc::Status ReplicationHub::Follow(grpc::ServerContext* context,
 }
 
 bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
+  // Each message written is progress (Tick drops a catch-up that stalls).
+  auto write = [this, id, stream](const v1::ReplicaUpdate& update) {
+    if (!stream->Write(update)) return false;
+    absl::MutexLock lock(&mu_);
+    followers_.at(id).progress = absl::Now();
+    return true;
+  };
   for (const std::shared_ptr<Job>& job : coordinator_->Jobs()) {
     const JobReplica replica = job->ExportReplica();
     const ChunkGeometry& g = job->geometry();
@@ -324,7 +331,7 @@ bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
     for (const RoundRecord& r : replica.recent_rounds) {
       RoundRecordToProto(r, m->add_recent_rounds());
     }
-    if (!stream->Write(header)) return false;
+    if (!write(header)) return false;
     if (replica.state == nullptr) continue;
     const StateSnapshot& s = *replica.state;
     for (uint32_t c = 0; c < g.num_chunks(); ++c) {
@@ -341,7 +348,7 @@ bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
       p->set_values(part(s.values));
       p->set_momentum(part(s.momentum));
       p->set_residual(part(s.residual));
-      if (!stream->Write(chunk)) return false;
+      if (!write(chunk)) return false;
     }
     const DType wire = replica.settings.wire_dtype;
     for (uint32_t c : replica.final_chunks) {
@@ -364,7 +371,7 @@ bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
       }
       p->set_delta(next.delta.substr(WireBytes(wire, g.chunk_elements()) * c,
                                      WireBytes(wire, g.Size(c))));
-      if (!stream->Write(chunk)) return false;
+      if (!write(chunk)) return false;
     }
   }
   v1::ReplicaUpdate done;
@@ -401,7 +408,20 @@ void ReplicationHub::Tick(absl::Time now) {
         }
         continue;
       }
-      if (!f.in_sync || f.acked >= f.sent) continue;
+      if (!f.in_sync) {
+        // Catching up: every write of the catch-up is progress. One that
+        // takes no write for ack_timeout (a standby that stopped reading,
+        // or cut off) is dropped, so that the log it holds back is freed.
+        if (now - f.progress < options_.ack_timeout) continue;
+        LOG(ERROR) << "replication: standby " << f.address
+                   << "'s catch-up took nothing for "
+                   << absl::FormatDuration(now - f.progress)
+                   << "; dropped (it catches up again when it comes back)";
+        f.dropped = true;
+        f.context->TryCancel();
+        continue;
+      }
+      if (f.acked >= f.sent) continue;
       if (now - f.progress < options_.ack_timeout) continue;
       LOG(ERROR) << "replication: standby " << f.address
                  << " acknowledged nothing for "

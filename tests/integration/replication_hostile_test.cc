@@ -273,5 +273,67 @@ TEST(ReplicationTest, Follow_CatchUpThenUpdatesWaitForTheAck) {
   stream->Finish().ok();
 }
 
+// A "standby" that asks to follow and then reads nothing: the catch-up of
+// a model larger than the stream's flow-control window stalls. The primary
+// drops it after ack_timeout without a write (so that the log it holds
+// back is freed, and it does not count as a standby any more), and rounds
+// go on meanwhile: a standby that is not in sync holds no result.
+TEST(ReplicationTest, StalledCatchUp_DroppedRoundsGoOn) {
+  OpenGate gate;
+  constexpr uint64_t kBig = 8u << 20;  // 32 MiB of state
+  ServerOptions options =
+      testkit::BaseServerOptions(/*chunk_elements=*/1 << 18);
+  options.gate = &gate;
+  options.replication.group = "g";
+  options.replication.shard_index = 0;
+  options.replication.token = "s3cret";
+  options.replication.advertise = "primary";
+  options.replication.ack_timeout = absl::Seconds(1);
+  auto server = testkit::StartServer(std::move(options));
+  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(server->Promote(7).ok());
+  auto created =
+      Client::Create(testkit::BaseClientOptions(*server, "big", "m"));
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Client> member = *std::move(created);
+  ASSERT_TRUE(member->Join(testkit::TestLayout(kBig)).ok());
+  std::vector<float> params(kBig, 0.0f);
+  ASSERT_TRUE(member->Initialize(absl::MakeSpan(params)).ok());
+
+  auto stub = v1::Replication::NewStub(grpc::CreateChannel(
+      testkit::Target(*server), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto stream = stub->Follow(&context);
+  v1::FollowMessage hello;
+  *hello.mutable_follow() = Good();
+  ASSERT_TRUE(stream->Write(hello));
+  auto standbys = [&] {
+    auto coordinator_stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+        testkit::Target(*server), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext c;
+    v1::GetJobStatusRequest request;
+    v1::GetJobStatusResponse status;
+    EXPECT_TRUE(coordinator_stub->GetJobStatus(&c, request, &status).ok());
+    return status.standbys_size();
+  };
+  ASSERT_TRUE(testkit::AwaitCondition([&] { return standbys() == 1; }));
+  // A round while it stalls: released at once.
+  for (float& v : params) v += 1.0f;
+  absl::StatusOr<SyncOutcome> out = member->Sync(absl::MakeSpan(params));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->round, 1u);
+  // Dropped: its stream ends, it is no standby any more.
+  ASSERT_TRUE(testkit::AwaitCondition([&] { return standbys() == 0; },
+                                      absl::Seconds(20)));
+  context.TryCancel();
+  stream->Finish().ok();
+  for (float& v : params) v += 1.0f;
+  out = member->Sync(absl::MakeSpan(params));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->round, 2u);
+  EXPECT_EQ(params[kBig - 1], 2.0f);
+}
+
 }  // namespace
 }  // namespace localsgd
