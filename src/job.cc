@@ -340,6 +340,9 @@ std::unique_ptr<SyncSession> Job::BeginRoundLocked(
 }
 
 void Job::OpenRoundLocked(RoundId round, absl::Time now) {
+  // What the outlier guard held belonged to a round that is gone without
+  // closing (a re-seed superseded it): never judged into this one.
+  guard_.DropHeld();
   open_ = std::make_unique<OpenRound>(RoundState(
       round, now, geometry_, commit_.TakeBuffer(), pseudo_gradients(),
       settings_.deadline_mode == DeadlineMode::kAdaptive));

@@ -149,9 +149,13 @@ void OutlierGuard::Forget(const MemberId& member) {
   }
 }
 
-bool OutlierGuard::RoundClosed(uint32_t refused, uint32_t counted) {
+void OutlierGuard::DropHeld() {
   held_.clear();
   held_bytes_ = 0;
+}
+
+bool OutlierGuard::RoundClosed(uint32_t refused, uint32_t counted) {
+  DropHeld();
   if (!enabled() || refused <= counted) return false;
   Reset();
   return true;

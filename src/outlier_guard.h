@@ -90,8 +90,10 @@ class OutlierGuard {
   };
   std::vector<Judged> Release(uint32_t c);
 
-  // Drops what `member` holds (it is gone from the round).
+  // Drops what `member` holds (it is gone from the round); everything held
+  // (its round is gone).
   void Forget(const MemberId& member);
+  void DropHeld();
   // The round closed with `refused` participants refused by the guard and
   // `counted` complete contributions: drops anything still held, and
   // forgets every norm if refused > counted (a change of scale; returns

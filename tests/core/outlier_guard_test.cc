@@ -91,6 +91,17 @@ TEST(OutlierGuardTest, Forget_DropsOnlyThatMembersHeld) {
   EXPECT_EQ(g.held_bytes(), 4u);
 }
 
+TEST(OutlierGuardTest, DropHeld_KeepsTheNorms) {
+  OutlierGuard g(2, 10);
+  g.Accept(1, 2.0);
+  HoldOne(g, 0, 'a', 1);
+  HoldOne(g, 1, 'b', 1);
+  g.DropHeld();
+  EXPECT_FALSE(g.any_held());
+  EXPECT_EQ(g.held_bytes(), 0u);
+  EXPECT_EQ(g.known(1), 1u);
+}
+
 TEST(OutlierGuardTest, RoundClosed_ForgetsOnlyWhenMostWereRefused) {
   OutlierGuard g(1, 10);
   for (double n : {1.0, 1.0, 1.0}) g.Accept(0, n);
