@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""What a Join's layout costs the coordinator (issue 17: tensor count).
+"""What a Join's layout costs the coordinator (its tensor count).
 
 Starts a real localsgd-coordinator, then, as a foreign client of
 proto/localsgd/v1/coordinator.proto (Python stubs made here with protoc and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scale-out with sharded coordinators over rate-limited links (issue 6).
+# Scale-out with sharded coordinators over rate-limited links.
 #
 # Every coordinator replica and every worker gets its own network-namespace
 # "host", wired by a veth pair to one bridge in a "switch" namespace, on a

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training that does not wait for the network, and rounds that do not wait
-# for the slowest (issue 14), in one run; prints two markdown tables.
+# for the slowest, in one run; prints two markdown tables.
 #
 # 1. Stragglers, on loopback: bench/sync_bench in its free-running mode
 #    (WORLD workers, K steps of STEP_MS simulated compute, then a blocking

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sync-round benchmark (issue 6): localsgd against accelerate's LocalSGD on
+# The sync-round benchmark: localsgd against accelerate's LocalSGD on
 # torch.distributed/gloo, side by side on this machine, in one invocation.
 # Not part of ctest. See bench/README.md for what each column means.
 #

@@ -183,7 +183,7 @@ def main():
                    "RoundTripInPlace for the wire dtype).")
         out.append("")
 
-    # Targets of issue 6.
+    # The sync-round targets.
     out.append("## Targets (WORLD=4, 25M)")
     out.append("")
     f32, b16 = targets.get("float32", {}), targets.get("bfloat16", {})

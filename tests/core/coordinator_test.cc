@@ -617,7 +617,7 @@ TEST(CoordinatorOptionsTest, InvalidShard_ReturnsInvalidArgument) {
 namespace localsgd {
 namespace {
 
-// Issue 17: jobs whose members all left were never reclaimed, so with
+// Jobs whose members all left were once never reclaimed, so with
 // --max_jobs=2 two such jobs blocked a third until a restart.
 class IdleJobTest : public ::testing::Test {
  protected:

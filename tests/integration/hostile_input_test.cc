@@ -952,7 +952,7 @@ std::vector<Row> Rows() {
         },
         kInvalid, absl::StrCat(method, " request of 3 bytes does not parse"));
   }
-  // Issue 17: an unnamed member was named by its id (its credential) in
+  // An unnamed member was once named by its id (its credential) in
   // status, and every retry of its Join added another member.
   add("Join_MemberNameEmpty_ReturnsInvalidArgument", kFp32,
       JoinWith([](auto& r) { r.set_member_name(""); }), kInvalid,
@@ -972,7 +972,7 @@ std::vector<Row> Rows() {
         return s;
       },
       kInvalid, "member_name is empty");
-  // Issue 17: names reach the logs; a newline or an escape would forge or
+  // Names reach the logs; a newline or an escape would forge or
   // hide lines.
   add("Join_MemberNameWithNewline_ReturnsInvalidArgument", kFp32,
       JoinWith([](auto& r) {
@@ -1033,7 +1033,7 @@ std::vector<Row> Rows() {
         return s;
       },
       kOk);
-  // Issue 17: a retried Join with another weight kept the old one silently.
+  // A retried Join with another weight once kept the old one silently.
   add(
       "Join_RetriedWithOtherWeight_ReturnsFailedPreconditionNamingBoth", kFp32,
       [](Env& env) {
@@ -1162,7 +1162,7 @@ std::vector<Row> Rows() {
         Refingerprint(r);
       }),
       kInvalid, "at most 1024");
-  // Issue 17: 10^6 empty tensors took ~300 MB; the count is a limit now.
+  // 10^6 empty tensors once took ~300 MB; the count is a limit now.
   add("Join_LayoutAboveMaxTensors_ReturnsResourceExhausted", kFp32,
       JoinWith([](auto& r) {
         r.set_job_id("other-manytensors");

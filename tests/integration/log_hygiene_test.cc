@@ -1,4 +1,4 @@
-// What the logs of a coordinator and its clients may hold (issue 17): never
+// What the logs of a coordinator and its clients may hold : never
 // a member id (the member's credential; logs show member_ref), and never a
 // raw control character from a name a caller sent. Every log line of the
 // process (core, server and client: they share glog here) is captured while

@@ -320,7 +320,7 @@ TEST_F(ShardTest, ReplicaRestart_WithoutState_ReseedsAndConverges) {
   ExpectExactMean(3);
 }
 
-// The interleaving that hung a job (issue 17.7), forced: replica 0 restarts
+// The interleaving that hung a job in an earlier build, forced: replica 0 restarts
 // without its state, one member (m2) re-joins it, re-seeds it and
 // contributes before the others have noticed. The re-seed continues the
 // job's numbering (the state is round 1, as on replica 1) and the job

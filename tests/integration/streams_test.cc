@@ -746,7 +746,7 @@ TEST_F(EarlyResultsTest, JobStopsWhileMembersSend_StreamsEndAtOnce) {
 
 // The wire cache keeps one delta form per job: another stream asking for
 // another state's (a straggler's late result, a retry) in the middle of a
-// round must not void the early chunks already sent (review of issue 14).
+// round must not void the early chunks already sent (a regression once).
 TEST_F(EarlyResultsTest, CacheEntryReplacedMidRound_EarlyStreamsStillEndOk) {
   const std::string a = JoinPg("a");
   const std::string b = JoinPg("b");
