@@ -10,6 +10,7 @@
 #include "proto/convert.h"
 #include "server/convert.h"
 #include "src/codec.h"
+#include "src/settings.h"
 
 namespace localsgd {
 
@@ -43,6 +44,13 @@ absl::Status ReplicaApplier::Start(const v1::JobReplica& m) {
   r.layout = *std::move(layout);
   absl::StatusOr<JobSettings> settings = SettingsFromProto(m.settings());
   if (!settings.ok()) return settings.status();
+  // Before anything is sized by them (an open round's delta).
+  if (absl::Status s =
+          ValidateComplete(*settings, coordinator_->options().settings_limits(),
+                           absl::StrCat("replica of job '", m.job_id(), "': "));
+      !s.ok()) {
+    return s;
+  }
   r.settings = *settings;
   r.sequence = m.sequence();
   for (const v1::RoundStatus& s : m.recent_rounds()) {
@@ -76,7 +84,7 @@ absl::Status ReplicaApplier::Add(const v1::ReplicaStateChunk& m) {
     if (m.index() != a->sizes.size() || a->partial != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": out of order"));
     }
-    if (values.empty() ||
+    if (values.empty() || values.size() > a->replica.settings.chunk_elements ||
         (!momentum.empty() && momentum.size() != values.size()) ||
         (!residual.empty() && residual.size() != values.size())) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": sizes differ"));

@@ -410,9 +410,10 @@ void ReplicationHub::Tick(absl::Time now) {
       }
       if (!f.in_sync) {
         // Catching up: every write of the catch-up is progress. One that
-        // takes no write for ack_timeout (a standby that stopped reading,
-        // or cut off) is dropped, so that the log it holds back is freed.
-        if (now - f.progress < options_.ack_timeout) continue;
+        // takes no write for catch_up_timeout (a standby that stopped
+        // reading, or cut off) is dropped, so that the log it holds back is
+        // freed.
+        if (now - f.progress < options_.catch_up_timeout) continue;
         LOG(ERROR) << "replication: standby " << f.address
                    << "'s catch-up took nothing for "
                    << absl::FormatDuration(now - f.progress)
@@ -587,13 +588,13 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
   };
   v1::ReplicaUpdate update;
   while (status.ok() && stream->Read(&update)) {
-    const bool began_before = applier.began();
-    absl::StatusOr<ReplicaApplier::Applied> applied = applier.Apply(update);
-    began = applier.began();
-    if (!began_before && began) {
+    if (!applier.began() && update.epoch() >= epoch) {
+      // A new catch-up replaces every job: not in sync from here on.
       absl::MutexLock lock(&mu_);
       in_sync_ = false;
     }
+    absl::StatusOr<ReplicaApplier::Applied> applied = applier.Apply(update);
+    began = applier.began();
     if (!applied.ok()) {
       status = applied.status();
       if (status.code() == absl::StatusCode::kFailedPrecondition) {

@@ -54,6 +54,11 @@ struct ReplicationOptions {
   std::string advertise;  // this coordinator's address (--ha_advertise)
   // A standby in sync that acknowledges nothing for this long is dropped.
   absl::Duration ack_timeout = absl::Seconds(5);
+  // A catch-up that takes no message for this long is dropped (a standby
+  // that stopped reading: the log it holds back is freed). Longer than
+  // ack_timeout: the standby adopts a job's replica (a copy and a check of
+  // the whole state) while the next one waits to be written.
+  absl::Duration catch_up_timeout = absl::Seconds(30);
 };
 
 class ReplicationHub final : public Replicator,

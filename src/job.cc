@@ -999,11 +999,10 @@ void Job::Tick() {
           deferred);
     }
     FinalizeHeldChunksLocked(now, deferred);
-    // At the round's deadline the outlier guard judges what it holds (the
-    // close decision counts only what it accepted).
+    // At the round's deadline (fixed or learned) the outlier guard judges
+    // what it holds: the close decision counts only what it accepted.
     if (open_ != nullptr && guard_.any_held() &&
-        policy_.round_deadline > absl::ZeroDuration() &&
-        now >= open_->round.opened() + policy_.round_deadline) {
+        now >= pacing_.Decide(open_->round, now).deadline) {
       JudgeAllHeldLocked(now, deferred);
     }
     MaybeCloseRoundLocked(now, deferred);

@@ -44,9 +44,15 @@ absl::Status ParseOutlierRatio(absl::string_view text, float& out) {
     out = kOutlierGuardOff;
     return absl::OkStatus();
   }
-  if (absl::SimpleAtof(text, &out)) return absl::OkStatus();
+  float ratio;
+  if (absl::SimpleAtof(text, &ratio) && ratio >= kMinOutlierRatio &&
+      ratio <= kMaxOutlierRatio) {
+    out = ratio;
+    return absl::OkStatus();
+  }
   return absl::InvalidArgumentError(
-      absl::StrCat("must be a number or off; got '", text, "'"));
+      absl::StrCat("must be in [", kMinOutlierRatio, ", ", kMaxOutlierRatio,
+                   "] or off; got '", text, "'"));
 }
 
 std::string OutlierRatioText(float ratio) {

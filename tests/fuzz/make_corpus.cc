@@ -663,8 +663,8 @@ void AddCatchUp(ReplicaScript& s, uint64_t round, uint64_t state_id,
 
 // Round `round`'s chunks (but `final_already`, final in the catch-up) and
 // its commit.
-void AddRound(ReplicaScript& s, uint64_t round, uint64_t previous,
-              uint64_t id, int final_already = -1) {
+void AddRound(ReplicaScript& s, uint64_t round, uint64_t previous, uint64_t id,
+              int final_already = -1) {
   for (uint32_t c = 0; c < 3; ++c) {
     if (static_cast<int>(c) == final_already) continue;
     v1::ChunkFinal* chunk = s.add_updates()->mutable_chunk();
@@ -774,6 +774,36 @@ void ReplicaCorpus() {
       s.mutable_updates(i)->set_sequence(i + 1);
     }
     Write("replica", "hostile", s);
+  }
+  {
+    // Settings that would size an open round's delta at 17 GB: refused
+    // before anything is allocated.
+    ReplicaScript s;
+    s.set_epoch(1);
+    s.set_fix_epochs(true);
+    s.set_fix_sequences(true);
+    v1::JobReplica* job = s.add_updates()->mutable_job();
+    job->set_job_id("j");
+    FillLayout({2}, job->mutable_layout());
+    ReplicaSettings(job->mutable_settings(), v1::AVERAGING_MODE_MEAN);
+    job->mutable_settings()->set_chunk_elements(0xffffffffu);
+    job->set_has_state(true);
+    job->set_round(1);
+    job->set_state_id(3);
+    job->set_final_chunks(1);
+    for (uint32_t c = 0; c < 2; ++c) {
+      v1::ReplicaStateChunk* chunk = s.add_updates()->mutable_state_chunk();
+      chunk->set_job_id("j");
+      chunk->set_index(c);
+      chunk->set_values(Floats({1.0f}));
+    }
+    v1::ReplicaStateChunk* open = s.add_updates()->mutable_state_chunk();
+    open->set_job_id("j");
+    open->set_index(0);
+    open->set_open_round(true);
+    open->set_values(Floats({2.0f}));
+    open->set_delta(Floats({1.0f}));
+    Write("replica", "huge_chunk_elements", s);
   }
 }
 

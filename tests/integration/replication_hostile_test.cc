@@ -275,9 +275,10 @@ TEST(ReplicationTest, Follow_CatchUpThenUpdatesWaitForTheAck) {
 
 // A "standby" that asks to follow and then reads nothing: the catch-up of
 // a model larger than the stream's flow-control window stalls. The primary
-// drops it after ack_timeout without a write (so that the log it holds
+// drops it after a while without a write (so that the log it holds
 // back is freed, and it does not count as a standby any more), and rounds
-// go on meanwhile: a standby that is not in sync holds no result.
+// go on meanwhile: a standby that is not in sync holds no result. (The
+// timeout is catch_up_timeout, 1 s here.)
 TEST(ReplicationTest, StalledCatchUp_DroppedRoundsGoOn) {
   OpenGate gate;
   constexpr uint64_t kBig = 8u << 20;  // 32 MiB of state
@@ -289,6 +290,7 @@ TEST(ReplicationTest, StalledCatchUp_DroppedRoundsGoOn) {
   options.replication.token = "s3cret";
   options.replication.advertise = "primary";
   options.replication.ack_timeout = absl::Seconds(1);
+  options.replication.catch_up_timeout = absl::Seconds(1);
   auto server = testkit::StartServer(std::move(options));
   ASSERT_NE(server, nullptr);
   ASSERT_TRUE(server->Promote(7).ok());
