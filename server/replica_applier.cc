@@ -151,13 +151,15 @@ absl::Status ReplicaApplier::Flush() {
   return coordinator_->AdoptReplica(assembly_.replica);
 }
 
+bool ReplicaApplier::InCatchUp(const std::string& job_id,
+                               uint64_t sequence) const {
+  auto cut = cuts_.find(job_id);
+  return cut != cuts_.end() && sequence <= cut->second;
+}
+
 absl::Status ReplicaApplier::ApplyChunk(const v1::ReplicaUpdate& update) {
   const v1::ChunkFinal& m = update.chunk();
-  auto cut = cuts_.find(m.job_id());
-  // In the job's catch-up already.
-  if (cut != cuts_.end() && update.sequence() <= cut->second) {
-    return absl::OkStatus();
-  }
+  if (InCatchUp(m.job_id(), update.sequence())) return absl::OkStatus();
   ReplicatedChunk c;
   c.job_id = m.job_id();
   c.round = m.round();
@@ -173,10 +175,7 @@ absl::Status ReplicaApplier::ApplyChunk(const v1::ReplicaUpdate& update) {
 
 absl::Status ReplicaApplier::ApplyCommit(const v1::ReplicaUpdate& update) {
   const v1::StateCommit& m = update.commit();
-  auto cut = cuts_.find(m.job_id());
-  if (cut != cuts_.end() && update.sequence() <= cut->second) {
-    return absl::OkStatus();
-  }
+  if (InCatchUp(m.job_id(), update.sequence())) return absl::OkStatus();
   ReplicatedCommit c;
   c.job_id = m.job_id();
   c.round = m.round();

@@ -74,6 +74,9 @@ class ReplicaApplier {
   absl::Status Add(const v1::ReplicaStateChunk& m);
   // Adopts the replica being assembled, if any.
   absl::Status Flush();
+  // Whether update `sequence` of `job_id` is in that job's catch-up
+  // already (at or below its cut).
+  bool InCatchUp(const std::string& job_id, uint64_t sequence) const;
   absl::Status ApplyChunk(const v1::ReplicaUpdate& update);
   absl::Status ApplyCommit(const v1::ReplicaUpdate& update);
 

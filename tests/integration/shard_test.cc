@@ -320,8 +320,8 @@ TEST_F(ShardTest, ReplicaRestart_WithoutState_ReseedsAndConverges) {
   ExpectExactMean(3);
 }
 
-// The interleaving that hung a job in an earlier build, forced: replica 0 restarts
-// without its state, one member (m2) re-joins it, re-seeds it and
+// The interleaving that hung a job in an earlier build, forced: replica 0
+// restarts without its state, one member (m2) re-joins it, re-seeds it and
 // contributes before the others have noticed. The re-seed continues the
 // job's numbering (the state is round 1, as on replica 1) and the job
 // regathers until round 1's three contributors are back, so m2 does not
