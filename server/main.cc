@@ -224,7 +224,8 @@ std::string EnvName(absl::string_view flag_name) {
 // the variable if a value does not parse. Warns of LOCALSGD_ variables that
 // name no flag (a typo would otherwise go unnoticed).
 absl::Status ApplyEnvironment() {
-  absl::flat_hash_set<std::string> known;
+  // Not a flag: the fault tests' failpoints file (src/failpoint.h).
+  absl::flat_hash_set<std::string> known = {"LOCALSGD_FAILPOINTS"};
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     if (!IsOwnFlag(*flag)) continue;
     const std::string env = EnvName(name);

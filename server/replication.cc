@@ -13,6 +13,7 @@
 #include "server/convert.h"
 #include "server/replica_applier.h"
 #include "src/codec.h"
+#include "src/failpoint.h"
 
 namespace localsgd {
 namespace {
@@ -308,6 +309,7 @@ bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
   // Each message written is progress (Tick drops a catch-up that stalls).
   auto write = [this, id, stream](const v1::ReplicaUpdate& update) {
     if (!stream->Write(update)) return false;
+    HitFailpoint(Failpoint::kCatchUpSent);
     absl::MutexLock lock(&mu_);
     followers_.at(id).progress = absl::Now();
     return true;

@@ -9,6 +9,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "src/failpoint.h"
 
 namespace localsgd {
 
@@ -258,12 +259,16 @@ bool CoordinatorServer::InSync() {
 }
 
 void CoordinatorServer::TickLoop() {
+  // A test's failpoints (src/failpoint.h), re-read every tick.
+  const bool failpoints = FailpointsEnabled();
+  if (failpoints) ReloadFailpoints();
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     // Wakes at once on Shutdown; otherwise every tick_interval.
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.tick_interval);
     if (stopping_) break;
     mu_.Unlock();
+    if (failpoints) ReloadFailpoints();
     coordinator_->Tick();
     if (hub_ != nullptr) hub_->Tick(absl::Now());
     mu_.Lock();

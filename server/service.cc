@@ -13,6 +13,7 @@
 #include "proto/grpc_status.h"
 #include "server/protocol.h"
 #include "server/streams.h"
+#include "src/failpoint.h"
 
 namespace localsgd {
 namespace {
@@ -63,7 +64,8 @@ class StreamWrites {
 
   // The buffer to StartWrite for a machine's kWriteMessage / kWriteChunk.
   const grpc::ByteBuffer* Next(StreamAction action) {
-    if (action.kind == StreamAction::Kind::kWriteChunk) {
+    chunk_ = action.kind == StreamAction::Kind::kWriteChunk;
+    if (chunk_) {
       payload_bytes_ = action.chunk.data.size();
       buffer_ = ChunkMessage(action.index, action.chunk.crc32c,
                              action.chunk.data, std::move(action.wire));
@@ -74,6 +76,9 @@ class StreamWrites {
     }
     return &buffer_;
   }
+
+  // Whether the last write was a chunk (a result's, or a state's).
+  bool last_was_chunk() const { return chunk_; }
 
   // The last write went out: count its payload for `job`'s metrics.
   void Done(const std::shared_ptr<Job>& job) {
@@ -87,6 +92,7 @@ class StreamWrites {
   Metrics* const metrics_;  // may be null
   grpc::ByteBuffer buffer_;
   size_t payload_bytes_ = 0;
+  bool chunk_ = false;
   ByteCounters sent_;
 };
 
@@ -184,6 +190,7 @@ class SyncReactor final
       }
       received_.Received(chunk.size);
       machine_.OnChunk(chunk);
+      HitFailpoint(Failpoint::kContributionChunk);
       return;
     }
     if (absl::Status s = ParseMessage(raw_request_, &request_, "Sync message");
@@ -192,13 +199,17 @@ class SyncReactor final
       return;
     }
     raw_request_.Clear();
-    if (request_.has_chunk())
-      received_.Received(request_.chunk().data().size());
+    const bool has_chunk = request_.has_chunk();
+    if (has_chunk) received_.Received(request_.chunk().data().size());
     machine_.OnMessage(request_);
+    if (has_chunk) HitFailpoint(Failpoint::kContributionChunk);
   }
 
   void OnWriteDone(bool ok) override {
     if (ok) writes_.Done(machine_.job());
+    if (ok && writes_.last_was_chunk()) {
+      HitFailpoint(Failpoint::kResultChunkSent);
+    }
     machine_.OnWriteDone(ok);
   }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "src/codec.h"
+#include "src/failpoint.h"
 #include "src/member_ref.h"
 #include "src/observer.h"
 #include "src/settings.h"
@@ -936,6 +937,8 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
 
 void Job::ReportCommitLocked(const RoundRecord& record, Deferred& deferred) {
   LOG(INFO) << "job " << id_ << ": " << DescribeCommit(record);
+  // Once the locks are let go: a test may crash the process here.
+  deferred.push_back([] { HitFailpoint(Failpoint::kRoundClosed); });
   if (observer_ == nullptr) return;
   deferred.push_back([observer = observer_, event = ClosedEvent(id_, record)] {
     observer->RoundClosed(event);

@@ -52,11 +52,35 @@ int FreePort() {
   return port;
 }
 
-// One localsgd-coordinator process of shard 0 of group "t".
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Occurrences of `text` in `haystack`.
+int Count(const std::string& haystack, const std::string& text) {
+  int n = 0;
+  for (size_t at = haystack.find(text); at != std::string::npos;
+       at = haystack.find(text, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+// One localsgd-coordinator process of shard 0 of group "t", with a
+// failpoints file of its own (src/failpoint.h).
 class CoordinatorProcess {
  public:
-  CoordinatorProcess(std::string etcd, int port, std::string log)
-      : etcd_(std::move(etcd)), port_(port), log_(std::move(log)) {}
+  CoordinatorProcess(std::string etcd, int port, std::string log,
+                     std::string failpoints)
+      : etcd_(std::move(etcd)),
+        port_(port),
+        log_(std::move(log)),
+        failpoints_(std::move(failpoints)) {
+    Disarm();
+  }
   ~CoordinatorProcess() { Kill(); }
 
   void Start() {
@@ -69,6 +93,14 @@ class CoordinatorProcess {
                                      "--ha_lease_ttl=2s",
                                      "--lease_ttl=20s",
                                      "--shutdown_grace=1s"};
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+    env.push_back("LOCALSGD_FAILPOINTS=" + failpoints_);
+    std::vector<char*> argv, envp;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
     pid_ = fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
@@ -77,13 +109,21 @@ class CoordinatorProcess {
         dup2(fd, 1);
         dup2(fd, 2);
       }
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
+      execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
   }
+
+  // Arms `failpoint` and waits until the process has read it (its tick
+  // re-reads the file): from here on it kills itself at the next hit.
+  bool Arm(const std::string& failpoint) {
+    const std::string armed = absl::StrCat("failpoint ", failpoint, " armed");
+    const int before = Count(ReadFile(log_), armed);
+    std::ofstream(failpoints_, std::ios::trunc) << failpoint << "\n";
+    return AwaitCondition(
+        [&] { return Count(ReadFile(log_), armed) > before; });
+  }
+  void Disarm() { std::ofstream(failpoints_, std::ios::trunc); }
 
   // SIGKILL (or `signal`), and the exit status once it has ended.
   int Kill(int signal = SIGKILL) {
@@ -127,9 +167,9 @@ class CoordinatorProcess {
     return serving;
   }
 
-  // Whether it serves with a standby in sync (one that holds every state a
+  // Whether it serves with `n` standbys in sync (each holds every state a
   // member may hold).
-  bool StandbyInSync() const {
+  bool StandbyInSync(int n = 1) const {
     auto stub = v1::Coordinator::NewStub(
         grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
@@ -137,24 +177,23 @@ class CoordinatorProcess {
     v1::GetJobStatusRequest request;
     v1::GetJobStatusResponse response;
     if (!stub->GetJobStatus(&context, request, &response).ok()) return false;
+    int in_sync = 0;
     for (const v1::StandbyStatus& s : response.standbys()) {
-      if (s.in_sync()) return true;
+      if (s.in_sync()) ++in_sync;
     }
-    return false;
+    return in_sync >= n;
   }
 
  private:
   const std::string etcd_;
   const int port_;
   const std::string log_;
+  const std::string failpoints_;
   pid_t pid_ = -1;
 };
 
 std::string Tail(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  const std::string text = s.str();
+  const std::string text = ReadFile(path);
   return text.size() > 12000 ? text.substr(text.size() - 12000) : text;
 }
 
@@ -167,14 +206,18 @@ class FailoverTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start();
     ASSERT_TRUE(etcd.ok()) << etcd.status();
     etcd_ = *std::move(etcd);
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < Coordinators(); ++i) {
       coordinators_.push_back(std::make_unique<CoordinatorProcess>(
           etcd_->endpoint(), FreePort(),
-          dir_.File(absl::StrCat("c", i, ".log"))));
+          dir_.File(absl::StrCat("c", i, ".log")),
+          dir_.File(absl::StrCat("c", i, ".failpoints"))));
       coordinators_.back()->Start();
     }
     ASSERT_TRUE(AwaitCondition([&] { return Primary() != nullptr; })) << Logs();
   }
+
+  // How many coordinators the shard has (the primary and its standbys).
+  virtual int Coordinators() const { return 2; }
 
   // The coordinator that serves; null if none does (now).
   CoordinatorProcess* Primary() {
@@ -185,13 +228,14 @@ class FailoverTest : public ::testing::Test {
   }
 
   std::string Targets() const {
-    return absl::StrCat(coordinators_[0]->address(), "|",
-                        coordinators_[1]->address());
+    std::vector<std::string> addresses;
+    for (const auto& c : coordinators_) addresses.push_back(c->address());
+    return absl::StrJoin(addresses, "|");
   }
 
   std::string Logs() const {
     std::string out;
-    for (int i = 0; i < 2; ++i) {
+    for (size_t i = 0; i < coordinators_.size(); ++i) {
       out += absl::StrCat("--- coordinator ", i, ":\n",
                           Tail(dir_.File(absl::StrCat("c", i, ".log"))));
     }
@@ -407,6 +451,86 @@ TEST_F(FailoverTest, PrimaryKilledRepeatedly_MembersGoOnWithExactState) {
     ASSERT_NE(successor, nullptr) << Logs();
     ASSERT_TRUE(successor->Serving(&after));
     EXPECT_GT(before, 0u);
+    EXPECT_GT(after, before) << "the epoch did not grow with a failover";
+  }
+  ExpectExactEnd(members);
+}
+
+// A primary and two standbys; the primary killed at chosen moments through
+// its failpoints (src/failpoint.h), each killed one restarted as a standby:
+// while members upload, between the chunks of a round's result (a member
+// holds part of it), right after a close (its result released or not),
+// during a standby's catch-up (the standby in sync takes over, the one
+// catching up starts again from it), and by a SIGKILL from outside. Rounds
+// of three chunks, so that a result has chunks to be between.
+class FailoverMomentsTest : public FailoverTest {
+ protected:
+  int Coordinators() const override { return 3; }
+};
+
+TEST_F(FailoverMomentsTest, PrimaryKilledAtChosenMoments_NothingIsLost) {
+  constexpr int kRounds = 60;
+  // "" is a SIGKILL from outside, at whatever moment it lands.
+  const std::vector<std::string> moments = {"contribution_chunk",
+                                            "result_chunk_sent", "round_closed",
+                                            "catch_up_sent", ""};
+  // 50 ms of training a round: the rounds move on between two kills (a
+  // failpoint is armed within a tick) and do not run out before the last.
+  Members members(Targets(), kRounds, absl::Milliseconds(50));
+  for (ClientOptions& o : members.options) {
+    o.settings.chunk_elements = testkit::kChunk;  // 3 chunks of 40
+  }
+  members.Run();
+  for (size_t k = 0; k < moments.size(); ++k) {
+    const std::string& moment = moments[k];
+    SCOPED_TRACE("kill " + std::to_string(k) + " at " +
+                 (moment.empty() ? "a SIGKILL from outside" : moment));
+    const int at = static_cast<int>((k + 1) * kRounds / (moments.size() + 2));
+    ASSERT_TRUE(AwaitCondition([&] { return members.Progress() >= at; },
+                               absl::Seconds(60)))
+        << "rounds stuck at " << members.Progress() << "\n"
+        << Logs();
+    CoordinatorProcess* primary = Primary();
+    ASSERT_NE(primary, nullptr) << Logs();
+    // Both standbys hold every state members hold.
+    ASSERT_TRUE(AwaitCondition([&] { return primary->StandbyInSync(2); },
+                               absl::Seconds(30)))
+        << "not every standby in sync\n"
+        << Logs();
+    uint64_t before = 0;
+    primary->Serving(&before);
+    int status = 0;
+    if (moment.empty()) {
+      status = primary->Kill();
+    } else {
+      CoordinatorProcess* restarted = nullptr;
+      if (moment == "catch_up_sent") {
+        // A standby restarted: its catch-up from the primary begins once
+        // the failpoint is armed, and the primary dies in the middle of it.
+        for (auto& c : coordinators_) {
+          if (c.get() != primary) restarted = c.get();
+        }
+        restarted->Kill();
+      }
+      ASSERT_TRUE(primary->Arm(moment)) << Logs();
+      if (restarted != nullptr) restarted->Start();
+      ASSERT_TRUE(AwaitCondition([&] { return primary->Exited(&status); },
+                                 absl::Seconds(30)))
+          << "the failpoint " << moment << " was not hit\n"
+          << Logs();
+      primary->Disarm();
+    }
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "status " << status << "\n"
+        << Logs();
+    primary->Start();  // back as a standby
+    ASSERT_TRUE(
+        AwaitCondition([&] { return Primary() != nullptr; }, absl::Seconds(30)))
+        << Logs();
+    uint64_t after = 0;
+    CoordinatorProcess* successor = Primary();
+    ASSERT_NE(successor, nullptr) << Logs();
+    ASSERT_TRUE(successor->Serving(&after));
     EXPECT_GT(after, before) << "the epoch did not grow with a failover";
   }
   ExpectExactEnd(members);
