@@ -191,6 +191,14 @@ ABSL_FLAG(std::string, ha_token, "",
           "(LOCALSGD_HA_TOKEN) or a secret, not the command line. Empty: "
           "anyone who reaches a primary's port can follow its state (logged "
           "at start).");
+ABSL_FLAG(std::string, ha_tls_ca, "",
+          "High availability with TLS (--tls_cert): the PEM CA bundle that "
+          "signed the other coordinators' certificates. A standby checks "
+          "its primary's certificate against it on the replication stream "
+          "and presents --tls_cert as its own (their certificates need the "
+          "clientAuth usage where the primary asks for client "
+          "certificates). Empty: --tls_client_ca; one of the two is needed "
+          "with TLS.");
 ABSL_FLAG(absl::Duration, ha_lease_ttl, absl::Seconds(2),
           "High availability: the etcd lease of the primary's key (whole "
           "seconds, at least etcd's minimum, 2 s with its defaults). A "
@@ -343,6 +351,8 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   options.replication.shard_index = options.coordinator.shard.index;
   options.replication.token = absl::GetFlag(FLAGS_ha_token);
   options.replication.advertise = absl::GetFlag(FLAGS_ha_advertise);
+  // Checked by Start, with the gate.
+  options.ha_tls_ca_file = absl::GetFlag(FLAGS_ha_tls_ca);
   return options;
 }
 

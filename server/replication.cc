@@ -558,8 +558,18 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  auto stub = v1::Replication::NewStub(grpc::CreateCustomChannel(
-      primary, grpc::InsecureChannelCredentials(), args));
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (options_.tls_ca_pem.empty()) {
+    credentials = grpc::InsecureChannelCredentials();
+  } else {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options_.tls_ca_pem;
+    ssl.pem_cert_chain = options_.tls_cert_pem;
+    ssl.pem_private_key = options_.tls_key_pem;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto stub = v1::Replication::NewStub(
+      grpc::CreateCustomChannel(primary, credentials, args));
   grpc::ClientContext context;
   {
     absl::MutexLock lock(&mu_);

@@ -19,8 +19,10 @@
 //
 // Follow is refused to a caller without the group's token (--ha_token; none
 // set: anyone who reaches the port may follow, logged at start), of another
-// group or shard, or when this coordinator is not the primary. Plaintext
-// only for now (docs/operating.md says so).
+// group or shard, or when this coordinator is not the primary. The stream
+// runs on the coordinator's port, so over its TLS (mutual where it asks
+// for client certificates); the standby checks the primary's certificate
+// against ReplicationOptions::tls_ca_pem and presents its own.
 //
 // Thread-safety: all methods are thread-safe.
 #ifndef LOCALSGD_SERVER_REPLICATION_H_
@@ -52,6 +54,12 @@ struct ReplicationOptions {
   uint32_t shard_index = 0;
   std::string token;      // --ha_token; empty: none
   std::string advertise;  // this coordinator's address (--ha_advertise)
+  // The standby's side of TLS, PEM contents: the CA bundle the primary's
+  // certificate must be signed by (empty: plaintext), and the certificate
+  // and key it presents for mutual TLS (both or neither).
+  std::string tls_ca_pem;
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
   // A standby in sync that acknowledges nothing for this long is dropped.
   absl::Duration ack_timeout = absl::Seconds(5);
   // A catch-up that takes no message for this long is dropped (a standby

@@ -38,6 +38,20 @@ absl::Status ServerOptions::Validate() const {
     return absl::InvalidArgumentError(
         "--tls_client_ca (mutual TLS) needs --tls_cert and --tls_key");
   }
+  if (!ha_tls_ca_file.empty() && (gate == nullptr || tls_cert_file.empty())) {
+    return absl::InvalidArgumentError(
+        "--ha_tls_ca is the CA of the replication stream between the "
+        "coordinators of a shard over TLS: it needs --ha_etcd and "
+        "--tls_cert/--tls_key");
+  }
+  if (gate != nullptr && !tls_cert_file.empty() && ha_tls_ca_file.empty() &&
+      tls_client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--ha_etcd with --tls_cert: a standby follows its primary over TLS "
+        "and checks the primary's certificate against a CA; give the CA "
+        "bundle that signed the coordinators' certificates as --ha_tls_ca "
+        "(or --tls_client_ca, which it defaults to)");
+  }
   return absl::OkStatus();
 }
 
@@ -112,6 +126,23 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
   options.coordinator.defer_restore = options.gate != nullptr;
   CoordinatorServer* raw = server.get();
+  if (options.gate != nullptr && !options.tls_cert_file.empty()) {
+    // The replication stream goes over the same TLS as everything else.
+    const bool own_ca = !options.ha_tls_ca_file.empty();
+    absl::StatusOr<std::string> ca = ReadPemFile(
+        own_ca ? options.ha_tls_ca_file : options.tls_client_ca_file,
+        own_ca ? "--ha_tls_ca" : "--tls_client_ca", PemKind::kCertificates);
+    if (!ca.ok()) return ca.status();
+    absl::StatusOr<std::string> cert = ReadPemFile(
+        options.tls_cert_file, "--tls_cert", PemKind::kCertificates);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key =
+        ReadPemFile(options.tls_key_file, "--tls_key", PemKind::kPrivateKey);
+    if (!key.ok()) return key.status();
+    options.replication.tls_ca_pem = *std::move(ca);
+    options.replication.tls_cert_pem = *std::move(cert);
+    options.replication.tls_key_pem = *std::move(key);
+  }
   if (options.gate != nullptr) {
     server->hub_ = std::make_unique<ReplicationHub>(
         options.replication, [raw] { return raw->coordinator_->epoch(); },

@@ -65,6 +65,12 @@ struct ServerOptions {
   // Mutual TLS: only clients whose certificate this CA bundle signed get in.
   // Requires tls_cert_file.
   std::string tls_client_ca_file;
+  // With a gate and TLS: the CA bundle that signed the other coordinators'
+  // certificates, which a standby checks the primary's against on the
+  // replication stream (presenting tls_cert_file as its own: mutual TLS
+  // where the primary asks for it). Empty: tls_client_ca_file; one of the
+  // two is required then.
+  std::string ha_tls_ca_file;
   // Per-job bearer tokens (format: server/auth.h). Empty: none; any caller
   // may act on any job.
   std::string token_file;

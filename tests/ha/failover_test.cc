@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -26,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
 #include "tests/ha/etcd_process.h"
+#include "tests/security/security_util.h"
 #include "tests/testkit/testkit.h"
 
 namespace localsgd {
@@ -73,12 +75,16 @@ int Count(const std::string& haystack, const std::string& text) {
 // failpoints file of its own (src/failpoint.h).
 class CoordinatorProcess {
  public:
+  // `extra`: more flags; `credentials`: of the test's own calls to it.
   CoordinatorProcess(std::string etcd, int port, std::string log,
-                     std::string failpoints)
+                     std::string failpoints, std::vector<std::string> extra,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials)
       : etcd_(std::move(etcd)),
         port_(port),
         log_(std::move(log)),
-        failpoints_(std::move(failpoints)) {
+        failpoints_(std::move(failpoints)),
+        extra_(std::move(extra)),
+        credentials_(std::move(credentials)) {
     Disarm();
   }
   ~CoordinatorProcess() { Kill(); }
@@ -93,6 +99,7 @@ class CoordinatorProcess {
                                      "--ha_lease_ttl=2s",
                                      "--lease_ttl=20s",
                                      "--shutdown_grace=1s"};
+    args.insert(args.end(), extra_.begin(), extra_.end());
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
     env.push_back("LOCALSGD_FAILPOINTS=" + failpoints_);
@@ -154,8 +161,8 @@ class CoordinatorProcess {
   // UNAVAILABLE.
   // `epoch`, if not null: the epoch it answered with.
   bool Serving(uint64_t* epoch = nullptr) const {
-    auto stub = v1::Coordinator::NewStub(
-        grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+    auto stub =
+        v1::Coordinator::NewStub(grpc::CreateChannel(address(), credentials_));
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
     v1::GetJobStatusRequest request;
@@ -170,8 +177,8 @@ class CoordinatorProcess {
   // Whether it serves with `n` standbys in sync (each holds every state a
   // member may hold).
   bool StandbyInSync(int n = 1) const {
-    auto stub = v1::Coordinator::NewStub(
-        grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+    auto stub =
+        v1::Coordinator::NewStub(grpc::CreateChannel(address(), credentials_));
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
     v1::GetJobStatusRequest request;
@@ -189,6 +196,8 @@ class CoordinatorProcess {
   const int port_;
   const std::string log_;
   const std::string failpoints_;
+  const std::vector<std::string> extra_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   pid_t pid_ = -1;
 };
 
@@ -210,7 +219,8 @@ class FailoverTest : public ::testing::Test {
       coordinators_.push_back(std::make_unique<CoordinatorProcess>(
           etcd_->endpoint(), FreePort(),
           dir_.File(absl::StrCat("c", i, ".log")),
-          dir_.File(absl::StrCat("c", i, ".failpoints"))));
+          dir_.File(absl::StrCat("c", i, ".failpoints")), ExtraFlags(),
+          Credentials()));
       coordinators_.back()->Start();
     }
     ASSERT_TRUE(AwaitCondition([&] { return Primary() != nullptr; })) << Logs();
@@ -218,6 +228,12 @@ class FailoverTest : public ::testing::Test {
 
   // How many coordinators the shard has (the primary and its standbys).
   virtual int Coordinators() const { return 2; }
+  // Flags of every coordinator beyond the election's, and the credentials
+  // of the test's calls to them.
+  virtual std::vector<std::string> ExtraFlags() const { return {}; }
+  virtual std::shared_ptr<grpc::ChannelCredentials> Credentials() const {
+    return grpc::InsecureChannelCredentials();
+  }
 
   // The coordinator that serves; null if none does (now).
   CoordinatorProcess* Primary() {
@@ -534,6 +550,69 @@ TEST_F(FailoverMomentsTest, PrimaryKilledAtChosenMoments_NothingIsLost) {
     EXPECT_GT(after, before) << "the epoch did not grow with a failover";
   }
   ExpectExactEnd(members);
+}
+
+// Everything over mutual TLS: the members to the coordinators, and each
+// standby to its primary: the replication stream checks the primary's
+// certificate against the CA (--tls_client_ca, which --ha_tls_ca defaults
+// to) and presents the standby's own. A failover keeps the state exact as
+// it does in plaintext.
+class FailoverTlsTest : public FailoverTest {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(Certs().error(), "");
+    FailoverTest::SetUp();
+  }
+  static const security_test::Certs& Certs() {
+    return security_test::Certs::Get();
+  }
+  std::vector<std::string> ExtraFlags() const override {
+    return {"--tls_cert=" + Certs().Path("coordinator.pem"),
+            "--tls_key=" + Certs().Path("coordinator.key"),
+            "--tls_client_ca=" + Certs().Path("ca.pem")};
+  }
+  std::shared_ptr<grpc::ChannelCredentials> Credentials() const override {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ReadFile(Certs().Path("ca.pem"));
+    ssl.pem_cert_chain = ReadFile(Certs().Path("client_a.pem"));
+    ssl.pem_private_key = ReadFile(Certs().Path("client_a.key"));
+    return grpc::SslCredentials(ssl);
+  }
+  static void Secure(Members& members) {
+    for (ClientOptions& o : members.options) {
+      o.security.tls_ca_file = Certs().Path("ca.pem");
+      o.security.tls_cert_file = Certs().Path("client_a.pem");
+      o.security.tls_key_file = Certs().Path("client_a.key");
+    }
+  }
+};
+
+TEST_F(FailoverTlsTest, MutualTls_StandbyFollowsAndTakesOver) {
+  constexpr int kRounds = 30;
+  Members members(Targets(), kRounds);
+  Secure(members);
+  // A standby in sync: it follows over TLS.
+  CoordinatorProcess* primary = RunToRoundTen(members);
+  ASSERT_NE(primary, nullptr);
+  primary->Kill();
+  primary->Start();
+  ExpectExactEnd(members);
+}
+
+// TLS without a CA to check the primary's certificate with: the coordinator
+// does not start, and says which flag is missing.
+TEST_F(FailoverTlsTest, TlsWithoutACaForTheStandby_RefusedAtStart) {
+  const std::string log = dir_.File("no_ca.log");
+  const std::string command = absl::StrCat(
+      LOCALSGD_COORDINATOR,
+      " --listen=127.0.0.1:0 --ha_etcd=", etcd_->endpoint(),
+      " --ha_group=t --tls_cert=", Certs().Path("coordinator.pem"),
+      " --tls_key=", Certs().Path("coordinator.key"), " > ", log, " 2>&1");
+  const int status = std::system(command.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0)
+      << "status " << status;
+  EXPECT_NE(ReadFile(log).find("--ha_tls_ca"), std::string::npos)
+      << ReadFile(log);
 }
 
 // The primary paused for longer than its lease: the standby takes over and

@@ -29,6 +29,8 @@ using namespace ::localsgd::testkit;  // NOLINT: the kit, unqualified
 //   other_ca.pem      another CA
 //   other_client.*    signed by other_ca, CN=worker-a (same name, wrong CA)
 //   other_server.*    signed by other_ca, SAN localhost/127.0.0.1
+//   coordinator.*     signed by ca, SAN localhost/127.0.0.1, for serverAuth
+//                     and clientAuth (a standby presents it to its primary)
 class Certs {
  public:
   // Empty error: made. Otherwise what failed.
@@ -58,6 +60,7 @@ leaf() {  # name subject ca extensions
     -out "$1.pem" -days 2 -extfile "$1.ext" 2>/dev/null
 }
 SERVER='basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n'
+BOTH='basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n'
 CLIENT='basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n'
 ca ca "/CN=localsgd test CA"
 ca other_ca "/CN=localsgd other CA"
@@ -66,6 +69,7 @@ leaf client_a "/O=localsgd/CN=worker-a" ca "$CLIENT"
 leaf client_b "/O=localsgd/CN=worker-b" ca "$CLIENT"
 leaf other_client "/O=localsgd/CN=worker-a" other_ca "$CLIENT"
 leaf other_server "/CN=localhost" other_ca "$SERVER"
+leaf coordinator "/CN=localhost" ca "$BOTH"
 )");
     const std::string script_path = dir_.Write("make.sh", script);
     const int rc =
