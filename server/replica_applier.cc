@@ -10,6 +10,7 @@
 #include "proto/convert.h"
 #include "server/convert.h"
 #include "src/codec.h"
+#include "src/round.h"
 #include "src/settings.h"
 
 namespace localsgd {
@@ -30,6 +31,41 @@ absl::Status FloatsFromBytes(const std::string& bytes, absl::string_view what,
     }
   }
   return absl::OkStatus();
+}
+
+void MembersToProto(
+    const std::vector<MemberInfo>& members,
+    google::protobuf::RepeatedPtrField<v1::ReplicaMember>* proto) {
+  for (const MemberInfo& m : members) {
+    v1::ReplicaMember* p = proto->Add();
+    p->set_id(m.id.str());
+    p->set_name(m.name);
+    p->set_weight(m.weight);
+    p->set_incarnation(m.incarnation);
+    p->set_first_round(m.first_round);
+    p->set_missed_rounds(m.missed_rounds);
+    p->set_principal(m.principal);
+    p->set_joined_at_us(absl::ToUnixMicros(m.joined_at));
+  }
+}
+
+std::vector<MemberInfo> MembersFromProto(
+    const google::protobuf::RepeatedPtrField<v1::ReplicaMember>& proto) {
+  std::vector<MemberInfo> members;
+  members.reserve(proto.size());
+  for (const v1::ReplicaMember& p : proto) {
+    MemberInfo m;
+    m.id = MemberId(p.id());
+    m.name = p.name();
+    m.weight = p.weight();
+    m.incarnation = p.incarnation();
+    m.first_round = p.first_round();
+    m.missed_rounds = std::min<uint32_t>(p.missed_rounds(), kStragglerMisses);
+    m.principal = p.principal();
+    m.joined_at = absl::FromUnixMicros(p.joined_at_us());
+    members.push_back(std::move(m));
+  }
+  return members;
 }
 
 ReplicaApplier::ReplicaApplier(Coordinator* coordinator, uint64_t epoch)
@@ -56,6 +92,7 @@ absl::Status ReplicaApplier::Start(const v1::JobReplica& m) {
   for (const v1::RoundStatus& s : m.recent_rounds()) {
     r.recent_rounds.push_back(RoundRecordFromProto(s));
   }
+  r.members = MembersFromProto(m.members());
   if (m.has_state()) {
     assembly_.state = std::make_shared<StateSnapshot>();
     assembly_.state->round = m.round();
@@ -183,6 +220,7 @@ absl::Status ReplicaApplier::ApplyCommit(const v1::ReplicaUpdate& update) {
   c.previous_id = m.previous_id();
   c.record = RoundRecordFromProto(m.record());
   c.record.contributor_weight = m.contributor_weight();
+  c.members = MembersFromProto(m.members());
   if (m.seed()) {
     auto seed = std::make_shared<StateSnapshot>();
     if (absl::Status s = FloatsFromBytes(m.seed_values(), "a replicated seed",

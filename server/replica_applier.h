@@ -96,6 +96,14 @@ class ReplicaApplier {
 absl::Status FloatsFromBytes(const std::string& bytes, absl::string_view what,
                              std::vector<float>* out);
 
+// A job's members on the replication stream, both ways. From proto: as
+// given (the job checks them: Membership::CheckReplicated).
+void MembersToProto(
+    const std::vector<MemberInfo>& members,
+    google::protobuf::RepeatedPtrField<v1::ReplicaMember>* proto);
+std::vector<MemberInfo> MembersFromProto(
+    const google::protobuf::RepeatedPtrField<v1::ReplicaMember>& proto);
+
 }  // namespace localsgd
 
 #endif  // LOCALSGD_SERVER_REPLICA_APPLIER_H_

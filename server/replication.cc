@@ -76,6 +76,7 @@ uint64_t ReplicationHub::Commit(ReplicatedCommit commit) {
   m->set_previous_id(commit.previous_id);
   RoundRecordToProto(commit.record, m->mutable_record());
   m->set_contributor_weight(commit.record.contributor_weight);
+  MembersToProto(commit.members, m->mutable_members());
   if (commit.seed != nullptr) {
     m->set_seed(true);
     m->set_seed_values(FloatBytes(commit.seed->values));
@@ -333,6 +334,7 @@ bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
     for (const RoundRecord& r : replica.recent_rounds) {
       RoundRecordToProto(r, m->add_recent_rounds());
     }
+    MembersToProto(replica.members, m->mutable_members());
     if (!write(header)) return false;
     if (replica.state == nullptr) continue;
     const StateSnapshot& s = *replica.state;

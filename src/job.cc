@@ -902,6 +902,7 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
     update.round = record.round;
     update.state_id = committed->id;
     update.record = record;
+    update.members = members_.SortedByName();
     if (record.reason == CloseReason::kSeed) {
       update.seed = committed;
       update.layout = layout_;
@@ -1145,6 +1146,11 @@ absl::Status Job::ApplyReplicated(const ReplicatedCommit& update) {
   if (update.state_id == 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, " names no state id"));
   }
+  if (absl::Status s = Membership::CheckReplicated(update.members,
+                                                   policy_.max_members, what);
+      !s.ok()) {
+    return s;
+  }
   if (update.seed != nullptr) {
     if (update.seed->values.size() != geometry_.num_elements()) {
       return absl::InvalidArgumentError(
@@ -1191,6 +1197,7 @@ absl::Status Job::ApplyReplicated(const ReplicatedCommit& update) {
   record.round = update.round;
   record.replicated = true;
   history_.Add(std::move(record));
+  members_.Restore(update.members, clock_->Now());
   return absl::OkStatus();
 }
 
@@ -1204,6 +1211,7 @@ JobReplica Job::ExportReplica() {
   replica.sequence = replicator_ != nullptr ? replicator_->LastTicket() : 0;
   replica.state = commit_.shared_state();
   replica.recent_rounds = history_.Recent(policy_.max_recent_rounds);
+  replica.members = members_.SortedByName();
   if (open_ != nullptr && open_->next != nullptr &&
       open_->round.num_final() > 0) {
     replica.final_chunks = open_->round.FinalChunks();
@@ -1246,7 +1254,13 @@ absl::Status Job::ImportReplica(const JobReplica& replica) {
   for (const std::vector<float>* part : {&s.values, &s.momentum, &s.residual}) {
     if (absl::Status st = CheckFiniteValues(*part, what); !st.ok()) return st;
   }
+  if (absl::Status st = Membership::CheckReplicated(replica.members,
+                                                    policy_.max_members, what);
+      !st.ok()) {
+    return st;
+  }
   commit_.Restore(s.round, s.values, s.id, s.momentum, s.residual);
+  members_.Restore(replica.members, clock_->Now());
   for (auto it = replica.recent_rounds.rbegin();
        it != replica.recent_rounds.rend(); ++it) {
     RoundRecord record = *it;
@@ -1304,8 +1318,11 @@ void Job::Promote() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   members_.ResetEmptySince(now);
-  // The members come back (they join again): the next round waits for as
-  // many as took part in the last one, or one lease, as after a re-seed.
+  // The replicated members go on under their ids; their leases start now
+  // (they had no coordinator to call meanwhile). Those that joined after
+  // the last commit join again. The next round waits for as many as took
+  // part in the last one, or one lease, as after a re-seed.
+  members_.RenewAll(now);
   const std::vector<RoundRecord> last = history_.Recent(1);
   pacing_.Reseeded(
       now + policy_.lease_ttl,

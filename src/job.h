@@ -143,9 +143,11 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ApplyReplicated(const ReplicatedCommit& update)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The standby's job is now its primary's: members join again (the next
-  // round waits for as many as took part in the last, or one lease, as
-  // after a re-seed); a round whose final chunks it
+  // The standby's job is now its primary's: the replicated members go on
+  // under their ids, their leases starting now (one that joined after the
+  // last commit joins again); the next round waits for as many as took
+  // part in the last, or one lease, as after a re-seed; a round whose final
+  // chunks it
   // holds (some members may have them) opens with those chunks fixed, and
   // the rest is averaged from the contributions sent again. A member that
   // holds a newer state (a standby out of sync) re-seeds it, as after a

@@ -1,8 +1,10 @@
 #include "src/membership.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
@@ -101,6 +103,54 @@ MemberInfo* Membership::Renew(const MemberId& member, absl::Time now) {
   if (now - it->second.last_seen > lease_ttl_) return nullptr;
   it->second.last_seen = now;
   return &it->second;
+}
+
+absl::Status Membership::CheckReplicated(const std::vector<MemberInfo>& members,
+                                         uint32_t max_members,
+                                         absl::string_view what) {
+  if (members.size() > max_members) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", members.size(), " members, more than the ",
+                     max_members, " a job may have here"));
+  }
+  absl::flat_hash_set<absl::string_view> ids, names;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const MemberInfo& m = members[i];
+    const std::string which = absl::StrCat(what, ": member ", i);
+    if (!MemberId::IsWellFormed(m.id.str())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(which, " has no well-formed member id"));
+    }
+    if (m.name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(which, " has no name"));
+    }
+    if (!std::isfinite(m.weight) || m.weight <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(which, " ('", m.name, "') has weight ", m.weight,
+                       "; a weight is finite and positive"));
+    }
+    if (!ids.insert(m.id.str()).second || !names.insert(m.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          which, " ('", m.name, "') repeats another's id or name"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Membership::Restore(const std::vector<MemberInfo>& members,
+                         absl::Time now) {
+  const bool was_empty = members_.empty();
+  members_.clear();
+  for (const MemberInfo& m : members) {
+    MemberInfo info = m;
+    info.last_seen = now;
+    members_.emplace(info.id, std::move(info));
+  }
+  if (members_.empty() && !was_empty) empty_since_ = now;
+}
+
+void Membership::RenewAll(absl::Time now) {
+  for (auto& [id, m] : members_) m.last_seen = now;
 }
 
 const MemberInfo* Membership::Get(const MemberId& member) const {

@@ -91,6 +91,23 @@ class Membership {
   // NOT_FOUND naming the member by its reference (never its id) and why.
   absl::Status NotFound(const MemberId& member) const;
 
+  // A primary's members as its standby gets them (replication): OK, or
+  // INVALID_ARGUMENT naming the first that is not well formed (an id that
+  // is not a member id, an empty name, a weight that is not finite and
+  // positive, an id or a name twice) or more than `max_members` of them.
+  // `what` starts the message.
+  static absl::Status CheckReplicated(const std::vector<MemberInfo>& members,
+                                      uint32_t max_members,
+                                      absl::string_view what);
+  // Replaces every member by `members` (checked by CheckReplicated), each
+  // as given (id, name, incarnation, weight, credentials, first round,
+  // missed rounds) with its lease starting at `now`: the standby's clock,
+  // not the primary's.
+  void Restore(const std::vector<MemberInfo>& members, absl::Time now);
+  // Every member's lease starts again at `now` (a promoted standby: the
+  // members had no coordinator to call while it took over).
+  void RenewAll(absl::Time now);
+
   // Counts the job as empty since `now` (a restore into a job that has no
   // members).
   void ResetEmptySince(absl::Time now) { empty_since_ = now; }

@@ -10,7 +10,9 @@
 //     same rule step, encoding with error feedback and sum
 //     (StateCommit::FinalizeMean) and gets the same values, momentum,
 //     residual and encoded delta, bit for bit;
-//   - per closed round, its id and record; per seed, its values.
+//   - per closed round, its id and record; per seed, its values; with
+//     each, the job's members (so that they go on after a failover under
+//     their ids, without a Join).
 // Each update gets a ticket, increasing. A result (a final chunk told to
 // members, a round's result, an adopted state) is released only once the
 // standbys in sync have acknowledged every update up to its ticket
@@ -60,6 +62,10 @@ struct ReplicatedCommit {
   std::shared_ptr<const StateSnapshot> seed;
   Layout layout;
   JobSettings settings;
+  // The job's members as the state is committed (sorted by name): every
+  // member that can hold this state is among them, so that after a
+  // failover its calls go on without a new Join.
+  std::vector<MemberInfo> members;
 };
 
 // A job as its primary holds it when a standby starts following (the
@@ -78,6 +84,7 @@ struct JobReplica {
   std::vector<float> partial_values;
   std::shared_ptr<const StateSnapshot> partial;
   std::vector<RoundRecord> recent_rounds;  // newest first
+  std::vector<MemberInfo> members;         // sorted by name
 };
 
 // A standby as its primary sees it (status, metrics).

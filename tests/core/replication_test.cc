@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -387,6 +388,44 @@ TEST_F(ReplicationTest, Promote_RoundInFlightKeepsTheChunksMembersHold) {
             held->delta.substr(0, 8 * sizeof(float)));
 }
 
+// The members travel with every state: a promoted standby knows them under
+// their ids, weights and credentials, so their next Syncs go on there
+// without a Join, and the round counts them.
+TEST_F(ReplicationTest, Promote_MembersGoOnUnderTheirIds) {
+  Make(Settings(DType::kFloat32, AveragingMode::kMean));
+  const MemberId a = Join(*primary_, "a"), b = Join(*primary_, "b");
+  uint64_t anchor = Seed(*primary_, a, std::vector<float>(kElements, 1.0f));
+  const std::vector<MemberInfo> on_primary = primary_->Status(0).members;
+  ASSERT_EQ(on_primary.size(), 2u);
+  std::vector<MemberInfo> on_standby = standby_->Status(0).members;
+  ASSERT_EQ(on_standby.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(on_standby[i].id, on_primary[i].id);
+    EXPECT_EQ(on_standby[i].name, on_primary[i].name);
+    EXPECT_EQ(on_standby[i].weight, on_primary[i].weight);
+    EXPECT_EQ(on_standby[i].incarnation, on_primary[i].incarnation);
+    EXPECT_EQ(on_standby[i].principal, on_primary[i].principal);
+    EXPECT_EQ(on_standby[i].first_round, on_primary[i].first_round);
+  }
+  primary_->Stop();
+  standby_->Promote();
+  SyncCapture ca, cb;
+  SendChunks(*standby_, Begin(*standby_, a, 1, ca, anchor), Delta(0, 1),
+             DType::kFloat32, {0, 1, 2});
+  SendChunks(*standby_, Begin(*standby_, b, 1, cb, anchor), Delta(1, 1),
+             DType::kFloat32, {0, 1, 2});
+  ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+  ASSERT_TRUE(cb.result().ok()) << cb.result().status();
+  EXPECT_TRUE(ca.result()->contributed);
+  EXPECT_TRUE(cb.result()->contributed);
+  EXPECT_EQ(ca.result()->contributors, 2u);
+  for (uint64_t i = 0; i < kElements; ++i) {
+    EXPECT_EQ(ca.result()->state->values[i],
+              1.0f + (Delta(0, 1)[i] + Delta(1, 1)[i]) / 2)
+        << i;
+  }
+}
+
 // A standby that starts following mid-round (the catch-up: the primary's
 // state and the final chunks of its open round, then the updates after the
 // cut) holds the primary's state bit for bit after that round's close.
@@ -484,6 +523,44 @@ TEST_F(ReplicationTest, ApplyReplicated_RefusesWhatDoesNotFollow) {
   commit.previous_id = 6;
   EXPECT_THAT(standby_->ApplyReplicated(commit).message(),
               HasSubstr("follows state 6"));
+  // Members that are not well formed: refused before anything changes.
+  MemberInfo m;
+  m.id = MemberId(std::string(32, 'a'));
+  m.name = "a";
+  for (const auto& [name, members, message] : std::vector<
+           std::tuple<std::string, std::vector<MemberInfo>, std::string>>{
+           {"id",
+            {[m] {
+              MemberInfo x = m;
+              x.id = MemberId("zz");
+              return x;
+            }()},
+            "member 0 has no well-formed member id"},
+           {"name",
+            {[m] {
+              MemberInfo x = m;
+              x.name.clear();
+              return x;
+            }()},
+            "member 0 has no name"},
+           {"weight",
+            {[m] {
+              MemberInfo x = m;
+              x.weight = std::numeric_limits<double>::infinity();
+              return x;
+            }()},
+            "has weight inf"},
+           {"twice", {m, m}, "member 1 ('a') repeats another's id or name"},
+           {"too many", std::vector<MemberInfo>(JobPolicy().max_members + 1, m),
+            "more than the 1024"},
+       }) {
+    ReplicatedCommit c = commit;
+    c.previous_id = 7;
+    c.members = members;
+    const absl::Status st = standby_->ApplyReplicated(c);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << name << st;
+    EXPECT_THAT(st.message(), HasSubstr(message)) << name;
+  }
   // Nothing changed: the seed is the state; the rest completes round 1.
   EXPECT_EQ(StateOf(*standby_)->id, 7u);
   chunk.chunk = 1;

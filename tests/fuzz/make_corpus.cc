@@ -638,6 +638,19 @@ void ReplicaSettings(v1::JobSettings* s, v1::AveragingMode mode) {
   s->set_outlier_ratio(10);
 }
 
+// Members m0 and m1 of job "j", as a primary replicates them.
+template <typename Field>
+void AddMembers(Field* members) {
+  for (int i = 0; i < 2; ++i) {
+    v1::ReplicaMember* m = members->Add();
+    m->set_id(std::string(31, 'a') + static_cast<char>('0' + i));
+    m->set_name("m" + std::to_string(i));
+    m->set_weight(1 + i);
+    m->set_incarnation(7);
+    m->set_first_round(1);
+  }
+}
+
 // The catch-up of job "j" (10 elements, chunks of 4) at round `round`.
 void AddCatchUp(ReplicaScript& s, uint64_t round, uint64_t state_id,
                 v1::AveragingMode mode, uint32_t finals = 0) {
@@ -649,6 +662,7 @@ void AddCatchUp(ReplicaScript& s, uint64_t round, uint64_t state_id,
   job->set_round(round);
   job->set_state_id(state_id);
   job->set_final_chunks(finals);
+  AddMembers(job->mutable_members());
   for (uint32_t c = 0; c < 3; ++c) {
     v1::ReplicaStateChunk* chunk = s.add_updates()->mutable_state_chunk();
     chunk->set_job_id("j");
@@ -682,6 +696,7 @@ void AddRound(ReplicaScript& s, uint64_t round, uint64_t previous, uint64_t id,
   commit->mutable_record()->set_round(round);
   commit->mutable_record()->add_contributors("m0");
   commit->set_contributor_weight(1);
+  AddMembers(commit->mutable_members());
 }
 
 void ReplicaCorpus() {
@@ -774,6 +789,27 @@ void ReplicaCorpus() {
       s.mutable_updates(i)->set_sequence(i + 1);
     }
     Write("replica", "hostile", s);
+  }
+  {
+    // Hostile members: one twice, then one without a well-formed id; each
+    // refused with its commit (a new catch-up follows).
+    ReplicaScript s;
+    s.set_epoch(9);
+    s.set_fix_epochs(true);
+    s.set_fix_sequences(true);
+    s.set_promote(true);
+    AddCatchUp(s, 3, 77, v1::AVERAGING_MODE_MEAN);
+    AddRound(s, 4, 77, 78);
+    v1::StateCommit* twice =
+        s.mutable_updates(s.updates_size() - 1)->mutable_commit();
+    *twice->add_members() = twice->members(0);
+    AddCatchUp(s, 3, 77, v1::AVERAGING_MODE_MEAN);
+    AddRound(s, 4, 77, 78);
+    s.mutable_updates(s.updates_size() - 1)
+        ->mutable_commit()
+        ->mutable_members(1)
+        ->set_id("not hex");
+    Write("replica", "hostile_members", s);
   }
   {
     // Settings that would size an open round's delta at 17 GB: refused

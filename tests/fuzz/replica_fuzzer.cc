@@ -9,7 +9,7 @@
 //  - whatever it applied, every job the standby holds has a state of its
 //    layout's size (or none), finite, with momentum and residual empty or
 //    of the same size; promoted, every job answers its status and still
-//    does.
+//    does; its members are well formed (ids, names, weights, none twice).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +25,7 @@
 #include "src/clock.h"
 #include "src/coordinator.h"
 #include "src/job.h"
+#include "src/membership.h"
 #include "tests/fuzz/harness.h"
 
 namespace localsgd {
@@ -59,6 +60,9 @@ void CheckJobs(Coordinator& coordinator) {
     CheckFinite(s.values, what + " values");
     CheckFinite(s.momentum, what + " momentum");
     CheckFinite(s.residual, what + " residual");
+    // The members it took are well formed (the job checked them).
+    Check(Membership::CheckReplicated(replica.members, UINT32_MAX, what).ok(),
+          what + ": members that are not well formed");
   }
 }
 
