@@ -5,8 +5,12 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 
@@ -45,6 +49,35 @@ const char* ElectorRoleKindName(ElectorRole::Kind kind) {
 
 std::string ElectionKey(const std::string& group, uint32_t shard) {
   return absl::StrCat("/localsgd/", group, "/shard/", shard, "/primary");
+}
+
+std::string SyncStandbysKey(const std::string& group, uint32_t shard) {
+  return absl::StrCat("/localsgd/", group, "/shard/", shard, "/sync");
+}
+
+std::string FormatSyncStandbys(const SyncStandbys& sync) {
+  std::string out = absl::StrCat("epoch ", sync.epoch, "\n");
+  for (const std::string& s : sync.standbys) absl::StrAppend(&out, s, "\n");
+  return out;
+}
+
+absl::StatusOr<SyncStandbys> ParseSyncStandbys(absl::string_view text) {
+  SyncStandbys sync;
+  std::vector<absl::string_view> lines =
+      absl::StrSplit(text, '\n', absl::SkipEmpty());
+  if (lines.empty() || !absl::ConsumePrefix(&lines[0], "epoch ") ||
+      !absl::SimpleAtoi(lines[0], &sync.epoch) || sync.epoch <= 0) {
+    return absl::InvalidArgumentError(
+        "a synchronous-standby list starts with \"epoch <n>\"");
+  }
+  for (size_t i = 1; i < lines.size(); ++i) {
+    if (absl::StrContains(lines[i], ' ')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "line ", i + 1, " of a synchronous-standby list is no address"));
+    }
+    sync.standbys.emplace_back(lines[i]);
+  }
+  return sync;
 }
 
 absl::Status ElectorOptions::Validate() const {
@@ -87,6 +120,7 @@ absl::StatusOr<std::unique_ptr<Elector>> Elector::Create(
 Elector::Elector(ElectorOptions options, std::unique_ptr<EtcdClient> client)
     : options_(std::move(options)),
       key_(ElectionKey(options_.group, options_.shard)),
+      sync_key_(SyncStandbysKey(options_.group, options_.shard)),
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       client_(std::move(client)) {}
 
@@ -247,6 +281,26 @@ int64_t Elector::Campaign(int64_t stale_lease) {
       }
     }
   }
+  if (std::optional<std::string> why = NotEligible(); why.has_value()) {
+    if (*why != last_not_eligible_) {
+      LOG(WARNING) << "election " << key_ << ": not campaigning: " << *why;
+      last_not_eligible_ = *why;
+    }
+    // A named standby that wins meanwhile is followed.
+    absl::StatusOr<EtcdGetResult> got = client_->Get(key_);
+    if (got.ok() && got->kv.has_value()) {
+      EtcdCampaign holder;
+      holder.create_revision = got->kv->create_revision;
+      holder.holder = got->kv->value;
+      holder.holder_lease = got->kv->lease;
+      holder.revision = got->revision;
+      Follow(holder);
+    } else {
+      WaitOrStop(backoff);
+    }
+    return stale_lease;
+  }
+  last_not_eligible_.clear();
   const absl::Time sent = clock_->Now();
   absl::StatusOr<EtcdLease> lease = client_->GrantLease(options_.lease_ttl);
   if (!lease.ok()) {
@@ -374,6 +428,48 @@ void Elector::ServeAsPrimary(const EtcdLease& lease, int64_t epoch) {
     LOG(WARNING) << "election " << key_
                  << ": deleting the key on stop: " << deleted.status();
   }
+}
+
+std::optional<std::string> Elector::NotEligible() {
+  absl::StatusOr<EtcdGetResult> got = client_->Get(sync_key_);
+  if (!got.ok()) {
+    return absl::StrCat("cannot read the synchronous standbys (", sync_key_,
+                        "): ", got.status().ToString());
+  }
+  if (!got->kv.has_value()) return std::nullopt;  // no primary wrote one yet
+  absl::StatusOr<SyncStandbys> sync = ParseSyncStandbys(got->kv->value);
+  if (!sync.ok()) {
+    return absl::StrCat(sync_key_, " holds no synchronous-standby list (",
+                        sync.status().message(), "); `etcdctl del ", sync_key_,
+                        "` lets any standby take over");
+  }
+  if (sync->standbys.empty() ||
+      std::find(sync->standbys.begin(), sync->standbys.end(),
+                options_.advertise) != sync->standbys.end()) {
+    return std::nullopt;
+  }
+  return absl::StrCat(
+      "the primary of epoch ", sync->epoch,
+      " released states that only its synchronous standbys (",
+      absl::StrJoin(sync->standbys, ", "),
+      ") are known to hold; one of them takes over. If they are gone for "
+      "good, `etcdctl del ",
+      sync_key_,
+      "` lets this one take over, losing the rounds it does not hold");
+}
+
+absl::Status Elector::PublishSyncStandbys(
+    int64_t epoch, const std::vector<std::string>& standbys,
+    absl::Time deadline) {
+  absl::StatusOr<bool> put = client_->PutIfCreated(
+      sync_key_, FormatSyncStandbys({epoch, standbys}), key_, epoch, deadline);
+  if (!put.ok()) return put.status();
+  if (!*put) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "not the primary of epoch ", epoch, " any more (", key_,
+        " was not created at ", epoch, "): the synchronous standbys stay"));
+  }
+  return absl::OkStatus();
 }
 
 void Elector::Follow(const EtcdCampaign& holder) {

@@ -18,6 +18,14 @@
 // margin (max(ttl/10, 50 ms), at most ttl/2) covers the rates of the two
 // clocks differing. LeaseFence is this rule alone, pure; Elector runs it.
 //
+// The synchronous standbys (Patroni's /sync key): the primary keeps, in
+// /localsgd/<group>/shard/<i>/sync (no lease), the standbys it waits for
+// before it releases a result (server/replication.h), written only while
+// its election key is the one it created. A candidate that the list does
+// not name (when it names any) does not campaign: the last primary released
+// states that only the named standbys are known to hold. An empty or absent
+// list lets any candidate campaign.
+//
 // Not covered: a process paused (SIGSTOP, a long GC-like stall) between
 // checking Serving() and acting on it can still act late; whoever the
 // primary writes to should compare epochs as well.
@@ -28,12 +36,15 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ha/etcd_client.h"
@@ -104,6 +115,19 @@ const char* ElectorRoleKindName(ElectorRole::Kind kind);
 
 // "/localsgd/<group>/shard/<shard>/primary".
 std::string ElectionKey(const std::string& group, uint32_t shard);
+// "/localsgd/<group>/shard/<shard>/sync".
+std::string SyncStandbysKey(const std::string& group, uint32_t shard);
+
+// The synchronous-standby list: the primary that wrote it (its epoch) and
+// the advertise addresses of the standbys it waits for.
+struct SyncStandbys {
+  int64_t epoch = 0;
+  std::vector<std::string> standbys;
+};
+// "epoch <n>\n" then one address a line. Parse: INVALID_ARGUMENT for
+// anything else (an address is non-empty, without spaces).
+std::string FormatSyncStandbys(const SyncStandbys& sync);
+absl::StatusOr<SyncStandbys> ParseSyncStandbys(absl::string_view text);
 
 struct ElectorOptions {
   // The job group: non-empty, at most 63 of [A-Za-z0-9._-].
@@ -163,6 +187,13 @@ class Elector {
   void Stop();
 
   Role role() const;
+  // Writes the synchronous-standby list of the primary of `epoch` (ours),
+  // only while the election key is still the one created at `epoch`.
+  // FAILED_PRECONDITION if it is not (deposed); etcd's errors otherwise.
+  // Blocks up to `deadline`; any thread.
+  absl::Status PublishSyncStandbys(int64_t epoch,
+                                   const std::vector<std::string>& standbys,
+                                   absl::Time deadline);
   // role is kPrimary and now < the fence's serve_until (now on the clock of
   // the options).
   bool Serving(absl::Time now) const;
@@ -181,6 +212,9 @@ class Elector {
   void ServeAsPrimary(const EtcdLease& lease, int64_t epoch);
   // As standby of `holder` until its key is gone or stopping.
   void Follow(const EtcdCampaign& holder);
+  // Why this candidate may not campaign now (the synchronous-standby list
+  // names others); nullopt if it may.
+  std::optional<std::string> NotEligible();
   // Waits d (real time) or until stopping; true if stopping.
   bool WaitOrStop(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_);
   bool stopping() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -192,10 +226,14 @@ class Elector {
 
   const ElectorOptions options_;
   const std::string key_;
+  const std::string sync_key_;
   Clock* const clock_;
   const std::unique_ptr<EtcdClient> client_;
   // Ends the standby's watch on Stop.
   EtcdCancel cancel_watch_;
+  // The last reason NotEligible gave (logged once per change); Run's thread
+  // only.
+  std::string last_not_eligible_;
 
   mutable absl::Mutex mu_;
   Role role_ ABSL_GUARDED_BY(mu_);

@@ -390,6 +390,32 @@ absl::StatusOr<bool> EtcdClient::DeleteIfCreated(const std::string& key,
   return deleted;
 }
 
+absl::StatusOr<bool> EtcdClient::PutIfCreated(const std::string& key,
+                                              const std::string& value,
+                                              const std::string& guard,
+                                              int64_t guard_create_revision,
+                                              absl::Time deadline) {
+  bool put = false;
+  absl::Status status = RunWithFailover(
+      "Txn(PutIfCreated)", deadline,
+      [&](Stubs& endpoint, grpc::ClientContext* context) {
+        etcdserverpb::TxnRequest request =
+            IfCreatedAt(guard, guard_create_revision);
+        etcdserverpb::PutRequest* p =
+            request.add_success()->mutable_request_put();
+        p->set_key(key);
+        p->set_value(value);
+        etcdserverpb::TxnResponse response;
+        absl::Status s =
+            FromGrpc(endpoint.kv->Txn(context, request, &response));
+        if (!s.ok()) return s;
+        put = response.succeeded();
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  return put;
+}
+
 absl::StatusOr<int64_t> EtcdClient::Put(const std::string& key,
                                         const std::string& value,
                                         absl::Time deadline) {

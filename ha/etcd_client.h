@@ -163,6 +163,15 @@ class EtcdClient {
   absl::StatusOr<bool> DeleteIfCreated(const std::string& key,
                                        int64_t create_revision,
                                        absl::Time deadline = kNoDeadline);
+  // Puts value under `key` (no lease) only if `guard`'s create revision is
+  // guard_create_revision (e.g. only while this primary's election key is
+  // the one it created). True if it put it. A retry after a lost answer
+  // puts the same value again: the outcome is the same.
+  absl::StatusOr<bool> PutIfCreated(const std::string& key,
+                                    const std::string& value,
+                                    const std::string& guard,
+                                    int64_t guard_create_revision,
+                                    absl::Time deadline = kNoDeadline);
   // Puts value under the key, no lease; returns the store's revision after.
   absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value,
                               absl::Time deadline = kNoDeadline);

@@ -369,6 +369,8 @@ class HaRole final : public localsgd::ServingGate {
  public:
   explicit HaRole(uint32_t shard) : shard_(shard) {}
   ~HaRole() override {
+    // Its thread calls the elector.
+    if (server_ != nullptr) server_->StopSyncPublisher();
     Resign();
     {
       absl::MutexLock lock(&mu_);
@@ -394,6 +396,13 @@ class HaRole final : public localsgd::ServingGate {
     if (!elector.ok()) return elector.status();
     elector_ = *std::move(elector);
     live_.store(elector_.get(), std::memory_order_release);
+    // The standbys in sync, in etcd: only those may take over.
+    server_->StartSyncPublisher([elector = elector_.get()](
+                                    uint64_t epoch,
+                                    const std::vector<std::string>& standbys) {
+      return elector->PublishSyncStandbys(static_cast<int64_t>(epoch), standbys,
+                                          absl::Now() + absl::Seconds(2));
+    });
     thread_ = std::thread([this] { RoleLoop(); });
     elector_->Start();
     return absl::OkStatus();

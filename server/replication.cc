@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
@@ -114,6 +115,16 @@ void ReplicationHub::WhenAcked(uint64_t ticket, std::function<void()> release) {
   for (auto& fn : due) fn();
 }
 
+std::vector<std::string> ReplicationHub::InSyncLocked() const {
+  std::vector<std::string> out;
+  for (const auto& [id, f] : followers_) {
+    if (f.in_sync && !f.dropped) out.push_back(f.address);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 std::vector<std::function<void()>> ReplicationHub::DueLocked() {
   bool any = false;
   uint64_t least = UINT64_MAX;
@@ -121,6 +132,17 @@ std::vector<std::function<void()>> ReplicationHub::DueLocked() {
     if (!f.in_sync || f.dropped) continue;
     any = true;
     least = std::min(least, f.acked);
+  }
+  if (publish_) {
+    // A standby the list names (or may name: a write in flight or failed)
+    // that is no longer in sync could win an election: nothing it lacks
+    // goes out until the list no longer names it.
+    const std::vector<std::string> live = InSyncLocked();
+    for (const std::vector<std::string>* named : {&published_, &writing_}) {
+      for (const std::string& a : *named) {
+        if (!std::binary_search(live.begin(), live.end(), a)) return {};
+      }
+    }
   }
   std::vector<std::function<void()>> due;
   while (!waiting_.empty() && (!any || waiting_.begin()->first <= least)) {
@@ -451,6 +473,104 @@ void ReplicationHub::Shutdown() {
     // Not released: a standby may not have them. Their members' calls end
     // with the server; they retry against the next primary.
     unreleased.swap(waiting_);
+  }
+  StopSyncPublisher();
+}
+
+void ReplicationHub::StartSyncPublisher(SyncPublisher publish) {
+  absl::MutexLock lock(&mu_);
+  if (publish_ || shutdown_) return;
+  publish_ = std::move(publish);
+  publisher_ = std::thread([this] { PublishLoop(); });
+}
+
+void ReplicationHub::StopSyncPublisher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_publishing_ = true;
+  }
+  if (publisher_.joinable()) publisher_.join();
+}
+
+absl::Status ReplicationHub::PublishInitial(uint64_t epoch,
+                                            absl::Time deadline) {
+  SyncPublisher publish;
+  {
+    absl::MutexLock lock(&mu_);
+    publish = publish_;
+  }
+  if (!publish) return absl::OkStatus();
+  while (true) {
+    const absl::Status s = publish(epoch, {});
+    if (s.ok()) {
+      absl::MutexLock lock(&mu_);
+      published_.clear();
+      writing_.clear();
+      LOG(INFO) << "replication: synchronous standbys of epoch " << epoch
+                << ": none yet";
+      return absl::OkStatus();
+    }
+    // Deposed already, or out of time: the caller does not serve.
+    if (s.code() == absl::StatusCode::kFailedPrecondition ||
+        absl::Now() >= deadline) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot publish the synchronous standbys of epoch ",
+                       epoch, ": ", s.ToString()));
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // the role thread, not a handler
+  }
+}
+
+void ReplicationHub::PublishLoop() {
+  int failures = 0;  // in a row
+  absl::MutexLock lock(&mu_);
+  while (!stop_publishing_ && !shutdown_) {
+    const std::vector<std::string> want = InSyncLocked();
+    if (!serving_() || want == published_) {
+      auto changed = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return stop_publishing_ || shutdown_ || InSyncLocked() != published_;
+      };
+      // Also woken now and then: serving_ is not under mu_.
+      mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Milliseconds(100));
+      continue;
+    }
+    // Until a write succeeds, every list tried may be the one in etcd.
+    for (const std::string& a : want) {
+      if (std::find(writing_.begin(), writing_.end(), a) == writing_.end()) {
+        writing_.push_back(a);
+      }
+    }
+    const uint64_t epoch = epoch_();
+    const SyncPublisher publish = publish_;
+    mu_.Unlock();
+    const absl::Status s = publish(epoch, want);
+    mu_.Lock();
+    if (!s.ok()) {
+      // Every 200 ms while etcd is away: the first and then every 50th.
+      if (++failures % 50 == 1) {
+        LOG(WARNING) << "replication: cannot publish the synchronous standbys ("
+                     << (want.empty() ? "none" : absl::StrJoin(want, ", "))
+                     << "; attempt " << failures << "): " << s
+                     << "; results wait until it can";
+      }
+      auto stop = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return stop_publishing_ || shutdown_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(200));
+      continue;
+    }
+    published_ = want;
+    writing_.clear();
+    LOG(INFO) << "replication: synchronous standbys of epoch " << epoch << ": "
+              << (want.empty() ? "none" : absl::StrJoin(want, ", "))
+              << (failures > 0
+                      ? absl::StrCat(" (after ", failures, " failed attempts)")
+                      : "");
+    failures = 0;
+    std::vector<std::function<void()>> due = DueLocked();
+    mu_.Unlock();
+    for (auto& fn : due) fn();
+    mu_.Lock();
   }
 }
 

@@ -14,8 +14,15 @@
 // One that stops acknowledging for `ack_timeout` (hung, or cut off) is
 // dropped: the primary goes on without it (logged; the job is not held
 // hostage by a dead standby), and it catches up again when it comes back.
-// A standby dropped while its primary lived and then promoted holds an older
-// state than some members: they re-seed it (Job::Promote).
+//
+// The synchronous standbys (with a SyncPublisher: etcd's list, see
+// ha/election.h): the primary publishes the addresses of the standbys in
+// sync, and releases nothing while the list it published (or is writing)
+// names a standby that is no longer in sync: a dropped standby leaves the
+// list before anything it lacks reaches a member, so a standby that the
+// list names holds every state a member holds, and one it does not name
+// never campaigns. A new primary publishes its (empty) list before it
+// serves (PublishInitial).
 //
 // Follow is refused to a caller without the group's token (--ha_token; none
 // set: anyone who reaches the port may follow, logged at start), of another
@@ -94,6 +101,22 @@ class ReplicationHub final : public Replicator,
       grpc::ServerReaderWriter<v1::ReplicaUpdate, v1::FollowMessage>* stream)
       override;
 
+  // Writes the synchronous-standby list of the primary of `epoch` (the
+  // addresses of the standbys in sync): OK once written. Blocks; called
+  // from the hub's publishing thread.
+  using SyncPublisher = std::function<absl::Status(
+      uint64_t epoch, const std::vector<std::string>& standbys)>;
+  // Starts publishing the standbys in sync through `publish` (once, before
+  // serving); until then (and without it) releases wait for no list.
+  void StartSyncPublisher(SyncPublisher publish) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops it (joins its thread); idempotent. Before `publish`'s target goes.
+  void StopSyncPublisher() ABSL_LOCKS_EXCLUDED(mu_);
+  // A new primary, before it serves: publishes an empty list for `epoch`
+  // (no standby follows it yet), trying until `deadline`. OK without a
+  // publisher.
+  absl::Status PublishInitial(uint64_t epoch, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Drops the standbys in sync that stopped acknowledging (ack_timeout).
   void Tick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends every Follow stream and releases what waits; later updates are
@@ -125,9 +148,14 @@ class ReplicationHub final : public Replicator,
   uint64_t Append(std::string job_id, v1::ReplicaUpdate update)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The releases now due (every waiter at or below the least ack of the
-  // standbys in sync; all of them if none is), taken out of waiting_.
+  // standbys in sync; all of them if none is; none while the published
+  // list names a standby not in sync), taken out of waiting_.
   std::vector<std::function<void()>> DueLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The addresses of the standbys in sync, sorted, once each.
+  std::vector<std::string> InSyncLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops log entries no follower still needs.
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(uint64_t id, absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_);
@@ -149,6 +177,14 @@ class ReplicationHub final : public Replicator,
   std::map<uint64_t, Follower> followers_ ABSL_GUARDED_BY(mu_);
   std::deque<Entry> log_ ABSL_GUARDED_BY(mu_);
   std::multimap<uint64_t, std::function<void()>> waiting_ ABSL_GUARDED_BY(mu_);
+
+  // The synchronous standbys: what the list says (last written), and what
+  // is being written now (it may have landed).
+  SyncPublisher publish_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> published_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> writing_ ABSL_GUARDED_BY(mu_);
+  bool stop_publishing_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread publisher_;
 };
 
 // The standby's side.

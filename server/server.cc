@@ -268,6 +268,15 @@ absl::Status CoordinatorServer::Promote(uint64_t epoch) {
     if (absl::Status s = coordinator_->RestoreCheckpoints(); !s.ok()) return s;
   }
   coordinator_->RaiseEpoch(epoch);
+  // The list of the last primary names its standbys, not this one's: a new
+  // one (empty) before anything is served.
+  if (hub_ != nullptr) {
+    if (absl::Status s =
+            hub_->PublishInitial(epoch, absl::Now() + absl::Seconds(5));
+        !s.ok()) {
+      return s;
+    }
+  }
   promoted_.store(true, std::memory_order_release);
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the coordinator is stopping");
@@ -283,6 +292,15 @@ void CoordinatorServer::Follow(std::string primary, uint64_t epoch) {
   if (follower_ != nullptr && !promoted_.load(std::memory_order_acquire)) {
     follower_->Follow(std::move(primary), epoch);
   }
+}
+
+void CoordinatorServer::StartSyncPublisher(
+    ReplicationHub::SyncPublisher publish) {
+  if (hub_ != nullptr) hub_->StartSyncPublisher(std::move(publish));
+}
+
+void CoordinatorServer::StopSyncPublisher() {
+  if (hub_ != nullptr) hub_->StopSyncPublisher();
 }
 
 bool CoordinatorServer::InSync() {

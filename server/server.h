@@ -126,6 +126,12 @@ class CoordinatorServer {
   // Whether this standby is in sync with the primary it follows (or
   // followed last): it then holds every state a member may hold.
   bool InSync();
+  // With a gate: publishes the standbys in sync through `publish` (etcd's
+  // synchronous-standby list; ReplicationHub::StartSyncPublisher), and
+  // Promote publishes its first, empty list before it serves. Start once,
+  // before the election; Stop before `publish`'s target goes.
+  void StartSyncPublisher(ReplicationHub::SyncPublisher publish);
+  void StopSyncPublisher();
 
   // Reads the token file again (what SIGHUP does). On error the tokens
   // loaded before stay in force and the error is returned (and logged).

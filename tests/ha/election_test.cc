@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "gtest/gtest.h"
+#include "ha/etcd_client.h"
 #include "src/clock.h"
 #include "tests/ha/etcd_process.h"
 
@@ -126,6 +127,26 @@ TEST(ElectorOptionsTest, Validate) {
   EXPECT_FALSE(bad.Validate().ok());
   EXPECT_FALSE(Elector::Create(bad).ok());
   EXPECT_EQ(ElectionKey("g", 3), "/localsgd/g/shard/3/primary");
+  EXPECT_EQ(SyncStandbysKey("g", 3), "/localsgd/g/shard/3/sync");
+}
+
+TEST(SyncStandbysTest, FormatAndParse) {
+  const SyncStandbys sync{12, {"a:1", "b.local:2"}};
+  EXPECT_EQ(FormatSyncStandbys(sync), "epoch 12\na:1\nb.local:2\n");
+  absl::StatusOr<SyncStandbys> back =
+      ParseSyncStandbys(FormatSyncStandbys(sync));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->epoch, 12);
+  EXPECT_EQ(back->standbys, sync.standbys);
+  back = ParseSyncStandbys("epoch 3\n");
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->standbys.empty());
+  for (const char* bad : {"", "a:1\n", "epoch x\n", "epoch 0\n", "epoch -2\n",
+                          "epoch 3\na b\n"}) {
+    EXPECT_EQ(ParseSyncStandbys(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
 }
 
 // ---- The elector, against etcd ----
@@ -224,6 +245,50 @@ class ElectorTest : public ::testing::Test {
 
   std::unique_ptr<EtcdProcess> etcd_;
 };
+
+// The synchronous-standby list: a candidate it does not name does not
+// campaign (the key stays absent), one it names does; only the primary of
+// the epoch it names writes it.
+TEST_F(ElectorTest, OnlyASynchronousStandbyCampaigns) {
+  auto etcd = EtcdClient::Create({{etcd_->endpoint()}, absl::Seconds(1)});
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const std::string sync_key = SyncStandbysKey("g", 0);
+  ASSERT_TRUE(
+      (*etcd)->Put(sync_key, FormatSyncStandbys({7, {"b.local:2"}})).ok());
+  absl::StatusOr<EtcdGetResult> before = (*etcd)->Get(ElectionKey("g", 0));
+  ASSERT_TRUE(before.ok());
+  RoleLog log_a;
+  auto a = Make("g", 0, "a.local:1", &log_a);
+  a->Start();
+  // Two leases' time and the primary's key never appears: a waits.
+  absl::StatusOr<EtcdChange> change = (*etcd)->WaitForChange(
+      ElectionKey("g", 0), before->revision, absl::Seconds(4));
+  ASSERT_TRUE(change.ok()) << change.status();
+  EXPECT_EQ(change->kind, EtcdChange::kTimeout)
+      << "a candidate the list does not name campaigned";
+  EXPECT_EQ(a->role().kind, ElectorRole::kCandidate);
+  // b, which it names, wins; a follows it.
+  auto b = Make("g", 0, "b.local:2", nullptr);
+  b->Start();
+  ASSERT_EQ(WaitForPrimaryAndStandby(*a, *b, "a.local:1", "b.local:2"), 1);
+  const int64_t epoch = b->role().epoch;
+  // Its list; a's write for an epoch it does not hold is refused.
+  ASSERT_TRUE(b->PublishSyncStandbys(epoch, {"a.local:1"},
+                                     absl::Now() + absl::Seconds(2))
+                  .ok());
+  EXPECT_EQ(
+      a->PublishSyncStandbys(epoch + 1, {}, absl::Now() + absl::Seconds(2))
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<EtcdGetResult> got = (*etcd)->Get(sync_key);
+  ASSERT_TRUE(got.ok() && got->kv.has_value());
+  EXPECT_EQ(got->kv->value, FormatSyncStandbys({epoch, {"a.local:1"}}));
+  // Now named, a takes over when b stops.
+  b->Stop();
+  EXPECT_TRUE(WaitUntil([&] { return a->role().kind == ElectorRole::kPrimary; },
+                        absl::Seconds(2)));
+  a->Stop();
+}
 
 TEST_F(ElectorTest, OnePrimaryTheOtherStandbyThenTakeOverOnStop) {
   RoleLog log_a, log_b;

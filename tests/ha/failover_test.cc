@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -111,6 +112,7 @@ class CoordinatorProcess {
     pid_ = fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // none outlives a crashed test
       const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) {
         dup2(fd, 1);
@@ -156,9 +158,10 @@ class CoordinatorProcess {
   pid_t pid() const { return pid_; }
 
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  const std::string& log() const { return log_; }
 
-  // Whether it serves (the primary): GetJobStatus answers anything but
-  // UNAVAILABLE.
+  // Whether it serves (the primary): GetJobStatus answers within a second,
+  // with anything but UNAVAILABLE.
   // `epoch`, if not null: the epoch it answered with.
   bool Serving(uint64_t* epoch = nullptr) const {
     auto stub =
@@ -167,9 +170,11 @@ class CoordinatorProcess {
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
     v1::GetJobStatusRequest request;
     v1::GetJobStatusResponse response;
-    const bool serving =
-        stub->GetJobStatus(&context, request, &response).error_code() !=
-        grpc::StatusCode::UNAVAILABLE;
+    // A paused one (SIGSTOP) answers nothing: not serving either.
+    const grpc::StatusCode code =
+        stub->GetJobStatus(&context, request, &response).error_code();
+    const bool serving = code != grpc::StatusCode::UNAVAILABLE &&
+                         code != grpc::StatusCode::DEADLINE_EXCEEDED;
     if (epoch != nullptr) *epoch = response.epoch();
     return serving;
   }
@@ -325,6 +330,13 @@ struct Members {
       threads.emplace_back([this, i] { RunMember(i); });
     }
   }
+  // A test that ends early (a failed ASSERT) stops the members at their
+  // next round.
+  ~Members() {
+    stop.store(true);
+    Join();
+  }
+
   void Join() {
     for (std::thread& t : threads) {
       if (t.joinable()) t.join();
@@ -343,7 +355,7 @@ struct Members {
       return Fail(i, s);
     }
     RoundId last = (*client)->state_round();
-    while (last < static_cast<RoundId>(rounds)) {
+    while (last < static_cast<RoundId>(rounds) && !stop.load()) {
       static constexpr float kAdd[kMembers] = {0.25f, 0.5f, 0.75f, 2.5f};
       for (float& p : params) p += kAdd[i];
       absl::SleepFor(step_time);  // training, not synchronisation
@@ -394,6 +406,7 @@ struct Members {
   std::vector<float> reference;  // the state after round r
   std::vector<ClientOptions> options;
   std::vector<std::thread> threads;
+  std::atomic<bool> stop{false};
   absl::Mutex mu;
   int progress ABSL_GUARDED_BY(mu) = 0;
   int rejoins ABSL_GUARDED_BY(mu) = 0;
@@ -556,6 +569,54 @@ TEST_F(FailoverMomentsTest, PrimaryKilledAtChosenMoments_NothingIsLost) {
     ASSERT_TRUE(successor->Serving(&after));
     EXPECT_GT(after, before) << "the epoch did not grow with a failover";
   }
+  ExpectExactEnd(members);
+}
+
+// The synchronous standbys in etcd: a standby the primary dropped (paused
+// past the ack timeout) leaves the list before anything it lacks reaches a
+// member. With the primary dead and the standby in sync paused, the
+// dropped one, resumed, does not take over (it would serve an older state
+// and lose the outer momentum of the rounds it missed); the synchronous
+// one, resumed, does, and the members' states stay exact.
+TEST_F(FailoverMomentsTest, DroppedStandbyWaitsForTheSynchronousOne) {
+  constexpr int kRounds = 300;
+  Members members(Targets(), kRounds, absl::Milliseconds(50));
+  CoordinatorProcess* primary = RunToRoundTen(members);
+  ASSERT_NE(primary, nullptr);
+  ASSERT_TRUE(AwaitCondition([&] { return primary->StandbyInSync(2); },
+                             absl::Seconds(30)))
+      << Logs();
+  std::vector<CoordinatorProcess*> standbys;
+  for (auto& c : coordinators_) {
+    if (c.get() != primary) standbys.push_back(c.get());
+  }
+  CoordinatorProcess* dropped = standbys[0];
+  CoordinatorProcess* synchronous = standbys[1];
+  dropped->Signal(SIGSTOP);
+  // The primary drops it (no ack for 5 s) and the rounds go on without it.
+  ASSERT_TRUE(AwaitCondition(
+      [&] { return !primary->StandbyInSync(2) && primary->StandbyInSync(1); },
+      absl::Seconds(30)))
+      << Logs();
+  const int dropped_at = members.Progress();
+  ASSERT_TRUE(AwaitCondition(
+      [&] { return members.Progress() > dropped_at + 3; }, absl::Seconds(30)))
+      << Logs();
+  synchronous->Signal(SIGSTOP);
+  primary->Kill();
+  dropped->Signal(SIGCONT);
+  // Two leases and more: the dropped one does not campaign.
+  EXPECT_FALSE(
+      AwaitCondition([&] { return Primary() != nullptr; }, absl::Seconds(6)))
+      << "a standby not in the synchronous list took over\n"
+      << Logs();
+  EXPECT_NE(ReadFile(dropped->log()).find("not campaigning"), std::string::npos)
+      << Logs();
+  synchronous->Signal(SIGCONT);
+  primary->Start();
+  ASSERT_TRUE(
+      AwaitCondition([&] { return synchronous->Serving(); }, absl::Seconds(30)))
+      << Logs();
   ExpectExactEnd(members);
 }
 

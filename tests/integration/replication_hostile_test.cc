@@ -11,9 +11,11 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
@@ -271,6 +273,120 @@ TEST(ReplicationTest, Follow_CatchUpThenUpdatesWaitForTheAck) {
   EXPECT_EQ(params, std::vector<float>(kElements, 2.0f));
   context.TryCancel();
   stream->Finish().ok();
+}
+
+// The synchronous-standby list, written through a publisher that fails on
+// the test's word (etcd unreachable). A new primary writes an empty list
+// before it serves; a standby in sync is added; once the primary drops it
+// (no ack for ack_timeout), a round's result waits until the list without
+// it is written, however long that takes, and is released once it is.
+struct FakeList {
+  absl::Mutex mu;
+  std::vector<std::pair<uint64_t, std::vector<std::string>>> written
+      ABSL_GUARDED_BY(mu);
+  int failed ABSL_GUARDED_BY(mu) = 0;
+  bool fail ABSL_GUARDED_BY(mu) = false;
+
+  ReplicationHub::SyncPublisher Publisher() {
+    return [this](uint64_t epoch, const std::vector<std::string>& standbys) {
+      absl::MutexLock lock(&mu);
+      if (fail) {
+        ++failed;
+        return absl::UnavailableError("etcd is unreachable (the test's)");
+      }
+      written.emplace_back(epoch, standbys);
+      return absl::OkStatus();
+    };
+  }
+  std::vector<std::string> Last() {
+    absl::MutexLock lock(&mu);
+    return written.empty() ? std::vector<std::string>{"(none)"}
+                           : written.back().second;
+  }
+};
+
+TEST(ReplicationTest, SynchronousList_ResultsWaitUntilADroppedStandbyLeavesIt) {
+  OpenGate gate;
+  FakeList list;
+  ServerOptions options = testkit::BaseServerOptions();
+  options.gate = &gate;
+  options.replication.group = "g";
+  options.replication.shard_index = 0;
+  options.replication.token = "s3cret";
+  options.replication.advertise = "primary";
+  options.replication.ack_timeout = absl::Seconds(1);
+  auto server = testkit::StartServer(std::move(options));
+  ASSERT_NE(server, nullptr);
+  server->StartSyncPublisher(list.Publisher());
+  ASSERT_TRUE(server->Promote(7).ok());
+  {
+    absl::MutexLock lock(&list.mu);
+    ASSERT_EQ(list.written.size(), 1u);  // before it served
+    EXPECT_EQ(list.written[0].first, 7u);
+    EXPECT_TRUE(list.written[0].second.empty());
+  }
+  auto member =
+      testkit::JoinedClient(testkit::BaseClientOptions(*server, "job", "m"));
+  ASSERT_NE(member, nullptr);
+  std::vector<float> params(kElements, 0.0f);
+  ASSERT_TRUE(member->Initialize(absl::MakeSpan(params)).ok());
+  Round(*member, params, 1);
+
+  // A standby follows and acknowledges its catch-up: it is in the list.
+  auto stub = v1::Replication::NewStub(grpc::CreateChannel(
+      testkit::Target(*server), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto stream = stub->Follow(&context);
+  v1::FollowMessage hello;
+  *hello.mutable_follow() = Good();
+  ASSERT_TRUE(stream->Write(hello));
+  v1::ReplicaUpdate update;
+  while (stream->Read(&update) && !update.has_caught_up()) {
+  }
+  ASSERT_TRUE(update.has_caught_up());
+  v1::FollowMessage ack;
+  ack.set_acked(update.sequence());
+  ASSERT_TRUE(stream->Write(ack));
+  ASSERT_TRUE(testkit::AwaitCondition(
+      [&] { return list.Last() == std::vector<std::string>{"127.0.0.1:1"}; }));
+
+  // etcd goes away; the standby stops acknowledging; a round.
+  {
+    absl::MutexLock lock(&list.mu);
+    list.fail = true;
+  }
+  absl::StatusOr<SyncOutcome> out;
+  std::atomic<bool> returned{false};
+  std::thread sync([&] {
+    for (float& v : params) v += 1.0f;
+    out = member->Sync(absl::MakeSpan(params));
+    returned = true;
+  });
+  // Dropped (after ack_timeout), and the list without it tried and failed
+  // a few times: the result is still held.
+  ASSERT_TRUE(testkit::AwaitCondition(
+      [&] {
+        absl::MutexLock lock(&list.mu);
+        return list.failed >= 3;
+      },
+      absl::Seconds(20)));
+  EXPECT_FALSE(returned.load())
+      << "a result reached a member while the list named a standby that "
+         "lacks it";
+  // etcd is back: the list without it, then the result.
+  {
+    absl::MutexLock lock(&list.mu);
+    list.fail = false;
+  }
+  sync.join();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->round, 2u);
+  EXPECT_EQ(params, std::vector<float>(kElements, 2.0f));
+  EXPECT_TRUE(list.Last().empty());
+  context.TryCancel();
+  stream->Finish().ok();
+  server->StopSyncPublisher();
 }
 
 // A "standby" that asks to follow and then reads nothing: the catch-up of
