@@ -333,6 +333,57 @@ def round_open(coordinator, headers=None):
         body["jobs"][0]["open_round_contributed"] == ["alice"]
 
 
+def check_ha_page():
+    """A primary and a standby (--ha_etcd, a real etcd): the page names the
+    epoch and the standby, in sync, as GetJobStatus does."""
+    if not os.path.exists("/usr/bin/etcd"):
+        ENV.log("SKIP the standby's line: no /usr/bin/etcd")
+        return
+    client, peer = deploy_lib.free_port(), deploy_lib.free_port()
+    etcd = ENV.spawn(["/usr/bin/etcd", "--name=n0",
+                      f"--data-dir={os.path.join(ENV.tmp, 'etcd')}",
+                      f"--listen-client-urls=http://127.0.0.1:{client}",
+                      f"--advertise-client-urls=http://127.0.0.1:{client}",
+                      f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                      f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                      f"--initial-cluster=n0=http://127.0.0.1:{peer}"],
+                     "etcd.log", stdout=subprocess.DEVNULL)
+    coordinators = []
+    for tag in ("ha0", "ha1"):
+        port = deploy_lib.free_port()
+        coordinators.append(deploy_lib.Coordinator(
+            ENV, ARGS.coordinator, tag,
+            [f"--listen=127.0.0.1:{port}", "--http_listen=127.0.0.1:0",
+             f"--ha_etcd=127.0.0.1:{client}", "--ha_group=page",
+             f"--ha_advertise=127.0.0.1:{port}", "--shutdown_grace=1s"],
+            ports=("http",)))
+
+    def primary_with_standby():
+        for c in coordinators:
+            r = subprocess.run([ARGS.ctl, f"--target={c.target}", "status",
+                                "--json"], capture_output=True, text=True,
+                               timeout=30)
+            if r.returncode != 0:  # a standby answers UNAVAILABLE
+                continue
+            rpc = json.loads(r.stdout)
+            standbys = rpc.get("standbys", [])
+            if int(rpc.get("epoch", 0)) > 0 and standbys and \
+                    all(s.get("in_sync") for s in standbys):
+                return c, rpc
+        return None
+    primary, rpc = ENV.wait_for("a primary with its standby in sync",
+                                primary_with_standby)
+    standby = [c for c in coordinators if c is not primary][0]
+    dom, html = render(primary.url("http", "/"))
+    want = (f"primary at epoch {int(rpc['epoch'])}; standbys: "
+            f"{standby.target} (in sync)")
+    ENV.check(want in html, f"the page does not say {want!r}")
+    for c in coordinators:
+        c.stop()
+    etcd.kill()
+    ENV.log(f"page: {want}")
+
+
 def main():
     if ARGS.browser:
         r = subprocess.run([ARGS.browser, "--headless", "--no-sandbox",
@@ -416,6 +467,7 @@ def main():
     check_watch(c, ctl_status(c))
     if ARGS.browser:
         check_page(c, ctl_status(c))
+        check_ha_page()
     for m in members:
         m.proc.kill()
     c.stop()
