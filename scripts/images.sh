@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the two images of deploy/Dockerfile (localsgd/coordinator and
-# localsgd/worker) with podman, here, without a registry: the
+# Builds the images of deploy/Dockerfile (localsgd/coordinator,
+# localsgd/worker and localsgd/etcd) with podman, here, without a registry: the
 # debian:bookworm-slim they start from is made locally from Debian's archive
 # (mmdebstrap --variant=minbase bookworm, imported as
 # docker.io/library/debian:bookworm-slim) and every build runs with
@@ -16,7 +16,7 @@
 # takes longer). Storage that already exists keeps its driver (podman
 # refuses to open it with another).
 #
-# Usage: scripts/images.sh [coordinator] [worker]   (default: both)
+# Usage: scripts/images.sh [coordinator] [worker] [etcd]   (default: all)
 #        scripts/images.sh --driver   (print the driver it would use; exit)
 # Environment: IMAGE_TAG (0.1.0), IMAGE_CACHE (/var/cache/localsgd-images),
 #   PODMAN_STORAGE (overlay or vfs: no probing).
@@ -29,7 +29,7 @@ IMAGE_TAG=${IMAGE_TAG:-0.1.0}
 IMAGE_CACHE=${IMAGE_CACHE:-/var/cache/localsgd-images}
 BASE=docker.io/library/debian:bookworm-slim
 targets=("$@")
-((${#targets[@]})) || targets=(coordinator worker)
+((${#targets[@]})) || targets=(coordinator worker etcd)
 
 log() { echo "[images] $*"; }
 die() { echo "[images] error: $*" >&2; exit 1; }
@@ -89,7 +89,7 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
 fi
 
 for target in "${targets[@]}"; do
-  case $target in coordinator|worker) ;; *) die "unknown image '$target' (coordinator, worker)";; esac
+  case $target in coordinator|worker|etcd) ;; *) die "unknown image '$target' (coordinator, worker, etcd)";; esac
   start=$SECONDS
   log "building localsgd/$target:$IMAGE_TAG (deploy/Dockerfile --target $target)"
   "${PODMAN[@]}" build --pull=never --network host --layers \

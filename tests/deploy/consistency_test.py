@@ -9,7 +9,12 @@ manifests as `kubectl kustomize` renders them, and checks for each overlay:
    server keeps SERVING while draining), the Service ports and the
    Prometheus annotation; they listen on all addresses;
  - --state_dir is a mounted volume "state" backed by a PersistentVolumeClaim
-   (single) or a volumeClaimTemplate (sharded);
+   (single) or a volumeClaimTemplate (sharded, ha);
+ - ha: the coordinators elect through the rendered etcd cluster of three
+   (every member in LOCALSGD_HA_ETCD), advertise their pod names under a
+   headless Service that publishes not-ready pods, the workers' Service
+   routes to ready pods only (the primary), the token comes from a Secret,
+   etcd has its PodDisruptionBudget, pods spread over nodes;
  - terminationGracePeriodSeconds exceeds --shutdown_grace plus what the
    server needs after it (results in flight, checkpoints, metrics server);
  - security settings (non-root uid of the image, read-only root filesystem,
@@ -168,7 +173,10 @@ def check_coordinator_overlay(name, objects, flags, liveness_service,
     check(annotations.get("prometheus.io/port") == str(metrics_port),
           f"{name}: prometheus.io/port annotation is not {metrics_port}")
     pod_labels = pod["metadata"].get("labels", {})
-    services = by_kind(objects, "Service")
+    # The coordinator's Services (the ha overlay also has etcd's).
+    services = [s for s in by_kind(objects, "Service")
+                if s["metadata"].get("labels", {}).get(
+                    "app.kubernetes.io/component") == "coordinator"]
     check(services, f"{name}: no Service")
     for svc in services:
         s = svc["spec"]
@@ -247,7 +255,9 @@ def check_coordinator_overlay(name, objects, flags, liveness_service,
     for kind in ("requests", "limits"):
         for r in ("cpu", "memory"):
             check(r in resources.get(kind, {}), f"{name}: no {kind}.{r}")
-    pdbs = by_kind(objects, "PodDisruptionBudget")
+    pdbs = [p for p in by_kind(objects, "PodDisruptionBudget")
+            if p["metadata"].get("labels", {}).get(
+                "app.kubernetes.io/component") == "coordinator"]
     check(len(pdbs) == 1 and labels_match(
         pdbs[0]["spec"]["selector"]["matchLabels"], pod_labels),
         f"{name}: no PodDisruptionBudget selecting the coordinator pods")
@@ -255,7 +265,93 @@ def check_coordinator_overlay(name, objects, flags, liveness_service,
                        pod_labels), f"{name}: the workload's selector does "
           "not match its pod template")
     return {"grpc_port": grpc_port, "metrics_port": metrics_port,
-            "services": {s["metadata"]["name"]: s for s in services}}
+            "services": {s["metadata"]["name"]: s for s in services},
+            "env": env, "workload": workload, "container": c}
+
+
+def check_ha_overlay(objects, coordinator):
+    """The standby coordinators' overlay: the coordinators elect through
+    the rendered etcd cluster, advertise themselves by their pod names under
+    a headless Service that publishes not-ready pods, the workers' Service
+    routes by readiness (the primary alone), and etcd is a quorum of three
+    with its own PodDisruptionBudget; pods spread over nodes."""
+    name = "ha"
+    env, workload = coordinator["env"], coordinator["workload"]
+    c = coordinator["container"]
+    check(workload["kind"] == "StatefulSet" and
+          workload["spec"].get("replicas", 1) >= 2,
+          f"{name}: a shard needs a primary and a standby (replicas >= 2)")
+    etcds = [o for o in by_kind(objects, "StatefulSet")
+             if o["metadata"]["name"] == "localsgd-etcd"]
+    if not check(len(etcds) == 1, f"{name}: no etcd StatefulSet"):
+        return
+    etcd = etcds[0]
+    replicas = etcd["spec"].get("replicas", 1)
+    check(replicas == 3, f"{name}: etcd runs {replicas} members, not 3")
+    etcd_service = etcd["spec"]["serviceName"]
+    services = {s["metadata"]["name"]: s for s in by_kind(objects, "Service")}
+    es = services.get(etcd_service, {}).get("spec", {})
+    check(es.get("clusterIP") == "None" and
+          es.get("publishNotReadyAddresses") is True,
+          f"{name}: etcd's Service {etcd_service} must be headless and "
+          "publish members before they are ready (they find each other "
+          "through it)")
+    client_port = [p["containerPort"] for p in
+                   etcd["spec"]["template"]["spec"]["containers"][0]["ports"]
+                   if p["name"] == "client"]
+    want = ",".join(f"localsgd-etcd-{i}.{etcd_service}:{client_port[0]}"
+                    for i in range(replicas)) if client_port else None
+    check(env.get("LOCALSGD_HA_ETCD") == want,
+          f"{name}: LOCALSGD_HA_ETCD is {env.get('LOCALSGD_HA_ETCD')!r}, "
+          f"not every etcd member ({want!r})")
+    peers = workload["spec"]["serviceName"]
+    ps = services.get(peers, {}).get("spec", {})
+    check(ps.get("publishNotReadyAddresses") is True,
+          f"{name}: {peers} must publish not-ready pods: a standby is never "
+          "ready, yet its primary and workers reach it by name")
+    check(env.get("LOCALSGD_HA_ADVERTISE") ==
+          f"$(POD_NAME).{peers}:{coordinator['grpc_port']}",
+          f"{name}: LOCALSGD_HA_ADVERTISE is "
+          f"{env.get('LOCALSGD_HA_ADVERTISE')!r}, not the pod's name under "
+          f"{peers} with the gRPC port")
+    pod_name = [e for e in c.get("env", []) if e["name"] == "POD_NAME"]
+    check(pod_name and pod_name[0].get("valueFrom", {}).get(
+        "fieldRef", {}).get("fieldPath") == "metadata.name",
+        f"{name}: POD_NAME is not the downward API's metadata.name")
+    token = [e for e in c.get("env", []) if e["name"] == "LOCALSGD_HA_TOKEN"]
+    check(token and "secretKeyRef" in token[0].get("valueFrom", {}),
+          f"{name}: LOCALSGD_HA_TOKEN does not come from a Secret")
+    routed = [s for s in services.values()
+              if s["metadata"]["name"] != peers and
+              s["metadata"].get("labels", {}).get(
+                  "app.kubernetes.io/component") == "coordinator"]
+    check(routed and all(s["spec"].get("clusterIP") != "None" and
+                         not s["spec"].get("publishNotReadyAddresses")
+                         for s in routed),
+          f"{name}: the workers' Service must route to ready pods only (the "
+          "primary)")
+    etcd_pdbs = [p for p in by_kind(objects, "PodDisruptionBudget")
+                 if labels_match(p["spec"]["selector"]["matchLabels"],
+                                 etcd["spec"]["template"]["metadata"]
+                                 ["labels"])]
+    check(etcd_pdbs and etcd_pdbs[0]["spec"].get("maxUnavailable") == 1,
+          f"{name}: no PodDisruptionBudget keeping etcd's quorum "
+          "(maxUnavailable 1)")
+    for what, w in (("coordinator", workload), ("etcd", etcd)):
+        anti = w["spec"]["template"]["spec"].get("affinity", {}).get(
+            "podAntiAffinity", {})
+        terms = anti.get("preferredDuringSchedulingIgnoredDuringExecution",
+                         []) + anti.get(
+            "requiredDuringSchedulingIgnoredDuringExecution", [])
+        check(any(t.get("podAffinityTerm", t).get("topologyKey") ==
+                  "kubernetes.io/hostname" for t in terms),
+              f"{name}: the {what} pods are not spread over nodes "
+              "(podAntiAffinity on kubernetes.io/hostname)")
+    esc = etcd["spec"]["template"]["spec"]
+    check(esc.get("securityContext", {}).get("runAsNonRoot") is True and
+          esc["containers"][0].get("securityContext", {}).get(
+              "readOnlyRootFilesystem") is True,
+          f"{name}: etcd runs as root or with a writable root filesystem")
 
 
 def check_worker_job(objects, single, worker_flags):
@@ -344,10 +440,13 @@ def main():
 
     k8s = os.path.join(src, "deploy", "k8s")
     results = {}
-    for overlay in ("single", "sharded"):
+    rendered = {}
+    for overlay in ("single", "sharded", "ha"):
+        rendered[overlay] = render(os.path.join(k8s, "overlays", overlay))
         results[overlay] = check_coordinator_overlay(
-            overlay, render(os.path.join(k8s, "overlays", overlay)), flags,
-            liveness, uid)
+            overlay, rendered[overlay], flags, liveness, uid)
+    if results["ha"]:
+        check_ha_overlay(rendered["ha"], results["ha"])
     worker_flags = None
     if args.worker and os.path.exists(args.worker):
         worker_flags, _ = help_flags(args.worker, "fashion_mnist_worker.cc")

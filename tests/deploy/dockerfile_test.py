@@ -1,6 +1,6 @@
 """What can be checked of deploy/Dockerfile without a container engine.
 
- - The stages exist: builder, coordinator, worker-builder, worker; the
+ - The stages exist: builder, coordinator, worker-builder, worker, etcd; the
    runtime stages start from Debian 12 (bookworm), not from a build stage.
  - The coordinator stage installs no compiler, build tool, -dev package or
    LibTorch, runs as uid 65532, exposes the gRPC and metrics ports and runs
@@ -216,6 +216,26 @@ def main():
           f"worker ENTRYPOINT is {entry}")
     check("dataset-fashion-mnist" in apt_packages(worker),
           "the worker image lacks the data set (dataset-fashion-mnist)")
+
+    # The etcd image (deploy/k8s/overlays/ha): Debian's etcd-server, as
+    # the coordinator's uid, its data directory the pod's volume.
+    if check("etcd" in stages, "no stage named etcd"):
+        etcd = stages["etcd"]
+        eops = etcd["instructions"]
+        check(etcd["base"].startswith("debian:bookworm"),
+              f"stage etcd is not based on Debian 12: {etcd['base']}")
+        check("etcd-server" in apt_packages(etcd),
+              "the etcd stage does not install Debian's etcd-server")
+        users = [a for op, a in eops if op == "USER"]
+        check(users and users[-1] in ("65532", "65532:65532"),
+              f"etcd stage USER is {users}, expected 65532:65532")
+        entry = [a for op, a in eops if op == "ENTRYPOINT"]
+        check(entry and "/usr/bin/etcd" in entry[-1],
+              f"etcd ENTRYPOINT is {entry}")
+        exposed = {p.split("/")[0] for op, a in eops if op == "EXPOSE"
+                   for p in a.split()}
+        check(exposed == {"2379", "2380"},
+              f"etcd stage exposes {sorted(exposed)}, expected 2379, 2380")
 
     # Build stages against scripts/install-deps.sh.
     deps = install_deps_packages(source_dir)
