@@ -38,8 +38,9 @@ PKGS=(
   python3-pip python3-venv python3-setuptools python3-wheel
   # scripts/images.sh and tests/deploy/images_test.py: the images of
   # deploy/Dockerfile built and run here, from a base made from Debian's
-  # archive (no registry).
-  podman runc mmdebstrap
+  # archive (no registry); catatonit is the pause process of the pods
+  # `podman kube play` starts (the ha overlay's).
+  podman runc mmdebstrap catatonit
   # ha/: the standby coordinator's election and fencing through etcd; the
   # etcd v3 gRPC protos (their gogoproto/google.api options are stripped at
   # build time) and a real etcd for the tests and scripts/ha-local.sh.

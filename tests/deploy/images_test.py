@@ -23,6 +23,13 @@ Kubernetes manifests run them (podman + runc; no registry).
     manifests' Secrets go (/etc/localsgd/tls, /etc/localsgd/tokens; mode
     0440, group 65532): health over TLS; a worker container with the CA
     and its token trains; a client without the token is refused.
+ 6. deploy/k8s/overlays/ha as `kubectl kustomize` renders it, played by
+    `podman kube play` (the conversions podman 4.3 needs: ha_kube.py): an
+    etcd cluster of three from the localsgd/etcd image and two
+    coordinators; one is ready (the primary), the other is a live standby;
+    the primary's container SIGKILLed (as a node losing it): the standby
+    is ready within the lease and some, the killed one comes back
+    (restartPolicy) as a live standby in sync. Skipped without kubectl.
 
 usage: images_test.py --source=DIR [--no_build]
 Exit status 77 (skipped) where podman cannot run a container here (not
@@ -64,6 +71,7 @@ HARDENING = ["--user", "65532:65532", "--read-only", "--cap-drop", "ALL",
              "--security-opt", "no-new-privileges", "--network", "host"]
 TMP = tempfile.mkdtemp(prefix="localsgd-images.")
 CONTAINERS = []
+KUBE_PLAYED = []  # YAML files played (taken down by cleanup)
 GRACE_SECONDS = 45  # terminationGracePeriodSeconds in the pod template
 
 
@@ -81,6 +89,13 @@ def cleanup():
     for name in CONTAINERS:
         subprocess.run(PODMAN + ["rm", "-f", "-t", "0", name],
                        capture_output=True)
+    for path, volumes in KUBE_PLAYED:
+        subprocess.run(PODMAN + ["kube", "play", "--down", path],
+                       capture_output=True)
+        for v in volumes:
+            subprocess.run(PODMAN + ["volume", "rm", "-f", v],
+                           capture_output=True)
+    KUBE_PLAYED.clear()
 
 
 def fail(msg):
@@ -290,6 +305,104 @@ def secret_dir(name, files):
     return d
 
 
+def check_ha_overlay():
+    """6: the ha overlay's pods as podman plays them; a failover."""
+    import grpc_health
+    import ha_kube
+    import yaml
+    if shutil.which("kubectl") is None:
+        log("SKIP 6: no kubectl to render deploy/k8s/overlays/ha")
+        return
+    rendered = subprocess.run(
+        ["kubectl", "kustomize",
+         os.path.join(ARGS.source, "deploy/k8s/overlays/ha")],
+        capture_output=True, text=True, timeout=120)
+    if rendered.returncode != 0:
+        fail(f"kubectl kustomize overlays/ha: {rendered.stderr[-1000:]}")
+    objects = [o for o in yaml.safe_load_all(rendered.stdout) if o]
+    pods, volumes, ports = ha_kube.convert(objects, deploy_lib.free_port)
+    for pod in pods:
+        for c in pod["spec"]["containers"]:
+            c["image"] = c["image"].rsplit(":", 1)[0] + f":{ARGS.tag}"
+    path = os.path.join(TMP, "ha-pods.yaml")
+    with open(path, "w") as f:
+        f.write(ha_kube.dump(pods))
+    KUBE_PLAYED.append((path, volumes))
+    for v in volumes:
+        podman("volume", "rm", "-f", v, check=False)
+        podman("volume", "create", v)
+        mount = podman("volume", "inspect", "--format", "{{.Mountpoint}}",
+                       v).stdout.strip()
+        os.chown(mount, 65532, 65532)  # the pods' fsGroup
+    # The limits this machine's runc can set (as ULIMITS for podman run).
+    conf = os.path.join(TMP, "containers.conf")
+    with open(conf, "w") as f:
+        f.write('[containers]\ndefault_ulimits = ["nofile=4096:4096", '
+                '"nproc=4096:4096"]\n')
+    r = subprocess.run(PODMAN + ["kube", "play", path], capture_output=True,
+                       text=True, timeout=300,
+                       env={**os.environ, "CONTAINERS_CONF": conf})
+    if r.returncode != 0:
+        fail(f"podman kube play overlays/ha: {r.stderr[-2000:]}")
+    log(f"podman kube play overlays/ha: {len(pods)} pods "
+        f"({', '.join(p['metadata']['name'] for p in pods)})")
+    etcds = [p for p in ports if p.startswith("localsgd-etcd-")]
+
+    def etcd_healthy(pod):
+        url = f"http://127.0.0.1:{ports[pod]['client'][1]}/health"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return json.loads(resp.read()).get("health") == "true"
+        except (OSError, ValueError):
+            return False
+    wait_for("etcd's three members healthy",
+             lambda: all(etcd_healthy(p) for p in etcds), timeout=120)
+    coordinators = sorted(p for p in ports if p.startswith(
+        "localsgd-coordinator-"))
+    target = {p: f"127.0.0.1:{ports[p]['grpc'][1]}" for p in coordinators}
+
+    def health(pod, service):
+        return grpc_health.check(target[pod], service, timeout=2.0)
+
+    def one_primary():
+        ready = [p for p in coordinators if health(p, "") == "SERVING"]
+        live = all(health(p, "liveness") == "SERVING" for p in coordinators)
+        return ready[0] if len(ready) == 1 and live else None
+    primary = wait_for("one coordinator ready (the primary), both live",
+                       one_primary, timeout=120)
+    standby = [p for p in coordinators if p != primary][0]
+    def standby_in_sync():
+        r = podman("exec", f"{primary}-coordinator", "localsgdctl",
+                   f"--target={target[primary]}", "status", "--json",
+                   check=False)
+        if r.returncode != 0:
+            return False
+        standbys = json.loads(r.stdout).get("standbys", [])
+        return any(s.get("in_sync") for s in standbys)
+    wait_for(f"{standby} in sync with {primary}", standby_in_sync,
+             timeout=60)
+    log(f"{primary} is the primary (ready), {standby} its standby (live, "
+        "not ready, in sync)")
+    container = f"{primary}-coordinator"
+    pid = int(podman("inspect", "--format", "{{.State.Pid}}",
+                     container).stdout.strip())
+    start = time.monotonic()
+    os.kill(pid, 9)
+    wait_for(f"{standby} ready after the primary's SIGKILL",
+             lambda: health(standby, "") == "SERVING", timeout=60)
+    took = time.monotonic() - start
+    # The killed one: restarted by its pod (restartPolicy Always), a
+    # standby of the new primary.
+    wait_for(f"{primary} back as a live standby",
+             lambda: health(primary, "liveness") == "SERVING" and
+             health(primary, "") == "NOT_SERVING" and
+             "caught up with" in podman("logs", container).stderr,
+             timeout=120)
+    log(f"failover: {standby} ready {took:.2f} s after {primary}'s SIGKILL; "
+        f"{primary} restarted as its standby")
+    cleanup()
+
+
 def main():
     if os.environ.get("LOCALSGD_IMAGES") == "0":
         skip("LOCALSGD_IMAGES=0")
@@ -407,6 +520,9 @@ def main():
     if c3.exit_code(GRACE_SECONDS) != 0:
         fail("the TLS coordinator did not exit 0 after SIGTERM")
     cleanup()
+
+    # --- 6: the ha overlay, played.
+    check_ha_overlay()
     shutil.rmtree(TMP, ignore_errors=True)
     log("OK")
 
