@@ -403,17 +403,20 @@ absl::StatusOr<std::shared_ptr<Job>> Coordinator::MakeReplicaJob(
       ShardElements(*n, settings.chunk_elements, options_.shard), settings,
       options_.policy, clock_, checkpointer_.get(), options_.observer,
       options_.replicator);
+  return job;
+}
+
+void Coordinator::InstallReplicaJob(std::shared_ptr<Job> job) {
   std::shared_ptr<Job> replaced;
   {
     absl::MutexLock lock(&mu_);
-    auto [it, fresh] = jobs_.try_emplace(job_id, job);
+    auto [it, fresh] = jobs_.try_emplace(job->id(), job);
     if (!fresh) {
       replaced = std::move(it->second);
-      it->second = job;
+      it->second = std::move(job);
     }
   }
   if (replaced != nullptr) replaced->Stop();
-  return job;
 }
 
 absl::Status Coordinator::AdoptReplica(const JobReplica& replica) {
@@ -423,7 +426,11 @@ absl::Status Coordinator::AdoptReplica(const JobReplica& replica) {
     return absl::InvalidArgumentError(absl::StrCat(
         "replica of job '", replica.job_id, "': ", job.status().message()));
   }
-  return (*job)->ImportReplica(replica);
+  // Installed only once it holds the replica: a malformed one changes no
+  // job.
+  if (absl::Status s = (*job)->ImportReplica(replica); !s.ok()) return s;
+  InstallReplicaJob(*std::move(job));
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::ApplyReplicated(const ReplicatedChunk& update) {
@@ -437,7 +444,8 @@ absl::Status Coordinator::ApplyReplicated(const ReplicatedChunk& update) {
 
 absl::Status Coordinator::ApplyReplicated(const ReplicatedCommit& update) {
   absl::StatusOr<std::shared_ptr<Job>> job = FindJob(update.job_id);
-  if (!job.ok() && update.seed != nullptr) {
+  const bool fresh = !job.ok() && update.seed != nullptr;
+  if (fresh) {
     job = MakeReplicaJob(update.job_id, update.layout, update.settings);
   }
   if (!job.ok()) {
@@ -445,7 +453,10 @@ absl::Status Coordinator::ApplyReplicated(const ReplicatedCommit& update) {
         absl::StrCat("replicated commit of job '", update.job_id,
                      "': ", job.status().message()));
   }
-  return (*job)->ApplyReplicated(update);
+  if (absl::Status s = (*job)->ApplyReplicated(update); !s.ok()) return s;
+  // A job the seed makes: installed once it holds the seed.
+  if (fresh) InstallReplicaJob(*std::move(job));
+  return absl::OkStatus();
 }
 
 void Coordinator::PromoteReplicas() {

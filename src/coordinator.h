@@ -177,10 +177,12 @@ class Coordinator {
   explicit Coordinator(CoordinatorOptions options);
   absl::Status Restore();
   // A job of `layout` and `settings` (checked as a Join's are, against this
-  // coordinator's limits), made for a replica, replacing any of that id.
+  // coordinator's limits), made for a replica; not in jobs_ yet.
   absl::StatusOr<std::shared_ptr<Job>> MakeReplicaJob(
       const std::string& job_id, const Layout& layout,
       const JobSettings& settings) ABSL_LOCKS_EXCLUDED(mu_);
+  // Puts a replica's job in jobs_, replacing (and stopping) any of its id.
+  void InstallReplicaJob(std::shared_ptr<Job> job) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes the jobs that have had no member for job_idle_ttl.
   void ReclaimIdleJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // After a job left jobs_: its checkpoint (unless `keep_checkpoint`), the

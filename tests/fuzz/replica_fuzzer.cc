@@ -5,7 +5,9 @@
 //
 // Invariants (a violation aborts, which libFuzzer reports as a crash):
 //  - an update the applier refuses gets a status it documents
-//    (INVALID_ARGUMENT, FAILED_PRECONDITION, ABORTED) with a message;
+//    (INVALID_ARGUMENT, FAILED_PRECONDITION, ABORTED) with a message, and
+//    (unless it is the first of a stream, which begins a new catch-up)
+//    changes no job: its state's round and id and its members stay;
 //  - whatever it applied, every job the standby holds has a state of its
 //    layout's size (or none), finite, with momentum and residual empty or
 //    of the same size; promoted, every job answers its status and still
@@ -15,8 +17,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -66,6 +70,19 @@ void CheckJobs(Coordinator& coordinator) {
   }
 }
 
+// What a refused update must leave as it was: each job's state (round and
+// id) and members.
+std::map<std::string, std::tuple<bool, RoundId, uint64_t, size_t>> Snapshot(
+    Coordinator& coordinator) {
+  std::map<std::string, std::tuple<bool, RoundId, uint64_t, size_t>> out;
+  for (const std::shared_ptr<Job>& job : coordinator.Jobs()) {
+    const JobReplica r = job->ExportReplica();
+    out[r.job_id] = {r.state != nullptr, r.state ? r.state->round : 0,
+                     r.state ? r.state->id : 0, r.members.size()};
+  }
+  return out;
+}
+
 void Run(const ReplicaScript& script) {
   FakeClock clock;
   CoordinatorOptions options;
@@ -77,12 +94,31 @@ void Run(const ReplicaScript& script) {
   Check(created.ok(), "Coordinator::Create");
   Coordinator& coordinator = **created;
   auto applier = std::make_unique<ReplicaApplier>(&coordinator, script.epoch());
+  std::string assembling;  // the job whose replica is being assembled
   for (int i = 0; i < script.updates_size(); ++i) {
     v1::ReplicaUpdate update = script.updates(i);
     if (script.fix_epochs()) update.set_epoch(script.epoch());
     if (script.fix_sequences()) update.set_sequence(i + 1);
+    // The first update of a stream begins a new catch-up (every job goes);
+    // a refused one after that changes no job, but the replica it may
+    // complete first (the one being assembled: adopted before this update
+    // is looked at).
+    const bool began = applier->began();
+    auto before = Snapshot(coordinator);
     const absl::StatusOr<ReplicaApplier::Applied> applied =
         applier->Apply(update);
+    if (!applied.ok() && began) {
+      auto after = Snapshot(coordinator);
+      before.erase(assembling);
+      after.erase(assembling);
+      Check(after == before,
+            "a refused update changed a job: " + applied.status().ToString());
+    }
+    if (update.kind_case() == v1::ReplicaUpdate::kJob) {
+      assembling = applied.ok() ? update.job().job_id() : "";
+    } else if (update.kind_case() != v1::ReplicaUpdate::kStateChunk) {
+      assembling.clear();
+    }
     if (getenv("LOCALSGD_FUZZ_VERBOSE") != nullptr) {
       std::fprintf(stderr, "update %d (%d): %s\n", i,
                    static_cast<int>(update.kind_case()),
@@ -97,6 +133,7 @@ void Run(const ReplicaScript& script) {
       Check(!applied.status().message().empty(), "an error without a message");
       // The follower's next stream: a new catch-up.
       applier = std::make_unique<ReplicaApplier>(&coordinator, script.epoch());
+      assembling.clear();
     }
     CheckJobs(coordinator);
   }
