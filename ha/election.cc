@@ -406,6 +406,18 @@ void Elector::ServeAsPrimary(const EtcdLease& lease, int64_t epoch) {
         DemoteLocked("the renewal came back after the fence ran out");
         return;
       }
+      // A renewal that takes a third of the lease: two more like it and
+      // the fence runs out (a false failover). Said once a minute at most.
+      if (now - sent > interval &&
+          now - last_slow_warning_ > absl::Minutes(1)) {
+        last_slow_warning_ = now;
+        LOG(WARNING) << "election " << key_ << ": a lease renewal took "
+                     << absl::FormatDuration(now - sent) << " of a "
+                     << absl::FormatDuration(lease.ttl)
+                     << " lease; the link to etcd is slow or saturated (it "
+                        "carries the workers' traffic too?): a longer "
+                        "--ha_lease_ttl avoids false failovers";
+      }
       next = sent + interval;
     } else if (ttl.status().code() == absl::StatusCode::kNotFound) {
       DemoteLocked(std::string(ttl.status().message()));

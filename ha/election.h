@@ -231,9 +231,10 @@ class Elector {
   const std::unique_ptr<EtcdClient> client_;
   // Ends the standby's watch on Stop.
   EtcdCancel cancel_watch_;
-  // The last reason NotEligible gave (logged once per change); Run's thread
-  // only.
+  // The last reason NotEligible gave (logged once per change), and when a
+  // slow renewal was last logged; Run's thread only.
   std::string last_not_eligible_;
+  absl::Time last_slow_warning_ = absl::InfinitePast();
 
   mutable absl::Mutex mu_;
   Role role_ ABSL_GUARDED_BY(mu_);
