@@ -497,7 +497,12 @@ absl::StatusOr<EtcdChange> EtcdClient::WaitForChange(const std::string& key,
         if (cancel != nullptr && cancel->cancelled()) {
           return absl::CancelledError("cancelled");
         }
-        if (s.code() == absl::StatusCode::kDeadlineExceeded && created) {
+        // A created watch that ended at its deadline saw no event: a
+        // timeout, whether gRPC says DEADLINE_EXCEEDED or etcd's handler
+        // ended it first with its own "context deadline exceeded"
+        // (UNKNOWN).
+        if (created && (s.code() == absl::StatusCode::kDeadlineExceeded ||
+                        absl::Now() >= deadline)) {
           change.kind = EtcdChange::kTimeout;
           return absl::OkStatus();
         }

@@ -369,8 +369,9 @@ class HaRole final : public localsgd::ServingGate {
  public:
   explicit HaRole(uint32_t shard) : shard_(shard) {}
   ~HaRole() override {
-    // Its thread calls the elector.
-    if (server_ != nullptr) server_->StopSyncPublisher();
+    // Its thread calls the elector (started once the elector exists; the
+    // server outlives this object from then on).
+    if (elector_ != nullptr) server_->StopSyncPublisher();
     Resign();
     {
       absl::MutexLock lock(&mu_);
@@ -383,6 +384,7 @@ class HaRole final : public localsgd::ServingGate {
                      localsgd::CoordinatorServer* server) {
     server_ = server;
     advertise_ = options.advertise;
+    server_->SetAdvertise(options.advertise);
     // A standby out of sync yields the first turn to one in sync.
     options.campaign_delay = [this, ttl = options.lease_ttl] {
       return server_->InSync() ? absl::ZeroDuration() : ttl;

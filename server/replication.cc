@@ -118,7 +118,9 @@ void ReplicationHub::WhenAcked(uint64_t ticket, std::function<void()> release) {
 std::vector<std::string> ReplicationHub::InSyncLocked() const {
   std::vector<std::string> out;
   for (const auto& [id, f] : followers_) {
-    if (f.in_sync && !f.dropped) out.push_back(f.address);
+    if (f.in_sync && !f.dropped && f.acked >= f.through) {
+      out.push_back(f.address);
+    }
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -158,8 +160,7 @@ void ReplicationHub::TrimLocked() {
   while (!log_.empty() && log_.front().ticket < needed) log_.pop_front();
 }
 
-absl::Status ReplicationHub::CheckFollow(
-    const v1::FollowRequest& request) const {
+absl::Status ReplicationHub::CheckFollow(const v1::FollowRequest& request) {
   if (!options_.token.empty()) {
     if (request.token().empty()) {
       return absl::UnauthenticatedError(
@@ -177,10 +178,26 @@ absl::Status ReplicationHub::CheckFollow(
                      request.shard_index(), " follows a primary of group '",
                      options_.group, "' shard ", options_.shard_index));
   }
+  // The synchronous-standby list names standbys by this address: one
+  // line of it, without spaces.
+  const std::string& standby = request.standby();
+  if (standby.empty() || standby.size() > 255 ||
+      std::any_of(standby.begin(), standby.end(), [](char c) {
+        return static_cast<unsigned char>(c) <= ' ' ||
+               static_cast<unsigned char>(c) >= 0x7f;
+      })) {
+    return absl::InvalidArgumentError(
+        "a standby names its address (its --ha_advertise, host:port: 1 to "
+        "255 printable characters, no spaces)");
+  }
   if (!serving_()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("coordinator ", options_.advertise,
-                     " is not the primary of its shard (now)"));
+    std::string advertise;
+    {
+      absl::MutexLock lock(&mu_);
+      advertise = advertise_.empty() ? options_.advertise : advertise_;
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "coordinator ", advertise, " is not the primary of its shard (now)"));
   }
   if (request.epoch() > epoch_()) {
     return absl::FailedPreconditionError(
@@ -411,6 +428,7 @@ bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
     // itself in sync once it has applied them.
     done.set_sequence(f.next - 1);
     done.mutable_caught_up()->set_through(last_);
+    f.through = last_;
     f.caught_up_sent = true;
     f.in_sync = true;
     f.acked = std::max(f.acked, f.next - 1);
@@ -484,6 +502,11 @@ void ReplicationHub::StartSyncPublisher(SyncPublisher publish) {
   publisher_ = std::thread([this] { PublishLoop(); });
 }
 
+void ReplicationHub::set_advertise(std::string address) {
+  absl::MutexLock lock(&mu_);
+  advertise_ = std::move(address);
+}
+
 void ReplicationHub::StopSyncPublisher() {
   {
     absl::MutexLock lock(&mu_);
@@ -526,9 +549,12 @@ void ReplicationHub::PublishLoop() {
   absl::MutexLock lock(&mu_);
   while (!stop_publishing_ && !shutdown_) {
     const std::vector<std::string> want = InSyncLocked();
-    if (!serving_() || want == published_) {
+    // Also while a failed write may have landed (writing_): until a write
+    // succeeds, what etcd holds is not known, and releases wait.
+    if (!serving_() || (want == published_ && writing_.empty())) {
       auto changed = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return stop_publishing_ || shutdown_ || InSyncLocked() != published_;
+        return stop_publishing_ || shutdown_ || !writing_.empty() ||
+               InSyncLocked() != published_;
       };
       // Also woken now and then: serving_ is not under mu_.
       mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Milliseconds(100));
@@ -636,6 +662,11 @@ uint64_t ReplicaFollower::applied() {
   return applied_;
 }
 
+void ReplicaFollower::set_advertise(std::string address) {
+  absl::MutexLock lock(&mu_);
+  advertise_ = std::move(address);
+}
+
 bool ReplicaFollower::in_sync() {
   absl::MutexLock lock(&mu_);
   return in_sync_;
@@ -710,7 +741,10 @@ absl::Status ReplicaFollower::FollowOnce(const std::string& primary,
   request->set_group(options_.group);
   request->set_shard_index(options_.shard_index);
   request->set_token(options_.token);
-  request->set_standby(options_.advertise);
+  {
+    absl::MutexLock lock(&mu_);
+    request->set_standby(advertise_.empty() ? options_.advertise : advertise_);
+  }
   request->set_epoch(epoch);
   if (!stream->Write(hello)) status = absl::UnavailableError("cannot write");
   uint64_t through = 0;  // CaughtUp's: in sync once applied through it

@@ -111,6 +111,10 @@ class ReplicationHub final : public Replicator,
   void StartSyncPublisher(SyncPublisher publish) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops it (joins its thread); idempotent. Before `publish`'s target goes.
   void StopSyncPublisher() ABSL_LOCKS_EXCLUDED(mu_);
+  // This coordinator's address as others reach it, once known (the
+  // default of --ha_advertise is known only once the port is bound): for
+  // messages.
+  void set_advertise(std::string address) ABSL_LOCKS_EXCLUDED(mu_);
   // A new primary, before it serves: publishes an empty list for `epoch`
   // (no standby follows it yet), trying until `deadline`. OK without a
   // publisher.
@@ -133,7 +137,11 @@ class ReplicationHub final : public Replicator,
     uint64_t sent = 0;   // the last ticket written to it
     uint64_t acked = 0;  // the last ticket it acknowledged
     bool caught_up_sent = false;
+    // Results wait for it from its CaughtUp on; it holds every state
+    // members may hold once it has acknowledged `through` (what was
+    // released during its catch-up): only then may the list name it.
     bool in_sync = false;
+    uint64_t through = 0;
     bool dropped = false;
     absl::Time progress;  // its last ack (or when it came)
     // Per job: updates at or below this ticket are in its catch-up.
@@ -152,14 +160,17 @@ class ReplicationHub final : public Replicator,
   // list names a standby not in sync), taken out of waiting_.
   std::vector<std::function<void()>> DueLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The addresses of the standbys in sync, sorted, once each.
+  // The addresses of the standbys in sync that have acknowledged what was
+  // released during their catch-up (each holds every state a member may
+  // hold), sorted, once each.
   std::vector<std::string> InSyncLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops log entries no follower still needs.
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(uint64_t id, absl::string_view why) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status CheckFollow(const v1::FollowRequest& request) const;
+  absl::Status CheckFollow(const v1::FollowRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The catch-up of follower `id`: every job's replica, then CaughtUp.
   bool WriteCatchUp(
       uint64_t id,
@@ -181,6 +192,7 @@ class ReplicationHub final : public Replicator,
   // The synchronous standbys: what the list says (last written), and what
   // is being written now (it may have landed).
   SyncPublisher publish_ ABSL_GUARDED_BY(mu_);
+  std::string advertise_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> published_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> writing_ ABSL_GUARDED_BY(mu_);
   bool stop_publishing_ ABSL_GUARDED_BY(mu_) = false;
@@ -202,6 +214,11 @@ class ReplicaFollower {
   // serves them.
   bool Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The address this standby gives its primary (the synchronous-standby
+  // list names it): --ha_advertise, or its default once the port is bound.
+  // Before the first Follow.
+  void set_advertise(std::string address) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The last update applied (0: none), and whether in sync now.
   uint64_t applied() ABSL_LOCKS_EXCLUDED(mu_);
   bool in_sync() ABSL_LOCKS_EXCLUDED(mu_);
@@ -222,6 +239,7 @@ class ReplicaFollower {
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool in_sync_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string advertise_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

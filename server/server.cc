@@ -299,6 +299,11 @@ void CoordinatorServer::StartSyncPublisher(
   if (hub_ != nullptr) hub_->StartSyncPublisher(std::move(publish));
 }
 
+void CoordinatorServer::SetAdvertise(const std::string& address) {
+  if (hub_ != nullptr) hub_->set_advertise(address);
+  if (follower_ != nullptr) follower_->set_advertise(address);
+}
+
 void CoordinatorServer::StopSyncPublisher() {
   if (hub_ != nullptr) hub_->StopSyncPublisher();
 }

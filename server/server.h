@@ -132,6 +132,10 @@ class CoordinatorServer {
   // before the election; Stop before `publish`'s target goes.
   void StartSyncPublisher(ReplicationHub::SyncPublisher publish);
   void StopSyncPublisher();
+  // With a gate: this coordinator's address as the other coordinators
+  // reach it (--ha_advertise, or its default once the port is bound),
+  // which a standby gives its primary. Before the election starts.
+  void SetAdvertise(const std::string& address);
 
   // Reads the token file again (what SIGHUP does). On error the tokens
   // loaded before stay in force and the error is returned (and logged).

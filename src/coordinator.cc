@@ -354,11 +354,16 @@ absl::Status Coordinator::TakeJoinToken(const std::string& job_id,
 }
 
 void Coordinator::Tick() {
-  for (const auto& job : Jobs()) job->Tick();
   bool following;
   {
     absl::MutexLock lock(&mu_);
     following = following_;
+  }
+  // A standby's jobs are its primary's: their members call the primary, so
+  // no lease of theirs runs here (Promote starts them all again), and no
+  // round of theirs has a deadline here.
+  if (!following) {
+    for (const auto& job : Jobs()) job->Tick();
   }
   if (options_.job_idle_ttl > absl::ZeroDuration() && !following) {
     ReclaimIdleJobs();

@@ -122,7 +122,9 @@ class Coordinator {
   absl::StatusOr<RoundId> DeleteJob(const std::string& job_id)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Expires leases and closes rounds past their deadline in every job.
+  // Expires leases and closes rounds past their deadline in every job; a
+  // standby following its primary (BeginFollowing until PromoteReplicas)
+  // does neither: its members' leases run at the primary.
   void Tick() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The first half of a graceful shutdown. Stops opening rounds in every

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "src/clock.h"
 #include "src/codec.h"
+#include "src/coordinator.h"
 #include "src/job.h"
 #include "src/replicator.h"
 #include "tests/core/test_util.h"
@@ -424,6 +425,50 @@ TEST_F(ReplicationTest, Promote_MembersGoOnUnderTheirIds) {
               1.0f + (Delta(0, 1)[i] + Delta(1, 1)[i]) / 2)
         << i;
   }
+}
+
+// A standby's members are its primary's: while it follows, their leases do
+// not run out here however long the gap between two commits (they call
+// the primary); promoted, it starts them again and they are all there.
+TEST(StandbyCoordinatorTest, FollowingKeepsTheMembersLeases) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.clock = &clock;
+  auto created = Coordinator::Create(options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Coordinator& standby = **created;
+  standby.BeginFollowing();
+  ReplicatedCommit seed;
+  seed.job_id = "r";
+  seed.round = 0;
+  seed.state_id = 7;
+  auto values = std::make_shared<StateSnapshot>();
+  values->values.assign(kElements, 1.0f);
+  seed.seed = values;
+  seed.layout = MakeFloatLayout({{"w", {10}}});
+  seed.settings = Settings(DType::kFloat32, AveragingMode::kMean);
+  seed.settings.deadline_mode = DeadlineMode::kFixed;  // complete, as sent
+  seed.settings.rendezvous_members = 1;
+  seed.settings.outlier_ratio = 10;
+  for (int i = 0; i < 2; ++i) {
+    MemberInfo m;
+    m.id = MemberId(std::string(31, 'a') + static_cast<char>('0' + i));
+    m.name = "m" + std::to_string(i);
+    seed.members.push_back(m);
+  }
+  const absl::Status applied = standby.ApplyReplicated(seed);
+  ASSERT_TRUE(applied.ok()) << applied;
+  clock.Advance(JobPolicy().lease_ttl * 3);  // a long round at the primary
+  standby.Tick();
+  ASSERT_EQ(standby.Jobs().size(), 1u);
+  EXPECT_EQ(standby.Jobs()[0]->Status(0).members.size(), 2u);
+  standby.PromoteReplicas();
+  standby.Tick();
+  EXPECT_EQ(standby.Jobs()[0]->Status(0).members.size(), 2u);
+  // Promoted, the leases run here: one lease later without a call, gone.
+  clock.Advance(JobPolicy().lease_ttl + absl::Seconds(1));
+  standby.Tick();
+  EXPECT_EQ(standby.Jobs()[0]->Status(0).members.size(), 0u);
 }
 
 // A standby that starts following mid-round (the catch-up: the primary's

@@ -505,7 +505,9 @@ class FailoverMomentsTest : public FailoverTest {
 };
 
 TEST_F(FailoverMomentsTest, PrimaryKilledAtChosenMoments_NothingIsLost) {
-  constexpr int kRounds = 60;
+  // Enough rounds that the last kill finds them still running (a restart
+  // and a catch-up between two kills take a few of them).
+  constexpr int kRounds = 100;
   // "" is a SIGKILL from outside, at whatever moment it lands.
   const std::vector<std::string> moments = {"contribution_chunk",
                                             "result_chunk_sent", "round_closed",

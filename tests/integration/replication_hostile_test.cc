@@ -91,6 +91,14 @@ std::vector<Row> Rows() {
          return Follow([](v1::FollowRequest& r) { r.set_shard_index(3); });
        },
        grpc::StatusCode::FAILED_PRECONDITION, "shard 3 follows"},
+      {"NoStandbyAddress_InvalidArgument",
+       [] { return Follow([](v1::FollowRequest& r) { r.clear_standby(); }); },
+       grpc::StatusCode::INVALID_ARGUMENT, "a standby names its address"},
+      {"StandbyAddressWithASpace_InvalidArgument",
+       [] {
+         return Follow([](v1::FollowRequest& r) { r.set_standby("a b:1"); });
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "no spaces"},
       {"NewerEpoch_FailedPreconditionDeposed",
        [] { return Follow([](v1::FollowRequest& r) { r.set_epoch(8); }); },
        grpc::StatusCode::FAILED_PRECONDITION,
@@ -365,7 +373,7 @@ TEST(ReplicationTest, SynchronousList_ResultsWaitUntilADroppedStandbyLeavesIt) {
   });
   // Dropped (after ack_timeout), and the list without it tried and failed
   // a few times: the result is still held.
-  ASSERT_TRUE(testkit::AwaitCondition(
+  EXPECT_TRUE(testkit::AwaitCondition(
       [&] {
         absl::MutexLock lock(&list.mu);
         return list.failed >= 3;
@@ -383,6 +391,90 @@ TEST(ReplicationTest, SynchronousList_ResultsWaitUntilADroppedStandbyLeavesIt) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->round, 2u);
   EXPECT_EQ(params, std::vector<float>(kElements, 2.0f));
+  EXPECT_TRUE(list.Last().empty());
+  context.TryCancel();
+  stream->Finish().ok();
+  server->StopSyncPublisher();
+}
+
+// A write of the list that fails may have landed: until one succeeds, the
+// results wait, even once the list it would write is the last one written
+// again (the standby it added dropped meanwhile).
+TEST(ReplicationTest, SynchronousList_AFailedWriteThenADrop_WritesItAgain) {
+  OpenGate gate;
+  FakeList list;
+  ServerOptions options = testkit::BaseServerOptions();
+  options.gate = &gate;
+  options.replication.group = "g";
+  options.replication.shard_index = 0;
+  options.replication.token = "s3cret";
+  options.replication.advertise = "primary";
+  options.replication.ack_timeout = absl::Seconds(1);
+  auto server = testkit::StartServer(std::move(options));
+  ASSERT_NE(server, nullptr);
+  server->StartSyncPublisher(list.Publisher());
+  ASSERT_TRUE(server->Promote(7).ok());
+  auto member =
+      testkit::JoinedClient(testkit::BaseClientOptions(*server, "job", "m"));
+  ASSERT_NE(member, nullptr);
+  std::vector<float> params(kElements, 0.0f);
+  ASSERT_TRUE(member->Initialize(absl::MakeSpan(params)).ok());
+  Round(*member, params, 1);
+  {
+    absl::MutexLock lock(&list.mu);
+    list.fail = true;  // etcd goes away
+  }
+  // A standby catches up: the list naming it cannot be written.
+  auto stub = v1::Replication::NewStub(grpc::CreateChannel(
+      testkit::Target(*server), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto stream = stub->Follow(&context);
+  v1::FollowMessage hello;
+  *hello.mutable_follow() = Good();
+  ASSERT_TRUE(stream->Write(hello));
+  v1::ReplicaUpdate update;
+  while (stream->Read(&update) && !update.has_caught_up()) {
+  }
+  ASSERT_TRUE(update.has_caught_up());
+  v1::FollowMessage ack;
+  ack.set_acked(update.sequence());
+  ASSERT_TRUE(stream->Write(ack));
+  EXPECT_TRUE(testkit::AwaitCondition([&] {
+    absl::MutexLock lock(&list.mu);
+    return list.failed >= 1;
+  }));
+  // A round; the standby acknowledges none of it and is dropped.
+  absl::StatusOr<SyncOutcome> out;
+  std::atomic<bool> returned{false};
+  std::thread sync([&] {
+    for (float& v : params) v += 1.0f;
+    out = member->Sync(absl::MakeSpan(params));
+    returned = true;
+  });
+  int failed_before = 0;
+  {
+    absl::MutexLock lock(&list.mu);
+    failed_before = list.failed;
+  }
+  EXPECT_TRUE(testkit::AwaitCondition(
+      [&] {
+        absl::MutexLock lock(&list.mu);
+        return list.failed >= failed_before + 8;  // past the drop
+      },
+      absl::Seconds(20)));
+  EXPECT_FALSE(returned.load()) << "a result went out while a failed write "
+                                   "naming a dropped standby may have landed";
+  {
+    absl::MutexLock lock(&list.mu);
+    list.fail = false;
+  }
+  EXPECT_TRUE(testkit::AwaitCondition([&] { return returned.load(); },
+                                      absl::Seconds(20)))
+      << "the list was not written again";
+  sync.join();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->round, 2u);
   EXPECT_TRUE(list.Last().empty());
   context.TryCancel();
   stream->Finish().ok();
