@@ -548,15 +548,23 @@ void ReplicationHub::PublishLoop() {
   int failures = 0;  // in a row
   absl::MutexLock lock(&mu_);
   while (!stop_publishing_ && !shutdown_) {
+    if (!serving_()) {
+      // Not the primary (yet): serving_ is not under mu_, so looked at
+      // again every 100 ms.
+      auto stop = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return stop_publishing_ || shutdown_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(100));
+      continue;
+    }
     const std::vector<std::string> want = InSyncLocked();
     // Also while a failed write may have landed (writing_): until a write
     // succeeds, what etcd holds is not known, and releases wait.
-    if (!serving_() || (want == published_ && writing_.empty())) {
+    if (want == published_ && writing_.empty()) {
       auto changed = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
         return stop_publishing_ || shutdown_ || !writing_.empty() ||
                InSyncLocked() != published_;
       };
-      // Also woken now and then: serving_ is not under mu_.
       mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Milliseconds(100));
       continue;
     }
