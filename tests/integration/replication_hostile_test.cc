@@ -313,172 +313,144 @@ struct FakeList {
   }
 };
 
-TEST(ReplicationTest, SynchronousList_ResultsWaitUntilADroppedStandbyLeavesIt) {
-  OpenGate gate;
-  FakeList list;
-  ServerOptions options = testkit::BaseServerOptions();
-  options.gate = &gate;
-  options.replication.group = "g";
-  options.replication.shard_index = 0;
-  options.replication.token = "s3cret";
-  options.replication.advertise = "primary";
-  options.replication.ack_timeout = absl::Seconds(1);
-  auto server = testkit::StartServer(std::move(options));
-  ASSERT_NE(server, nullptr);
-  server->StartSyncPublisher(list.Publisher());
-  ASSERT_TRUE(server->Promote(7).ok());
-  {
-    absl::MutexLock lock(&list.mu);
-    ASSERT_EQ(list.written.size(), 1u);  // before it served
-    EXPECT_EQ(list.written[0].first, 7u);
-    EXPECT_TRUE(list.written[0].second.empty());
+// A primary publishing to a FakeList, a member that has made round 1, and
+// a standby stream the test drives by hand.
+class SynchronousListTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions options = testkit::BaseServerOptions();
+    options.gate = &gate_;
+    options.replication.group = "g";
+    options.replication.shard_index = 0;
+    options.replication.token = "s3cret";
+    options.replication.advertise = "primary";
+    options.replication.ack_timeout = absl::Seconds(1);
+    server_ = testkit::StartServer(std::move(options));
+    ASSERT_NE(server_, nullptr);
+    server_->StartSyncPublisher(list_.Publisher());
+    ASSERT_TRUE(server_->Promote(7).ok());
+    member_ =
+        testkit::JoinedClient(testkit::BaseClientOptions(*server_, "job", "m"));
+    ASSERT_NE(member_, nullptr);
+    ASSERT_TRUE(member_->Initialize(absl::MakeSpan(params_)).ok());
+    Round(*member_, params_, 1);
   }
-  auto member =
-      testkit::JoinedClient(testkit::BaseClientOptions(*server, "job", "m"));
-  ASSERT_NE(member, nullptr);
-  std::vector<float> params(kElements, 0.0f);
-  ASSERT_TRUE(member->Initialize(absl::MakeSpan(params)).ok());
-  Round(*member, params, 1);
+  void TearDown() override {
+    if (sync_.joinable()) sync_.join();
+    if (stream_ != nullptr) {
+      context_.TryCancel();
+      stream_->Finish().ok();
+    }
+    if (server_ != nullptr) server_->StopSyncPublisher();
+  }
 
-  // A standby follows and acknowledges its catch-up: it is in the list.
-  auto stub = v1::Replication::NewStub(grpc::CreateChannel(
-      testkit::Target(*server), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-  auto stream = stub->Follow(&context);
-  v1::FollowMessage hello;
-  *hello.mutable_follow() = Good();
-  ASSERT_TRUE(stream->Write(hello));
-  v1::ReplicaUpdate update;
-  while (stream->Read(&update) && !update.has_caught_up()) {
+  // A standby follows and acknowledges its catch-up.
+  void FollowAndCatchUp() {
+    stub_ = v1::Replication::NewStub(grpc::CreateChannel(
+        testkit::Target(*server_), grpc::InsecureChannelCredentials()));
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    stream_ = stub_->Follow(&context_);
+    v1::FollowMessage hello;
+    *hello.mutable_follow() = Good();
+    ASSERT_TRUE(stream_->Write(hello));
+    v1::ReplicaUpdate update;
+    while (stream_->Read(&update) && !update.has_caught_up()) {
+    }
+    ASSERT_TRUE(update.has_caught_up());
+    v1::FollowMessage ack;
+    ack.set_acked(update.sequence());
+    ASSERT_TRUE(stream_->Write(ack));
   }
-  ASSERT_TRUE(update.has_caught_up());
-  v1::FollowMessage ack;
-  ack.set_acked(update.sequence());
-  ASSERT_TRUE(stream->Write(ack));
+
+  // etcd unreachable (true) or back.
+  void SetFail(bool fail) {
+    absl::MutexLock lock(&list_.mu);
+    list_.fail = fail;
+  }
+  int Failed() {
+    absl::MutexLock lock(&list_.mu);
+    return list_.failed;
+  }
+
+  // The member's round 2, in a thread: `returned_` once its Sync did.
+  void StartRound() {
+    sync_ = std::thread([this] {
+      for (float& v : params_) v += 1.0f;
+      out_ = member_->Sync(absl::MakeSpan(params_));
+      returned_ = true;
+    });
+  }
+
+  OpenGate gate_;
+  FakeList list_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<Client> member_;
+  std::vector<float> params_ = std::vector<float>(kElements, 0.0f);
+  std::unique_ptr<v1::Replication::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::FollowMessage, v1::ReplicaUpdate>>
+      stream_;
+  std::thread sync_;
+  absl::StatusOr<SyncOutcome> out_;
+  std::atomic<bool> returned_{false};
+};
+
+TEST_F(SynchronousListTest, ResultsWaitUntilADroppedStandbyLeavesIt) {
+  {
+    absl::MutexLock lock(&list_.mu);
+    ASSERT_EQ(list_.written.size(), 1u);  // before it served
+    EXPECT_EQ(list_.written[0].first, 7u);
+    EXPECT_TRUE(list_.written[0].second.empty());
+  }
+  // A standby follows and acknowledges its catch-up: it is in the list.
+  ASSERT_NO_FATAL_FAILURE(FollowAndCatchUp());
   ASSERT_TRUE(testkit::AwaitCondition(
-      [&] { return list.Last() == std::vector<std::string>{"127.0.0.1:1"}; }));
+      [&] { return list_.Last() == std::vector<std::string>{"127.0.0.1:1"}; }));
 
   // etcd goes away; the standby stops acknowledging; a round.
-  {
-    absl::MutexLock lock(&list.mu);
-    list.fail = true;
-  }
-  absl::StatusOr<SyncOutcome> out;
-  std::atomic<bool> returned{false};
-  std::thread sync([&] {
-    for (float& v : params) v += 1.0f;
-    out = member->Sync(absl::MakeSpan(params));
-    returned = true;
-  });
+  SetFail(true);
+  StartRound();
   // Dropped (after ack_timeout), and the list without it tried and failed
   // a few times: the result is still held.
-  EXPECT_TRUE(testkit::AwaitCondition(
-      [&] {
-        absl::MutexLock lock(&list.mu);
-        return list.failed >= 3;
-      },
-      absl::Seconds(20)));
-  EXPECT_FALSE(returned.load())
+  EXPECT_TRUE(testkit::AwaitCondition([&] { return Failed() >= 3; },
+                                      absl::Seconds(20)));
+  EXPECT_FALSE(returned_.load())
       << "a result reached a member while the list named a standby that "
          "lacks it";
   // etcd is back: the list without it, then the result.
-  {
-    absl::MutexLock lock(&list.mu);
-    list.fail = false;
-  }
-  sync.join();
-  ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ(out->round, 2u);
-  EXPECT_EQ(params, std::vector<float>(kElements, 2.0f));
-  EXPECT_TRUE(list.Last().empty());
-  context.TryCancel();
-  stream->Finish().ok();
-  server->StopSyncPublisher();
+  SetFail(false);
+  sync_.join();
+  ASSERT_TRUE(out_.ok()) << out_.status();
+  EXPECT_EQ(out_->round, 2u);
+  EXPECT_EQ(params_, std::vector<float>(kElements, 2.0f));
+  EXPECT_TRUE(list_.Last().empty());
 }
 
 // A write of the list that fails may have landed: until one succeeds, the
 // results wait, even once the list it would write is the last one written
 // again (the standby it added dropped meanwhile).
-TEST(ReplicationTest, SynchronousList_AFailedWriteThenADrop_WritesItAgain) {
-  OpenGate gate;
-  FakeList list;
-  ServerOptions options = testkit::BaseServerOptions();
-  options.gate = &gate;
-  options.replication.group = "g";
-  options.replication.shard_index = 0;
-  options.replication.token = "s3cret";
-  options.replication.advertise = "primary";
-  options.replication.ack_timeout = absl::Seconds(1);
-  auto server = testkit::StartServer(std::move(options));
-  ASSERT_NE(server, nullptr);
-  server->StartSyncPublisher(list.Publisher());
-  ASSERT_TRUE(server->Promote(7).ok());
-  auto member =
-      testkit::JoinedClient(testkit::BaseClientOptions(*server, "job", "m"));
-  ASSERT_NE(member, nullptr);
-  std::vector<float> params(kElements, 0.0f);
-  ASSERT_TRUE(member->Initialize(absl::MakeSpan(params)).ok());
-  Round(*member, params, 1);
-  {
-    absl::MutexLock lock(&list.mu);
-    list.fail = true;  // etcd goes away
-  }
+TEST_F(SynchronousListTest, AFailedWriteThenADrop_WritesItAgain) {
+  SetFail(true);  // etcd goes away
   // A standby catches up: the list naming it cannot be written.
-  auto stub = v1::Replication::NewStub(grpc::CreateChannel(
-      testkit::Target(*server), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-  auto stream = stub->Follow(&context);
-  v1::FollowMessage hello;
-  *hello.mutable_follow() = Good();
-  ASSERT_TRUE(stream->Write(hello));
-  v1::ReplicaUpdate update;
-  while (stream->Read(&update) && !update.has_caught_up()) {
-  }
-  ASSERT_TRUE(update.has_caught_up());
-  v1::FollowMessage ack;
-  ack.set_acked(update.sequence());
-  ASSERT_TRUE(stream->Write(ack));
-  EXPECT_TRUE(testkit::AwaitCondition([&] {
-    absl::MutexLock lock(&list.mu);
-    return list.failed >= 1;
-  }));
+  ASSERT_NO_FATAL_FAILURE(FollowAndCatchUp());
+  EXPECT_TRUE(testkit::AwaitCondition([&] { return Failed() >= 1; }));
   // A round; the standby acknowledges none of it and is dropped.
-  absl::StatusOr<SyncOutcome> out;
-  std::atomic<bool> returned{false};
-  std::thread sync([&] {
-    for (float& v : params) v += 1.0f;
-    out = member->Sync(absl::MakeSpan(params));
-    returned = true;
-  });
-  int failed_before = 0;
-  {
-    absl::MutexLock lock(&list.mu);
-    failed_before = list.failed;
-  }
+  StartRound();
+  const int failed_before = Failed();
   EXPECT_TRUE(testkit::AwaitCondition(
-      [&] {
-        absl::MutexLock lock(&list.mu);
-        return list.failed >= failed_before + 8;  // past the drop
-      },
+      [&] { return Failed() >= failed_before + 8; },  // past the drop
       absl::Seconds(20)));
-  EXPECT_FALSE(returned.load()) << "a result went out while a failed write "
-                                   "naming a dropped standby may have landed";
-  {
-    absl::MutexLock lock(&list.mu);
-    list.fail = false;
-  }
-  EXPECT_TRUE(testkit::AwaitCondition([&] { return returned.load(); },
+  EXPECT_FALSE(returned_.load()) << "a result went out while a failed write "
+                                    "naming a dropped standby may have landed";
+  SetFail(false);
+  EXPECT_TRUE(testkit::AwaitCondition([&] { return returned_.load(); },
                                       absl::Seconds(20)))
       << "the list was not written again";
-  sync.join();
-  ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ(out->round, 2u);
-  EXPECT_TRUE(list.Last().empty());
-  context.TryCancel();
-  stream->Finish().ok();
-  server->StopSyncPublisher();
+  sync_.join();
+  ASSERT_TRUE(out_.ok()) << out_.status();
+  EXPECT_EQ(out_->round, 2u);
+  EXPECT_TRUE(list_.Last().empty());
 }
 
 // A "standby" that asks to follow and then reads nothing: the catch-up of
