@@ -267,6 +267,19 @@ class FailoverTest : public ::testing::Test {
   // is in sync; the primary then (null, with a failure, if none).
   CoordinatorProcess* RunToRoundTen(Members& members);
 
+  // Waits for a coordinator to serve (a failover's successor) and checks
+  // that it answers at an epoch above `before`.
+  void ExpectSuccessorAbove(uint64_t before) {
+    ASSERT_TRUE(
+        AwaitCondition([&] { return Primary() != nullptr; }, absl::Seconds(30)))
+        << Logs();
+    uint64_t after = 0;
+    CoordinatorProcess* successor = Primary();
+    ASSERT_NE(successor, nullptr) << Logs();
+    ASSERT_TRUE(successor->Serving(&after));
+    EXPECT_GT(after, before) << "the epoch did not grow with a failover";
+  }
+
   // Joins the members and checks what every test checks: no member saw a
   // round go back or skip, and each ended at the last round with the
   // exact state of every member in every round. `rejoins_allowed`: whether
@@ -479,15 +492,8 @@ TEST_F(FailoverTest, PrimaryKilledRepeatedly_MembersGoOnWithExactState) {
     primary->Serving(&before);
     primary->Kill();
     primary->Start();  // back as a standby
-    ASSERT_TRUE(
-        AwaitCondition([&] { return Primary() != nullptr; }, absl::Seconds(30)))
-        << Logs();
-    uint64_t after = 0;
-    CoordinatorProcess* successor = Primary();
-    ASSERT_NE(successor, nullptr) << Logs();
-    ASSERT_TRUE(successor->Serving(&after));
     EXPECT_GT(before, 0u);
-    EXPECT_GT(after, before) << "the epoch did not grow with a failover";
+    ASSERT_NO_FATAL_FAILURE(ExpectSuccessorAbove(before));
   }
   ExpectExactEnd(members);
 }
@@ -562,14 +568,7 @@ TEST_F(FailoverMomentsTest, PrimaryKilledAtChosenMoments_NothingIsLost) {
         << "status " << status << "\n"
         << Logs();
     primary->Start();  // back as a standby
-    ASSERT_TRUE(
-        AwaitCondition([&] { return Primary() != nullptr; }, absl::Seconds(30)))
-        << Logs();
-    uint64_t after = 0;
-    CoordinatorProcess* successor = Primary();
-    ASSERT_NE(successor, nullptr) << Logs();
-    ASSERT_TRUE(successor->Serving(&after));
-    EXPECT_GT(after, before) << "the epoch did not grow with a failover";
+    ASSERT_NO_FATAL_FAILURE(ExpectSuccessorAbove(before));
   }
   ExpectExactEnd(members);
 }
