@@ -135,6 +135,18 @@ struct FinalCapture {
   }
 };
 
+// A replicated seed of job "r": state 7, every value 1.
+ReplicatedCommit SeedOfOnes() {
+  ReplicatedCommit seed;
+  seed.job_id = "r";
+  seed.round = 0;
+  seed.state_id = 7;
+  auto values = std::make_shared<StateSnapshot>();
+  values->values.assign(kElements, 1.0f);
+  seed.seed = values;
+  return seed;
+}
+
 JobSettings Settings(DType wire, AveragingMode mode) {
   JobSettings s;
   s.chunk_elements = kChunk;
@@ -438,13 +450,7 @@ TEST(StandbyCoordinatorTest, FollowingKeepsTheMembersLeases) {
   ASSERT_TRUE(created.ok()) << created.status();
   Coordinator& standby = **created;
   standby.BeginFollowing();
-  ReplicatedCommit seed;
-  seed.job_id = "r";
-  seed.round = 0;
-  seed.state_id = 7;
-  auto values = std::make_shared<StateSnapshot>();
-  values->values.assign(kElements, 1.0f);
-  seed.seed = values;
+  ReplicatedCommit seed = SeedOfOnes();
   seed.layout = MakeFloatLayout({{"w", {10}}});
   seed.settings = Settings(DType::kFloat32, AveragingMode::kMean);
   seed.settings.deadline_mode = DeadlineMode::kFixed;  // complete, as sent
@@ -511,13 +517,7 @@ TEST_F(ReplicationTest, CatchUpMidRound_ThenFollowsBitForBit) {
 TEST_F(ReplicationTest, ApplyReplicated_RefusesWhatDoesNotFollow) {
   Make(Settings(DType::kFloat32, AveragingMode::kMean));
   replicator_.set_standby(nullptr);  // the test feeds the standby
-  ReplicatedCommit seed;
-  seed.job_id = "r";
-  seed.round = 0;
-  seed.state_id = 7;
-  auto values = std::make_shared<StateSnapshot>();
-  values->values.assign(kElements, 1.0f);
-  seed.seed = values;
+  ReplicatedCommit seed = SeedOfOnes();
   ReplicatedChunk chunk;
   chunk.job_id = "r";
   chunk.round = 1;
