@@ -143,6 +143,23 @@ def install_deps_packages(source_dir):
     return set(m.group(1).split()) if m else set()
 
 
+def check_image_stage(name, stage, entrypoint, ports=None):
+    """A runtime stage runs as uid 65532, its ENTRYPOINT names
+    `entrypoint`, and (if `ports` is given) it exposes exactly those."""
+    ops = stage["instructions"]
+    users = [a for op, a in ops if op == "USER"]
+    check(users and users[-1] in ("65532", "65532:65532"),
+          f"{name} stage USER is {users}, expected 65532:65532")
+    entry = [a for op, a in ops if op == "ENTRYPOINT"]
+    check(entry and entrypoint in entry[-1],
+          f"{name} ENTRYPOINT is {entry}")
+    if ports is not None:
+        exposed = {p.split("/")[0] for op, a in ops if op == "EXPOSE"
+                   for p in a.split()}
+        check(exposed == ports, f"{name} stage exposes {sorted(exposed)}, "
+              f"expected {', '.join(sorted(ports))}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dockerfile", required=True)
@@ -184,17 +201,8 @@ def main():
         check(not any("torch" in o for o in owners),
               f"{binary} links LibTorch")
     ops = [(op, a) for op, a in coord["instructions"]]
-    users = [a for op, a in ops if op == "USER"]
-    check(users and users[-1] in ("65532", "65532:65532"),
-          f"coordinator stage USER is {users}, expected 65532:65532")
-    exposed = {p.split("/")[0] for op, a in ops if op == "EXPOSE"
-               for p in a.split()}
-    check(exposed == {"50051", "9090"},
-          f"coordinator stage exposes {sorted(exposed)}, "
-          "expected 50051 and 9090")
-    entry = [a for op, a in ops if op == "ENTRYPOINT"]
-    check(entry and "localsgd-coordinator" in entry[-1],
-          f"coordinator ENTRYPOINT is {entry}")
+    check_image_stage("coordinator", coord, "localsgd-coordinator",
+                      {"50051", "9090"})
     copies = [a for op, a in ops if op == "COPY"]
     check(all(a.startswith("--from=builder") for a in copies),
           f"coordinator stage copies from outside the builder: {copies}")
@@ -207,13 +215,7 @@ def main():
         print("note: no worker binary (not a LibTorch build): the worker "
               "stage's packages are checked by name only")
     check_runtime_stage(worker, binaries, "worker")
-    wops = worker["instructions"]
-    users = [a for op, a in wops if op == "USER"]
-    check(users and users[-1] in ("65532", "65532:65532"),
-          f"worker stage USER is {users}, expected 65532:65532")
-    entry = [a for op, a in wops if op == "ENTRYPOINT"]
-    check(entry and "localsgd-fashion-mnist" in entry[-1],
-          f"worker ENTRYPOINT is {entry}")
+    check_image_stage("worker", worker, "localsgd-fashion-mnist")
     check("dataset-fashion-mnist" in apt_packages(worker),
           "the worker image lacks the data set (dataset-fashion-mnist)")
 
@@ -221,21 +223,11 @@ def main():
     # the coordinator's uid, its data directory the pod's volume.
     if check("etcd" in stages, "no stage named etcd"):
         etcd = stages["etcd"]
-        eops = etcd["instructions"]
         check(etcd["base"].startswith("debian:bookworm"),
               f"stage etcd is not based on Debian 12: {etcd['base']}")
         check("etcd-server" in apt_packages(etcd),
               "the etcd stage does not install Debian's etcd-server")
-        users = [a for op, a in eops if op == "USER"]
-        check(users and users[-1] in ("65532", "65532:65532"),
-              f"etcd stage USER is {users}, expected 65532:65532")
-        entry = [a for op, a in eops if op == "ENTRYPOINT"]
-        check(entry and "/usr/bin/etcd" in entry[-1],
-              f"etcd ENTRYPOINT is {entry}")
-        exposed = {p.split("/")[0] for op, a in eops if op == "EXPOSE"
-                   for p in a.split()}
-        check(exposed == {"2379", "2380"},
-              f"etcd stage exposes {sorted(exposed)}, expected 2379, 2380")
+        check_image_stage("etcd", etcd, "/usr/bin/etcd", {"2379", "2380"})
 
     # Build stages against scripts/install-deps.sh.
     deps = install_deps_packages(source_dir)
