@@ -160,6 +160,10 @@ ABSL_FLAG(bool, overlap, false,
 ABSL_FLAG(std::string, deadline_mode, "",
           "How the job's rounds stop waiting for stragglers: fixed or "
           "adaptive (learned); empty: the coordinator's default");
+ABSL_FLAG(std::string, mean_encoding, "",
+          "What the job's rule runs on: float32 (the round's mean) or wire "
+          "(the mean as the wire dtype encodes it; a standby then gets one "
+          "member's download per round); empty: the coordinator's default");
 ABSL_FLAG(double, scale_delta, 1,
           "A diverging or hostile member, for the outlier guard's benchmark "
           "(bench/outlier_guard.py): before each sync, this worker's change "
@@ -635,6 +639,14 @@ absl::Status Run(const Config& c) {
     } else if (!mode.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--deadline_mode must be fixed or adaptive, got '", mode, "'"));
+    }
+    if (const std::string e = absl::GetFlag(FLAGS_mean_encoding); e == "wire") {
+      options.settings.mean_encoding = MeanEncoding::kWire;
+    } else if (e == "float32") {
+      options.settings.mean_encoding = MeanEncoding::kFloat32;
+    } else if (!e.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mean_encoding must be float32 or wire, got '", e, "'"));
     }
     absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromFlags();
     if (!security.ok()) return security.status();

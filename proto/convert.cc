@@ -35,6 +35,32 @@ absl::StatusOr<DeadlineMode> DeadlineModeFromProto(int value) {
   }
 }
 
+absl::StatusOr<MeanEncoding> MeanEncodingFromProto(int value) {
+  switch (value) {
+    case v1::MEAN_ENCODING_UNSPECIFIED:
+      return MeanEncoding::kUnspecified;
+    case v1::MEAN_ENCODING_FLOAT32:
+      return MeanEncoding::kFloat32;
+    case v1::MEAN_ENCODING_WIRE:
+      return MeanEncoding::kWire;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("settings.mean_encoding has unknown value ", value));
+  }
+}
+
+v1::MeanEncoding MeanEncodingToProto(MeanEncoding encoding) {
+  switch (encoding) {
+    case MeanEncoding::kFloat32:
+      return v1::MEAN_ENCODING_FLOAT32;
+    case MeanEncoding::kWire:
+      return v1::MEAN_ENCODING_WIRE;
+    case MeanEncoding::kUnspecified:
+      break;
+  }
+  return v1::MEAN_ENCODING_UNSPECIFIED;
+}
+
 v1::DeadlineMode DeadlineModeToProto(DeadlineMode mode) {
   switch (mode) {
     case DeadlineMode::kFixed:
@@ -221,6 +247,10 @@ absl::StatusOr<JobSettings> SettingsFromProto(const v1::JobSettings& proto) {
       DeadlineModeFromProto(proto.deadline_mode());
   if (!deadline.ok()) return deadline.status();
   settings.deadline_mode = *deadline;
+  absl::StatusOr<MeanEncoding> mean_encoding =
+      MeanEncodingFromProto(proto.mean_encoding());
+  if (!mean_encoding.ok()) return mean_encoding.status();
+  settings.mean_encoding = *mean_encoding;
   return settings;
 }
 
@@ -237,6 +267,7 @@ void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto) {
   proto->set_outer_momentum(settings.outer_momentum);
   proto->set_outlier_ratio(settings.outlier_ratio);
   proto->set_deadline_mode(DeadlineModeToProto(settings.deadline_mode));
+  proto->set_mean_encoding(MeanEncodingToProto(settings.mean_encoding));
 }
 
 absl::StatusOr<MemberId> ParseMemberId(const std::string& hex) {

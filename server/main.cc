@@ -93,6 +93,7 @@ LOCALSGD_SETTING_FLAG(outer_lr);
 LOCALSGD_SETTING_FLAG(outer_momentum);
 LOCALSGD_SETTING_FLAG(deadline_mode);
 LOCALSGD_SETTING_FLAG(outlier_ratio);
+LOCALSGD_SETTING_FLAG(mean_encoding);
 #undef LOCALSGD_SETTING_FLAG
 
 ABSL_FLAG(bool, keep_freed_memory, true,

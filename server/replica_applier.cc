@@ -207,6 +207,7 @@ absl::Status ReplicaApplier::ApplyChunk(const v1::ReplicaUpdate& update) {
       !s.ok()) {
     return s;
   }
+  c.encoded_mean = m.encoded_mean();
   return coordinator_->ApplyReplicated(c);
 }
 

@@ -61,6 +61,7 @@ uint64_t ReplicationHub::Chunk(ReplicatedChunk chunk) {
   m->set_index(chunk.chunk);
   m->set_contributed(chunk.contributed);
   m->set_mean(FloatBytes(chunk.mean));
+  m->set_encoded_mean(std::move(chunk.encoded_mean));
   return Append(chunk.job_id, std::move(update));
 }
 

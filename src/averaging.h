@@ -47,6 +47,9 @@ class AveragingRule {
   // Whether the rule keeps a momentum buffer (one float per element).
   virtual bool has_momentum() const { return false; }
 
+  // Whether the step is the mean itself (Step changes nothing).
+  virtual bool steps_by_mean() const { return false; }
+
   // One chunk of a closed round: `mean` holds the weighted mean of the
   // round's pseudo-gradients on entry and the step the state takes on
   // return (new state = old state + step, before the wire's rounding).
@@ -72,6 +75,7 @@ class AveragingRule {
 class MeanRule final : public AveragingRule {
  public:
   absl::string_view name() const override { return "mean"; }
+  bool steps_by_mean() const override { return true; }
   void Step(absl::Span<float> mean, absl::Span<const float> momentum_in,
             absl::Span<float> momentum_out) const override;
   double StepBound(double mean_bound, double) const override {

@@ -86,7 +86,8 @@ bool IsKnownMode(AveragingMode mode) {
 // What Save refuses to write and Decode refuses to return, as a message; the
 // caller picks the code (INVALID_ARGUMENT or DATA_LOSS).
 std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values,
-                           uint64_t num_momentum, uint64_t num_residual) {
+                           uint64_t num_momentum, uint64_t num_residual,
+                           uint64_t num_mean_residual) {
   if (absl::Status s = ValidateJobId(c.job_id); !s.ok()) {
     return std::string(s.message());
   }
@@ -135,10 +136,17 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values,
     return absl::StrCat("outlier ratio ", c.settings.outlier_ratio,
                         " is out of range");
   }
+  if (c.settings.mean_encoding != MeanEncoding::kFloat32 &&
+      c.settings.mean_encoding != MeanEncoding::kWire) {
+    return absl::StrCat("unknown mean encoding ",
+                        static_cast<int>(c.settings.mean_encoding));
+  }
   if ((num_momentum != 0 && num_momentum != num_values) ||
-      (num_residual != 0 && num_residual != num_values)) {
-    return absl::StrCat("momentum (", num_momentum, ") and residual (",
-                        num_residual, ") values must each be 0 or ",
+      (num_residual != 0 && num_residual != num_values) ||
+      (num_mean_residual != 0 && num_mean_residual != num_values)) {
+    return absl::StrCat("momentum (", num_momentum, "), residual (",
+                        num_residual, ") and mean residual (",
+                        num_mean_residual, ") values must each be 0 or ",
                         num_values);
   }
   if (c.shard.count < 1 || c.shard.index >= c.shard.count) {
@@ -157,7 +165,8 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values,
 
 // Everything between the fixed prefix and the header CRC.
 std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values,
-                         uint64_t num_momentum, uint64_t num_residual) {
+                         uint64_t num_momentum, uint64_t num_residual,
+                         uint64_t num_mean_residual) {
   std::string h;
   PutU32(&h, static_cast<uint32_t>(c.job_id.size()));
   h.append(c.job_id);
@@ -190,9 +199,11 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values,
   PutU64(&h, c.epoch);
   std::memcpy(&bits, &c.settings.outlier_ratio, 4);
   PutU32(&h, bits);
+  PutU32(&h, static_cast<uint32_t>(c.settings.mean_encoding));
   PutU64(&h, num_values);
   PutU64(&h, num_momentum);
   PutU64(&h, num_residual);
+  PutU64(&h, num_mean_residual);
   return h;
 }
 
@@ -243,16 +254,19 @@ class FileSink : public Sink {
 absl::Status WriteCheckpoint(const JobCheckpoint& c,
                              absl::Span<const float> values,
                              absl::Span<const float> momentum,
-                             absl::Span<const float> residual, Sink& sink) {
-  const std::string header =
-      EncodeHeader(c, values.size(), momentum.size(), residual.size());
+                             absl::Span<const float> residual,
+                             absl::Span<const float> mean_residual,
+                             Sink& sink) {
+  const std::string header = EncodeHeader(
+      c, values.size(), momentum.size(), residual.size(), mean_residual.size());
   if (header.size() > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint header of job '", c.job_id, "' has ",
                      header.size(), " bytes; at most 4 GiB fit the format"));
   }
   const uint64_t value_bytes =
-      uint64_t{4} * (values.size() + momentum.size() + residual.size());
+      uint64_t{4} * (values.size() + momentum.size() + residual.size() +
+                     mean_residual.size());
   const uint64_t file_length =
       kPrefixBytes + header.size() + kCrcBytes + value_bytes + kCrcBytes;
 
@@ -270,7 +284,8 @@ absl::Status WriteCheckpoint(const JobCheckpoint& c,
   if (absl::Status s = sink.Append(head); !s.ok()) return s;
 
   std::string staging;  // big-endian hosts only
-  for (const absl::Span<const float> array : {values, momentum, residual}) {
+  for (const absl::Span<const float> array :
+       {values, momentum, residual, mean_residual}) {
     const char* const base = reinterpret_cast<const char*>(array.data());
     const uint64_t array_bytes = uint64_t{4} * array.size();
     for (uint64_t off = 0; off < array_bytes; off += kPieceBytes) {
@@ -405,6 +420,7 @@ struct ArrayCounts {
   uint64_t values = 0;
   uint64_t momentum = 0;
   uint64_t residual = 0;
+  uint64_t mean_residual = 0;
 };
 
 absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
@@ -481,10 +497,19 @@ absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
     if (!r.U32(&ratio)) return Malformed(r, "outlier ratio");
     std::memcpy(&c->settings.outlier_ratio, &ratio, 4);
   }
+  c->settings.mean_encoding = MeanEncoding::kFloat32;
+  if (version >= 7) {
+    uint32_t encoding;
+    if (!r.U32(&encoding)) return Malformed(r, "mean encoding");
+    c->settings.mean_encoding = static_cast<MeanEncoding>(encoding);
+  }
   ArrayCounts counts;
   if (!r.U64(&counts.values)) return Malformed(r, "values count");
   if (version >= 3 && (!r.U64(&counts.momentum) || !r.U64(&counts.residual))) {
     return Malformed(r, "momentum and residual counts");
+  }
+  if (version >= 7 && !r.U64(&counts.mean_residual)) {
+    return Malformed(r, "mean residual count");
   }
   if (r.remaining() != 0) {
     return absl::DataLossError(absl::StrCat("malformed header: ", r.remaining(),
@@ -570,15 +595,20 @@ absl::StatusOr<JobCheckpoint> Decode(Source& in, bool header_only = false) {
       (file_length - std::min(file_length, header_end + kCrcBytes)) / 4;
   if (file_length < header_end + kCrcBytes || counts->values > floats ||
       counts->momentum > floats || counts->residual > floats ||
-      counts->values + counts->momentum + counts->residual != floats ||
+      counts->mean_residual > floats ||
+      counts->values + counts->momentum + counts->residual +
+              counts->mean_residual !=
+          floats ||
       (file_length - header_end - kCrcBytes) % 4 != 0) {
     return absl::DataLossError(
         absl::StrCat("values count ", counts->values, " (momentum ",
                      counts->momentum, ", residual ", counts->residual,
+                     ", mean residual ", counts->mean_residual,
                      ") does not match the file length ", file_length));
   }
   if (std::string problem =
-          ContentProblem(c, counts->values, counts->momentum, counts->residual);
+          ContentProblem(c, counts->values, counts->momentum, counts->residual,
+                         counts->mean_residual);
       !problem.empty()) {
     return absl::DataLossError(problem);
   }
@@ -586,7 +616,9 @@ absl::StatusOr<JobCheckpoint> Decode(Source& in, bool header_only = false) {
   c.values.resize(static_cast<size_t>(counts->values));
   c.momentum.resize(static_cast<size_t>(counts->momentum));
   c.residual.resize(static_cast<size_t>(counts->residual));
-  for (std::vector<float>* array : {&c.values, &c.momentum, &c.residual}) {
+  c.mean_residual.resize(static_cast<size_t>(counts->mean_residual));
+  for (std::vector<float>* array :
+       {&c.values, &c.momentum, &c.residual, &c.mean_residual}) {
     char* const base = reinterpret_cast<char*>(array->data());
     const uint64_t array_bytes = uint64_t{4} * array->size();
     for (uint64_t off = 0; off < array_bytes; off += kPieceBytes) {
@@ -726,7 +758,7 @@ std::string EncodeCheckpoint(const JobCheckpoint& checkpoint) {
   std::string out;
   StringSink sink(&out);
   if (!WriteCheckpoint(checkpoint, checkpoint.values, checkpoint.momentum,
-                       checkpoint.residual, sink)
+                       checkpoint.residual, checkpoint.mean_residual, sink)
            .ok()) {
     return "";  // a header over 4 GiB; Decode rejects the empty string
   }
@@ -774,7 +806,8 @@ std::shared_ptr<absl::Mutex> CheckpointStore::JobLock(
 absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
                                    absl::Span<const float> values,
                                    absl::Span<const float> momentum,
-                                   absl::Span<const float> residual) {
+                                   absl::Span<const float> residual,
+                                   absl::Span<const float> mean_residual) {
   if (!checkpoint.values.empty() && values.data() != checkpoint.values.data()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkpoint of job '", checkpoint.job_id,
@@ -782,8 +815,9 @@ absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
   }
   // Validating the id here is what keeps the path inside dir_: an id has no
   // '/', and with the suffix the name is never "." or "..".
-  if (std::string problem = ContentProblem(checkpoint, values.size(),
-                                           momentum.size(), residual.size());
+  if (std::string problem =
+          ContentProblem(checkpoint, values.size(), momentum.size(),
+                         residual.size(), mean_residual.size());
       !problem.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint of job '", checkpoint.job_id, "': ", problem));
@@ -820,8 +854,8 @@ absl::Status CheckpointStore::Save(const JobCheckpoint& checkpoint,
     return absl::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
   }
   FileSink sink(fd.get(), tmp);
-  absl::Status status =
-      WriteCheckpoint(checkpoint, values, momentum, residual, sink);
+  absl::Status status = WriteCheckpoint(checkpoint, values, momentum, residual,
+                                        mean_residual, sink);
   if (status.ok() && FsyncRetrying(fd.get()) != 0) {
     status = absl::ErrnoToStatus(errno, absl::StrCat("fsync ", tmp));
   }

@@ -1,12 +1,12 @@
 // Durable checkpoints of coordinator job state: what a restarted coordinator
 // needs to resume a job (layout, settings, round, global parameters).
 //
-// File format, version 6. All integers little-endian; floats IEEE-754
+// File format, version 7. All integers little-endian; floats IEEE-754
 // binary32, little-endian.
 //
 //   offset  size  field
 //   0       8     magic "LSGDCKPT"
-//   8       4     format version (6; 1 to 5 are read too)
+//   8       4     format version (7; 1 to 6 are read too)
 //   12      4     H: header length in bytes
 //   16      8     file length in bytes (all of it, the trailer included)
 //   24      H     header:
@@ -24,24 +24,27 @@
 //                   u32 deadline_mode                    (version 4)
 //                   u64 epoch                            (version 5)
 //                   f32 outlier_ratio                    (version 6)
+//                   u32 mean_encoding                    (version 7)
 //                   u64 N: number of values (the shard's elements)
 //                   u64 M, u64 R: momentum and residual values, each 0
 //                     or N                               (version 3)
+//                   u64 P: mean residual values, 0 or N  (version 7)
 //   24+H    4     masked CRC32C of bytes [0, 24+H)
 //   28+H    4N    the values
 //           4M    the momentum (version 3)
 //           4R    the residual (version 3)
+//           4P    the mean residual (version 7)
 //   end-4   4     masked CRC32C of bytes [0, end-4)
 //
 // CRCs are masked as leveldb masks them (a CRC over data that holds CRCs is
 // weak otherwise). The header CRC lets a reader trust the header's lengths
 // before it reads gigabytes of values; the trailing CRC covers everything. A
-// later version changes the format version. This build writes version 6 and
+// later version changes the format version. This build writes version 7 and
 // reads 1 (which had no non-finite policy, "reject", and no shards, {0, 1}),
 // 2 (which had no pseudo-gradients: contribution "parameters", outer
 // hyper-parameters 0, no state id, momentum or residual), 3 (no deadline
 // mode: "fixed"), 4 (no epoch: 0), 5 (no outlier guard: off, as the job
-// ran) and 6.
+// ran), 6 (no mean encoding: float32) and 7.
 #ifndef LOCALSGD_SRC_CHECKPOINT_H_
 #define LOCALSGD_SRC_CHECKPOINT_H_
 
@@ -81,6 +84,9 @@ struct JobCheckpoint {
   uint64_t state_id = 0;
   std::vector<float> momentum;
   std::vector<float> residual;
+  // With mean encoding wire: what the encodings of the round means dropped
+  // (empty or one float per value).
+  std::vector<float> mean_residual;
   // The epoch of the coordinator that wrote it (the etcd revision at which
   // it won its shard's election, --ha_etcd); 0 without an election.
   // CheckpointStore::Save refuses to replace a checkpoint of a higher one.
@@ -88,7 +94,7 @@ struct JobCheckpoint {
 };
 
 // The file format version this build writes and reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 6;
+inline constexpr uint32_t kCheckpointFormatVersion = 7;
 // The oldest format version this build reads.
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 
@@ -140,7 +146,8 @@ class CheckpointStore {
   // Other codes (from errno, e.g. RESOURCE_EXHAUSTED for a full disk,
   // PERMISSION_DENIED) name the path and the reason; the previous checkpoint
   // is left in place and the temporary file removed.
-  // `momentum` and `residual` the same (each empty or of values.size()).
+  // `momentum`, `residual` and `mean_residual` the same (each empty or of
+  // values.size()).
   // FAILED_PRECONDITION, nothing written, if checkpoint.epoch > 0 (an
   // elected primary) and the job's checkpoint in place was written at a
   // higher epoch (a deposed primary sharing the directory with the one that
@@ -149,7 +156,8 @@ class CheckpointStore {
   absl::Status Save(const JobCheckpoint& checkpoint,
                     absl::Span<const float> values,
                     absl::Span<const float> momentum = {},
-                    absl::Span<const float> residual = {});
+                    absl::Span<const float> residual = {},
+                    absl::Span<const float> mean_residual = {});
 
   // Loads every <job_id>.ckpt in the directory, sorted by job id. A file that
   // cannot be read or decoded, or whose name is not a job id or not the job

@@ -65,8 +65,9 @@ void Checkpointer::Run() {
     meta.shard = shard_;
     meta.state_id = p.state->id;
     meta.epoch = epoch_ != nullptr ? epoch_() : 0;
-    const absl::Status s = store_->Save(meta, p.state->values,
-                                        p.state->momentum, p.state->residual);
+    const absl::Status s =
+        store_->Save(meta, p.state->values, p.state->momentum,
+                     p.state->residual, p.state->mean_residual);
     if (s.ok()) {
       VLOG(1) << "checkpointed job " << meta.job_id << " at round "
               << meta.round;

@@ -95,7 +95,8 @@ absl::Status CheckFinite(const JobCheckpoint& c) {
        {std::pair<const char*, const std::vector<float>*>{"parameter",
                                                           &c.values},
         {"outer momentum", &c.momentum},
-        {"quantization residual", &c.residual}}) {
+        {"quantization residual", &c.residual},
+        {"mean residual", &c.mean_residual}}) {
     for (size_t i = 0; i < values->size(); ++i) {
       if (!std::isfinite((*values)[i])) {
         return absl::DataLossError(absl::StrCat(
@@ -152,7 +153,8 @@ absl::Status Coordinator::Restore() {
         c.job_id, c.layout, shard_elements, c.settings, options_.policy, clock_,
         checkpointer_.get(), options_.observer, options_.replicator);
     job->RestoreState(c.round, std::move(c.values), c.state_id,
-                      std::move(c.momentum), std::move(c.residual));
+                      std::move(c.momentum), std::move(c.residual),
+                      std::move(c.mean_residual));
     LOG(INFO) << "restored job " << c.job_id << " at round " << c.round << " ("
               << *n << " elements) from " << options_.checkpoint_store->dir();
     jobs_.emplace(c.job_id, std::move(job));

@@ -46,7 +46,8 @@ struct CoordinatorOptions {
                                /*outer_lr=*/0.7f,
                                /*outer_momentum=*/0.9f,
                                /*deadline_mode=*/DeadlineMode::kFixed,
-                               /*outlier_ratio=*/10.0f};
+                               /*outlier_ratio=*/10.0f,
+                               /*mean_encoding=*/MeanEncoding::kFloat32};
   // The chunks this coordinator owns when several replicas share the jobs
   // (chunk i of a layout goes to replica i mod shard.count). A job's state
   // here holds only those chunks, back to back.

@@ -65,12 +65,12 @@ void Job::RestoreState(RoundId round, std::vector<float> values) {
 }
 
 void Job::RestoreState(RoundId round, std::vector<float> values, uint64_t id,
-                       std::vector<float> momentum,
-                       std::vector<float> residual) {
+                       std::vector<float> momentum, std::vector<float> residual,
+                       std::vector<float> mean_residual) {
   absl::MutexLock lock(&mu_);
   members_.ResetEmptySince(clock_->Now());
   commit_.Restore(round, std::move(values), id, std::move(momentum),
-                  std::move(residual));
+                  std::move(residual), std::move(mean_residual));
   released_state_ = commit_.shared_state();
   state_ticket_ = 0;
   // The members are not checkpointed: give them one lease to come back, so
@@ -722,19 +722,26 @@ void Job::FinalizeChunkLocked(OpenRound& round, uint32_t c) {
   const bool contributed = sums.chunk_weight(c) > 0;
   const absl::Span<float> chunk = sums.scaled_sums(c);
   if (contributed) DivideInPlace(chunk, sums.scaled_weight(c));
+  // What a standby gets: the mean as computed or as encoded.
+  ReplicatedChunk update;
+  std::string encoded_mean;
+  if (contributed && commit_.encodes_mean()) {
+    commit_.EncodeMean(chunk, c, *round.next, &encoded_mean);
+  } else if (contributed && replicator_ != nullptr) {
+    update.mean.assign(chunk.begin(), chunk.end());
+  }
+  if (!commit_.FinalizeMean(chunk, contributed, c, *round.next, encoded_mean)) {
+    LOG(ERROR) << "job " << id_ << ": chunk " << c << " of round "
+               << round.round.id()
+               << "'s result was not finite; it keeps its state";
+  }
   if (replicator_ != nullptr) {
-    ReplicatedChunk update;
     update.job_id = id_;
     update.round = round.round.id();
     update.chunk = c;
     update.contributed = contributed;
-    if (contributed) update.mean.assign(chunk.begin(), chunk.end());
+    update.encoded_mean = std::move(encoded_mean);
     round.chunk_ticket = replicator_->Chunk(std::move(update));
-  }
-  if (!commit_.FinalizeMean(chunk, contributed, c, *round.next)) {
-    LOG(ERROR) << "job " << id_ << ": chunk " << c << " of round "
-               << round.round.id()
-               << "'s result was not finite; it keeps its state";
   }
   round.round.MarkFinal(c);
 }
@@ -1107,10 +1114,19 @@ absl::Status Job::ApplyReplicated(const ReplicatedChunk& update) {
   const size_t offset = geometry_.Offset(update.chunk);
   const size_t len = geometry_.Size(update.chunk);
   const bool carries = update.contributed || !pseudo_gradients();
-  if (carries ? update.mean.size() != len : !update.mean.empty()) {
+  // With encodes_mean(), a chunk someone gave carries its encoded mean
+  // instead of the float32 one.
+  const bool encoded = update.contributed && commit_.encodes_mean();
+  if (carries && !encoded ? update.mean.size() != len : !update.mean.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " has ", update.mean.size(), " values; expected ",
-                     carries ? len : 0));
+                     carries && !encoded ? len : 0));
+  }
+  if (!encoded && !update.encoded_mean.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has an encoded mean, but the job ",
+        commit_.encodes_mean() ? "takes none for a chunk no one gave"
+                               : "has mean encoding float32"));
   }
   if (absl::Status s = CheckFiniteValues(update.mean, what); !s.ok()) return s;
   if (mirror_ != nullptr && mirror_->round != next_round) mirror_.reset();
@@ -1118,7 +1134,8 @@ absl::Status Job::ApplyReplicated(const ReplicatedChunk& update) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": that chunk is final already"));
   }
-  if (mirror_ == nullptr) {
+  const bool fresh = mirror_ == nullptr;
+  if (fresh) {
     mirror_ = std::make_unique<Mirror>();
     mirror_->round = next_round;
     mirror_->next = pseudo_gradients() ? commit_.NewNext()
@@ -1128,11 +1145,20 @@ absl::Status Job::ApplyReplicated(const ReplicatedChunk& update) {
   }
   const absl::Span<float> chunk =
       absl::MakeSpan(mirror_->values).subspan(offset, len);
-  if (carries) std::copy(update.mean.begin(), update.mean.end(), chunk.begin());
+  if (encoded) {
+    if (absl::Status s = commit_.DecodeMean(update.encoded_mean, update.chunk,
+                                            *mirror_->next, chunk, what);
+        !s.ok()) {
+      if (fresh) mirror_.reset();
+      return s;
+    }
+  } else if (carries) {
+    std::copy(update.mean.begin(), update.mean.end(), chunk.begin());
+  }
   if (pseudo_gradients()) {
     // What the primary computed from the same mean, bit for bit.
     commit_.FinalizeMean(chunk, update.contributed, update.chunk,
-                         *mirror_->next);
+                         *mirror_->next, update.encoded_mean);
   }
   mirror_->final[update.chunk] = true;
   ++mirror_->num_final;
@@ -1299,6 +1325,10 @@ absl::Status Job::ImportReplica(const JobReplica& replica) {
     if (!next.residual.empty() && from.residual.size() == n) {
       std::copy_n(from.residual.begin() + offset, len,
                   next.residual.begin() + offset);
+    }
+    // The primary's mean residual is its own (DecodeMean): none here.
+    if (!next.mean_residual.empty()) {
+      std::fill_n(next.mean_residual.begin() + offset, len, 0.0f);
     }
     const size_t at = WireBytes(wire, geometry_.chunk_elements()) * c;
     const size_t bytes = WireBytes(wire, len);

@@ -127,10 +127,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // return a little later than the first still take part.
   void RestoreState(RoundId round, std::vector<float> values)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The same with the state's id and a pseudo-gradient job's momentum and
-  // residual (each empty or of num_elements; id 0: a new one).
+  // The same with the state's id and a pseudo-gradient job's momentum,
+  // residual and mean residual (each empty or of num_elements; id 0: a new
+  // one).
   void RestoreState(RoundId round, std::vector<float> values, uint64_t id,
-                    std::vector<float> momentum, std::vector<float> residual)
+                    std::vector<float> momentum, std::vector<float> residual,
+                    std::vector<float> mean_residual = {})
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // A standby's job follows its primary's (src/replicator.h): applies the

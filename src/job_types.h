@@ -56,6 +56,11 @@ struct StateSnapshot {
   // Checkpointed with the values.
   std::vector<float> momentum;
   std::vector<float> residual;
+  // Mean encoding wire: what the coordinator's encodings of the rounds'
+  // mean deltas have lost so far (one float per element; empty otherwise).
+  // A primary's own: a standby does not get it and holds zeros, so a
+  // failover drops it. Checkpointed with the values.
+  std::vector<float> mean_residual;
 };
 
 // What a Sync resolves to: how the round ended for the member, and the

@@ -24,7 +24,10 @@
 // one float32 download (at W members, 1/W of the primary's egress in float32
 // rounds; 8x an int4 download). In exchange the rule's state (momentum,
 // residual) is exact on the standby, and the standby reproduces what members
-// hold without the members' inputs.
+// hold without the members' inputs. A job of mean encoding wire applies its
+// rule to the encoded mean, so its standbys get that (one member's
+// download) and reproduce the rest; only the primary's mean residual (what
+// its encodings of the mean lost) is not replicated: a failover drops it.
 #ifndef LOCALSGD_SRC_REPLICATOR_H_
 #define LOCALSGD_SRC_REPLICATOR_H_
 
@@ -41,13 +44,16 @@
 namespace localsgd {
 
 // Chunk `chunk` of round `round`'s result became final: `mean` its weighted
-// mean delta (float32, the chunk's elements), empty if no one gave it.
+// mean delta (float32, the chunk's elements), empty if no one gave it; with
+// mean encoding wire (StateCommit::encodes_mean) `encoded_mean` instead,
+// the mean as the primary encoded it (the chunk's wire bytes).
 struct ReplicatedChunk {
   std::string job_id;
   RoundId round = 0;
   uint32_t chunk = 0;
   bool contributed = false;
   std::vector<float> mean;
+  std::string encoded_mean;
 };
 
 // A new state: round `round` closed (every chunk shipped before), or a seed

@@ -78,6 +78,8 @@ constexpr Choice<NonFinitePolicy> kPolicies[] = {
 constexpr Choice<Contribution> kContributions[] = {
     {"pseudo_gradients", Contribution::kPseudoGradients},
     {"parameters", Contribution::kParameters}};
+constexpr Choice<MeanEncoding> kMeanEncodings[] = {
+    {"float32", MeanEncoding::kFloat32}, {"wire", MeanEncoding::kWire}};
 constexpr Choice<DeadlineMode> kDeadlineModes[] = {
     {"fixed", DeadlineMode::kFixed}, {"adaptive", DeadlineMode::kAdaptive}};
 
@@ -234,6 +236,21 @@ const JobSettingSpec kSpecs[] = {
        return ParseOutlierRatio(text, s.outlier_ratio);
      },
      [](JobSettings& s) { s.outlier_ratio = 4; }},
+    {"mean_encoding", "mean_encoding", "float32",
+     "Default for new jobs of pseudo-gradients of what the rule is applied "
+     "to: float32 (the round's mean delta as computed) or wire (the mean "
+     "encoded in the wire dtype with the coordinator's error feedback: a "
+     "standby then gets one member's download per round instead of the "
+     "float32 mean, and a failover drops the mean's residual; "
+     "docs/design.md \"Replication: what a failover keeps\").",
+     LOCALSGD_SETTING(mean_encoding, MeanEncoding::kUnspecified),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat(
+           "uses mean encoding ", MeanEncodingName(job.mean_encoding),
+           "; member asks for ", MeanEncodingName(asked.mean_encoding));
+     },
+     LOCALSGD_CHOICE_TEXT(mean_encoding, kMeanEncodings, MeanEncodingName),
+     [](JobSettings& s) { s.mean_encoding = MeanEncoding::kWire; }},
 };
 
 #undef LOCALSGD_SETTING
@@ -243,9 +260,9 @@ const JobSettingSpec kSpecs[] = {
 // Does not compile when JobSettings gains or loses a field: give the new
 // one its row in kSpecs (and see settings.h for the other layers).
 [[maybe_unused]] void EveryFieldHasARow(const JobSettings& s) {
-  [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11] =
-      s;
-  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 11,
+  [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11,
+                                f12] = s;
+  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 12,
                 "one row of kSpecs per field of JobSettings");
 }
 
@@ -318,6 +335,13 @@ absl::Status ValidateSetFields(const JobSettings& s,
         absl::StrCat(what, "deadline mode ", static_cast<int>(s.deadline_mode),
                      " is not supported; use fixed or adaptive"));
   }
+  if (s.mean_encoding != MeanEncoding::kUnspecified &&
+      s.mean_encoding != MeanEncoding::kFloat32 &&
+      s.mean_encoding != MeanEncoding::kWire) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "mean encoding ", static_cast<int>(s.mean_encoding),
+                     " is not supported; use float32 or wire"));
+  }
   if (s.mode != AveragingMode::kUnspecified && s.mode != AveragingMode::kMean &&
       s.mode != AveragingMode::kOuterNesterov &&
       s.mode != AveragingMode::kOuterSgd) {
@@ -357,6 +381,10 @@ absl::Status ValidateComplete(const JobSettings& s,
     return absl::InvalidArgumentError(absl::StrCat(
         what, "contribution must be parameters or pseudo_gradients"));
   }
+  if (s.mean_encoding == MeanEncoding::kUnspecified) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "mean encoding must be float32 or wire"));
+  }
   if (s.contribution == Contribution::kParameters) {
     // Parameters are averaged as they are: no outer step, and a code of a
     // few bits would round the state itself.
@@ -371,6 +399,12 @@ absl::Status ValidateComplete(const JobSettings& s,
           what, "wire dtype ", DTypeName(s.wire_dtype),
           " needs contribution pseudo_gradients (parameters travel as "
           "float32 or bfloat16)"));
+    }
+    if (s.mean_encoding != MeanEncoding::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "mean encoding ", MeanEncodingName(s.mean_encoding),
+          " needs contribution pseudo_gradients (a job of parameters "
+          "averages them as they are: float32)"));
     }
   }
   if (s.mode == AveragingMode::kOuterNesterov ||

@@ -56,7 +56,15 @@ float MaxAbsOf(const std::vector<float>& from, size_t offset, size_t len) {
 
 StateCommit::StateCommit(const JobSettings& settings,
                          const ChunkGeometry& geometry)
-    : settings_(settings), geometry_(geometry), rule_(RuleFor(settings)) {}
+    : settings_(settings),
+      geometry_(geometry),
+      rule_(RuleFor(settings)),
+      encodes_mean_(rule_ != nullptr &&
+                    settings.mean_encoding == MeanEncoding::kWire &&
+                    settings.wire_dtype != DType::kFloat32),
+      encodes_step_(rule_ != nullptr &&
+                    settings.wire_dtype != DType::kFloat32 &&
+                    !(encodes_mean_ && rule_->steps_by_mean())) {}
 
 uint64_t StateCommit::NewStateId() {
   uint64_t id = 0;
@@ -66,13 +74,15 @@ uint64_t StateCommit::NewStateId() {
 
 void StateCommit::Restore(RoundId round, std::vector<float> values, uint64_t id,
                           std::vector<float> momentum,
-                          std::vector<float> residual) {
+                          std::vector<float> residual,
+                          std::vector<float> mean_residual) {
   auto state = std::make_shared<StateSnapshot>();
   state->round = round;
   state->values = std::move(values);
   state->id = id != 0 ? id : NewStateId();
   state->momentum = std::move(momentum);
   state->residual = std::move(residual);
+  state->mean_residual = std::move(mean_residual);
   state_ = std::move(state);
   magnitudes_.clear();
 }
@@ -113,7 +123,10 @@ std::shared_ptr<StateSnapshot> StateCommit::NewNext() {
           (geometry_.num_chunks() - 1) +
       WireBytes(wire, geometry_.Size(geometry_.num_chunks() - 1)));
   if (rule_->has_momentum()) next->momentum = Recycled(spare_momentum_, n);
-  if (wire != DType::kFloat32) next->residual = Recycled(spare_residual_, n);
+  if (encodes_step_) next->residual = Recycled(spare_residual_, n);
+  if (encodes_mean_) {
+    next->mean_residual = Recycled(spare_mean_residual_, n);
+  }
   return next;
 }
 
@@ -122,13 +135,60 @@ bool StateCommit::FinalizeChunk(RoundAccumulator& sums, uint32_t c,
   const bool contributed = sums.chunk_weight(c) > 0;
   const absl::Span<float> chunk = sums.scaled_sums(c);
   if (contributed) DivideInPlace(chunk, sums.scaled_weight(c));
-  return FinalizeMean(chunk, contributed, c, next);
+  std::string encoded;
+  if (contributed && encodes_mean_) EncodeMean(chunk, c, next, &encoded);
+  return FinalizeMean(chunk, contributed, c, next, encoded);
+}
+
+void StateCommit::EncodeMean(absl::Span<float> chunk, uint32_t c,
+                             StateSnapshot& next,
+                             std::string* encoded_mean) const {
+  const DType wire = settings_.wire_dtype;
+  const size_t offset = geometry_.Offset(c);
+  const absl::Span<float> residual =
+      absl::MakeSpan(next.mean_residual).subspan(offset, chunk.size());
+  CopyOrZero(state_->mean_residual, offset, residual);
+  encoded_mean->resize(WireBytes(wire, chunk.size()));
+  EncodeWithFeedback(chunk, residual, wire, encoded_mean->data(), chunk);
+}
+
+absl::Status StateCommit::DecodeMean(absl::string_view encoded_mean, uint32_t c,
+                                     StateSnapshot& next,
+                                     absl::Span<float> chunk,
+                                     absl::string_view what) const {
+  const DType wire = settings_.wire_dtype;
+  const size_t bytes = WireBytes(wire, chunk.size());
+  if (encoded_mean.size() != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": an encoded mean of ", encoded_mean.size(), " bytes; chunk ", c,
+        " takes ", bytes, " in ", DTypeName(wire)));
+  }
+  if (IsBlockDType(wire)) {
+    if (absl::Status s = CheckBlockScales(
+            encoded_mean.substr(0, 4 * NumBlocks(chunk.size())), wire);
+        !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "'s encoded mean: ", s.message()));
+    }
+  }
+  if (const int64_t at = FirstNonFinite(encoded_mean, wire); at >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "'s encoded mean is not finite at element ", at));
+  }
+  if (absl::Status s = DecodeValues(encoded_mean, wire, chunk); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
+  }
+  const absl::Span<float> residual =
+      absl::MakeSpan(next.mean_residual)
+          .subspan(geometry_.Offset(c), chunk.size());
+  std::fill(residual.begin(), residual.end(), 0.0f);
+  return absl::OkStatus();
 }
 
 bool StateCommit::FinalizeMean(absl::Span<float> chunk, bool contributed,
-                               uint32_t c, StateSnapshot& next) const {
+                               uint32_t c, StateSnapshot& next,
+                               absl::string_view encoded_mean) const {
   const DType wire = settings_.wire_dtype;
-  const bool lossy = wire != DType::kFloat32;
   const StateSnapshot& old = *state_;
   const size_t offset = geometry_.Offset(c);
   const size_t len = chunk.size();
@@ -140,17 +200,29 @@ bool StateCommit::FinalizeMean(absl::Span<float> chunk, bool contributed,
     CopyOrZero(old.momentum, offset, momentum);
   }
   absl::Span<float> residual;
-  if (lossy) {
+  if (encodes_step_) {
     residual = absl::MakeSpan(next.residual).subspan(offset, len);
     CopyOrZero(old.residual, offset, residual);
+  }
+  // Written by EncodeMean or DecodeMean for a chunk someone gave.
+  absl::Span<float> mean_residual;
+  if (encodes_mean_) {
+    mean_residual = absl::MakeSpan(next.mean_residual).subspan(offset, len);
+    if (!contributed) CopyOrZero(old.mean_residual, offset, mean_residual);
   }
   char* out =
       next.delta.data() + WireBytes(wire, geometry_.chunk_elements()) * c;
   if (contributed) {
-    // mean delta -> the rule's step -> encoded with the residual -> what
-    // the encoding decodes to (in place), as every member decodes it.
+    // mean delta (or what its encoding decodes to) -> the rule's step ->
+    // encoded with the residual -> what the encoding decodes to (in
+    // place), as every member decodes it.
     rule_->Step(chunk, momentum, momentum);
-    if (lossy) {
+    if (encodes_mean_ && !encodes_step_) {
+      // The step is the encoded mean: members get its bytes and add what
+      // they decode to, which `chunk` holds.
+      CHECK_EQ(encoded_mean.size(), WireBytes(wire, len));
+      std::copy(encoded_mean.begin(), encoded_mean.end(), out);
+    } else if (encodes_step_) {
       EncodeWithFeedback(chunk, residual, wire, out, chunk);
     } else {
       // float32 decodes to itself: the step is what members add.
@@ -158,14 +230,14 @@ bool StateCommit::FinalizeMean(absl::Span<float> chunk, bool contributed,
     }
   } else {
     // No one contributed: the chunk keeps its state, momentum and
-    // residual; its delta is zeros.
+    // residuals; its delta is zeros.
     std::fill(chunk.begin(), chunk.end(), 0.0f);
     EncodeValuesTo(chunk, wire, out);
   }
   const auto previous = absl::MakeConstSpan(old.values).subspan(offset, len);
   AddInPlace(chunk, previous);
-  if (!contributed ||
-      (AllFinite(chunk) && AllFinite(momentum) && AllFinite(residual))) {
+  if (!contributed || (AllFinite(chunk) && AllFinite(momentum) &&
+                       AllFinite(residual) && AllFinite(mean_residual))) {
     return true;
   }
   // The guard (CheckHeadroom) admits no contribution that gets here; were
@@ -173,6 +245,9 @@ bool StateCommit::FinalizeMean(absl::Span<float> chunk, bool contributed,
   std::copy(previous.begin(), previous.end(), chunk.begin());
   if (!momentum.empty()) CopyOrZero(old.momentum, offset, momentum);
   if (!residual.empty()) CopyOrZero(old.residual, offset, residual);
+  if (!mean_residual.empty()) {
+    CopyOrZero(old.mean_residual, offset, mean_residual);
+  }
   std::fill(chunk.begin(), chunk.end(), 0.0f);
   EncodeValuesTo(chunk, wire, out);
   std::copy(previous.begin(), previous.end(), chunk.begin());
@@ -203,6 +278,7 @@ absl::Status StateCommit::CheckHeadroom(uint32_t c, float max_abs) {
     m.values = MaxAbsOf(state_->values, offset, len);
     m.momentum = MaxAbsOf(state_->momentum, offset, len);
     m.residual = MaxAbsOf(state_->residual, offset, len);
+    m.mean_residual = MaxAbsOf(state_->mean_residual, offset, len);
     m.known = true;
   }
   constexpr double kFloatMax = std::numeric_limits<float>::max();
@@ -212,14 +288,20 @@ absl::Status StateCommit::CheckHeadroom(uint32_t c, float max_abs) {
   // with the old values needs none: a sum at most kFloatMax in magnitude
   // rounds to at most kFloatMax.
   constexpr double kRounding = 1.01;
-  const bool lossy = settings_.wire_dtype != DType::kFloat32;
-  const double step = rule_->StepBound(max_abs, m.momentum);
-  const double momentum = kRounding * rule_->MomentumBound(max_abs, m.momentum);
+  // What the rule gets: the mean, or what its encoding with the mean
+  // residual decodes to (no larger than what the encoder gets), and what
+  // the new mean residual can reach.
+  const double mean =
+      encodes_mean_ ? kRounding * (max_abs + m.mean_residual) : max_abs;
+  const double mean_residual = encodes_mean_ ? 2 * mean : 0.0;
+  const double step = rule_->StepBound(mean, m.momentum);
+  const double momentum = kRounding * rule_->MomentumBound(mean, m.momentum);
   // What the encoder gets (step + residual; what it decodes to is no
   // larger), what the new state and the new residual can reach.
-  const double encoded = kRounding * (step + (lossy ? m.residual : 0.0));
+  const double encoded =
+      kRounding * (step + (encodes_step_ ? m.residual : 0.0));
   const double values = m.values + encoded;
-  const double residual = lossy ? 2 * encoded : 0.0;
+  const double residual = encodes_step_ ? 2 * encoded : 0.0;
   const char* what = nullptr;
   double reach = 0;
   if (values > kLimit) {
@@ -231,13 +313,17 @@ absl::Status StateCommit::CheckHeadroom(uint32_t c, float max_abs) {
   } else if (residual > kLimit) {
     what = "the coordinator's quantization residual";
     reach = residual;
+  } else if (mean_residual > kLimit) {
+    what = "the coordinator's mean residual";
+    reach = mean_residual;
   }
   if (what == nullptr) return absl::OkStatus();
   return absl::OutOfRangeError(absl::StrCat(
       "a delta of magnitude up to ", max_abs, " in chunk ", c,
       " would overflow ", what, " (up to ", reach,
       " with the state's |values| ", m.values, ", |momentum| ", m.momentum,
-      ", |residual| ", m.residual, "; float32 holds up to ", kFloatMax, ")"));
+      ", |residual| ", m.residual, ", |mean residual| ", m.mean_residual,
+      "; float32 holds up to ", kFloatMax, ")"));
 }
 
 std::shared_ptr<const StateSnapshot> StateCommit::Commit(
@@ -253,6 +339,9 @@ std::shared_ptr<const StateSnapshot> StateCommit::Commit(
     if (spare_.empty()) spare_ = std::move(old->values);
     if (spare_momentum_.empty()) spare_momentum_ = std::move(old->momentum);
     if (spare_residual_.empty()) spare_residual_ = std::move(old->residual);
+    if (spare_mean_residual_.empty()) {
+      spare_mean_residual_ = std::move(old->mean_residual);
+    }
     if (spare_delta_.empty()) spare_delta_ = std::move(old->delta);
   }
   return state;

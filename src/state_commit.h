@@ -3,12 +3,15 @@
 //  - parameter jobs: the weighted mean of the parameters, rounded as the
 //    wire dtype carries it (so that a late joiner fetches what the others
 //    hold);
-//  - pseudo-gradient jobs, chunk by chunk: the weighted mean delta, the
+//  - pseudo-gradient jobs, chunk by chunk: the weighted mean delta (with
+//    mean encoding wire and a lossy wire: encoded with the mean residual
+//    carried from the previous state, and what that decodes to), the
 //    rule's step on it (with the rule's momentum), the step encoded for the
 //    wire with error feedback (the quantization residual carried from the
-//    previous state), and the previous state plus what that encoding
+//    previous state; with mean encoding wire and MEAN the step is the
+//    encoded mean itself), and the previous state plus what that encoding
 //    decodes to, exactly as every member computes it. A chunk no one gave
-//    keeps its values, momentum and residual; its delta is zeros.
+//    keeps its values, momentum and residuals; its delta is zeros.
 // It also names states (random non-zero ids) and recycles the buffers of
 // states no one reads any more (fresh pages cost ~20x more than reused ones).
 //
@@ -57,10 +60,16 @@ class StateCommit {
   // A random non-zero state id.
   uint64_t NewStateId();
 
-  // Makes the restored state (round, values; id 0: a new one; momentum and
-  // residual empty or of num_elements) the current one.
+  // Makes the restored state (round, values; id 0: a new one; momentum,
+  // residual and mean residual empty or of num_elements) the current one.
   void Restore(RoundId round, std::vector<float> values, uint64_t id,
-               std::vector<float> momentum, std::vector<float> residual);
+               std::vector<float> momentum, std::vector<float> residual,
+               std::vector<float> mean_residual = {});
+
+  // Whether the rule is applied to the mean as the wire encodes it (mean
+  // encoding wire, a lossy wire dtype): then a chunk's mean travels to
+  // standbys encoded (EncodeMean, DecodeMean) and FinalizeMean takes it so.
+  bool encodes_mean() const { return encodes_mean_; }
 
   // A buffer of num_elements floats (contents undefined), recycled from an
   // old state if possible; and one handed back unused (an abandoned seed).
@@ -73,8 +82,9 @@ class StateCommit {
 
   // Pseudo-gradient jobs (require a state):
   // The empty next state of a round opening now: previous_id, a delta of
-  // the wire size, momentum (if the rule has one) and residual (if the wire
-  // is lossy) buffers; no values yet.
+  // the wire size, momentum (if the rule has one), residual (if the step is
+  // encoded lossily) and mean residual (encodes_mean()) buffers; no values
+  // yet.
   std::shared_ptr<StateSnapshot> NewNext();
   // Computes chunk `c` of `next` from `sums` (see above); the chunk's sums
   // are overwritten with its new values. Returns false if the result was
@@ -85,9 +95,27 @@ class StateCommit {
   // The same from chunk `c`'s weighted mean delta (`contributed`: someone
   // gave the chunk; otherwise `chunk`'s contents are ignored), in `chunk`
   // on entry and its new values on return: what a standby, given the mean
-  // its primary computed, reproduces bit for bit.
+  // its primary computed, reproduces bit for bit. With encodes_mean() and
+  // `contributed`, `chunk` holds what `encoded_mean` decodes to (EncodeMean
+  // or DecodeMean put it there).
   bool FinalizeMean(absl::Span<float> chunk, bool contributed, uint32_t c,
-                    StateSnapshot& next) const;
+                    StateSnapshot& next,
+                    absl::string_view encoded_mean = {}) const;
+  // encodes_mean(), a primary, a chunk someone gave: encodes `chunk` (its
+  // weighted mean delta) plus the mean residual carried from the current
+  // state into `encoded_mean` (the chunk's wire bytes), keeps what the
+  // encoding lost in next's mean residual, and leaves in `chunk` what
+  // `encoded_mean` decodes to.
+  void EncodeMean(absl::Span<float> chunk, uint32_t c, StateSnapshot& next,
+                  std::string* encoded_mean) const;
+  // encodes_mean(), a standby given a chunk's encoded mean: INVALID_ARGUMENT
+  // (naming `what`), changing nothing, unless it is the chunk's wire bytes
+  // with finite, valid scales; else `chunk` receives what it decodes to and
+  // next's mean residual is zeros in the chunk (a standby has none of its
+  // own: a failover drops the primary's).
+  absl::Status DecodeMean(absl::string_view encoded_mean, uint32_t c,
+                          StateSnapshot& next, absl::Span<float> chunk,
+                          absl::string_view what) const;
   // The round's next state: its chunks `pending` (those not final yet)
   // computed now, and the sums' buffer as its values.
   std::shared_ptr<StateSnapshot> FinishNext(
@@ -125,12 +153,19 @@ class StateCommit {
   std::vector<float> spare_;
   std::vector<float> spare_momentum_;
   std::vector<float> spare_residual_;
+  std::vector<float> spare_mean_residual_;
   std::string spare_delta_;
-  // The largest |value|, |momentum| and |residual| of each chunk of state_
-  // (CheckHeadroom), computed when first needed; cleared with a new state.
+  // Mean encoding wire with a lossy wire (encodes_mean()), and whether the
+  // step is encoded with a residual of its own (a lossy wire, unless the
+  // step is the encoded mean itself).
+  const bool encodes_mean_;
+  const bool encodes_step_;
+  // The largest |value|, |momentum|, |residual| and |mean residual| of each
+  // chunk of state_ (CheckHeadroom), computed when first needed; cleared
+  // with a new state.
   struct ChunkMagnitudes {
     bool known = false;
-    float values = 0, momentum = 0, residual = 0;
+    float values = 0, momentum = 0, residual = 0, mean_residual = 0;
   };
   std::vector<ChunkMagnitudes> magnitudes_;
   absl::BitGen bitgen_;  // state ids

@@ -55,6 +55,18 @@ absl::string_view DeadlineModeName(DeadlineMode mode) {
   return "unspecified";
 }
 
+absl::string_view MeanEncodingName(MeanEncoding encoding) {
+  switch (encoding) {
+    case MeanEncoding::kFloat32:
+      return "float32";
+    case MeanEncoding::kWire:
+      return "wire";
+    case MeanEncoding::kUnspecified:
+      break;
+  }
+  return "unspecified";
+}
+
 absl::string_view NonFinitePolicyName(NonFinitePolicy policy) {
   switch (policy) {
     case NonFinitePolicy::kReject:

@@ -102,6 +102,19 @@ enum class DeadlineMode : int {
 // "fixed", "adaptive"; "unspecified" for kUnspecified.
 absl::string_view DeadlineModeName(DeadlineMode mode);
 
+// What a pseudo-gradient job's rule is applied to; see
+// localsgd.v1.MeanEncoding.
+enum class MeanEncoding : int {
+  kUnspecified = 0,
+  // The weighted mean delta in float32.
+  kFloat32 = 1,
+  // The mean encoded in the wire dtype with the coordinator's mean
+  // residual (error feedback), as it decodes.
+  kWire = 2,
+};
+// "float32", "wire"; "unspecified" for kUnspecified.
+absl::string_view MeanEncodingName(MeanEncoding encoding);
+
 // Which chunks a coordinator replica owns: chunk i of a layout belongs to
 // replica i mod count. {0, 1}: one coordinator owns every chunk.
 struct ShardSpec {
@@ -133,6 +146,7 @@ struct JobSettings {
   // contribution chunk whose L2 norm exceeds this many times the median of
   // the chunk's recent ones is refused. 0: unset; kOutlierGuardOff: off.
   float outlier_ratio = 0;
+  MeanEncoding mean_encoding = MeanEncoding::kUnspecified;
 };
 
 // JobSettings.outlier_ratio's value for "no outlier guard", and the range of

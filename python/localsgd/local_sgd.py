@@ -263,6 +263,11 @@ class LocalSGD:
         defaults).
     deadline_mode: "fixed" or "adaptive" (the job's); LOCALSGD_DEADLINE_MODE
         ("": the coordinator's default).
+    mean_encoding: "float32" or "wire" (the job's: whether the rule runs on
+        the round's mean as computed or as the wire dtype encodes it, which
+        a standby coordinator then replicates at the cost of one member's
+        download; docs/design.md); LOCALSGD_MEAN_ENCODING ("": the
+        coordinator's default).
     tls_ca, tls_server_name: the CA of the coordinator's certificate and
         the name to check in it; LOCALSGD_TLS_CA, LOCALSGD_TLS_SERVER_NAME.
     tls_cert, tls_key: this member's certificate and key (mutual TLS);
@@ -303,7 +308,7 @@ class LocalSGD:
                  token_file=None, process_group=None,
                  keep_training_when_unavailable=True, rpc_timeout=30.0,
                  sync_timeout=1800.0, max_retry_time=60.0, client=None,
-                 overlap=False, deadline_mode=None):
+                 overlap=False, deadline_mode=None, mean_encoding=None):
         if accelerator is None and model is not None and \
                 not isinstance(model, torch.nn.Module) and \
                 isinstance(coordinator, torch.nn.Module):
@@ -411,7 +416,8 @@ class LocalSGD:
                         token_file=token_file, rpc_timeout=rpc_timeout,
                         sync_timeout=sync_timeout,
                         max_retry_time=max_retry_time,
-                        deadline_mode=deadline_mode)
+                        deadline_mode=deadline_mode,
+                        mean_encoding=mean_encoding)
                 self._client = client
                 self._client.join(layout)
                 self._flatten_into(self._host)
@@ -433,7 +439,8 @@ class LocalSGD:
     def _make_client(self, coordinator, replicas, job, rendezvous,
                      wire_dtype, averaging, outer_lr, outer_momentum,
                      member_name, tls_ca, tls_cert, tls_key, tls_server_name,
-                     token, token_file, deadline_mode, **rest):
+                     token, token_file, deadline_mode, mean_encoding,
+                     **rest):
         """The leader's Client, from the arguments and, for those not
         given, the environment (see the class's documentation)."""
         if not coordinator and not replicas:
@@ -479,6 +486,7 @@ class LocalSGD:
             token=pick(token, "LOCALSGD_JOB_TOKEN", ""),
             token_file=pick(token_file, "LOCALSGD_JOB_TOKEN_FILE", ""),
             deadline_mode=pick(deadline_mode, "LOCALSGD_DEADLINE_MODE", ""),
+            mean_encoding=pick(mean_encoding, "LOCALSGD_MEAN_ENCODING", ""),
             **rest)
 
     @property

@@ -340,6 +340,8 @@ class PyClient {
     d["contribution"] = std::string(ContributionName(i.settings.contribution));
     d["outer_lr"] = i.settings.outer_lr;
     d["outer_momentum"] = i.settings.outer_momentum;
+    d["mean_encoding"] =
+        std::string(MeanEncodingName(i.settings.mean_encoding));
     d["lease_ttl_seconds"] = absl::ToDoubleSeconds(i.lease_ttl);
     d["replicas"] = replicas;
     return d;
@@ -405,7 +407,8 @@ ClientOptions MakeOptions(
     const std::string& tls_cert, const std::string& tls_key,
     const std::string& tls_server_name, const std::string& token,
     const std::string& token_file, double rpc_timeout, double sync_timeout,
-    double max_retry_time, const std::string& deadline_mode) {
+    double max_retry_time, const std::string& deadline_mode,
+    const std::string& mean_encoding) {
   ClientOptions o;
   o.target = target;
   o.job_id = job;
@@ -443,6 +446,12 @@ ClientOptions MakeOptions(
           : Choose<DeadlineMode>("deadline_mode", deadline_mode,
                                  {{"fixed", DeadlineMode::kFixed},
                                   {"adaptive", DeadlineMode::kAdaptive}});
+  o.settings.mean_encoding =
+      mean_encoding.empty()
+          ? MeanEncoding::kUnspecified
+          : Choose<MeanEncoding>("mean_encoding", mean_encoding,
+                                 {{"float32", MeanEncoding::kFloat32},
+                                  {"wire", MeanEncoding::kWire}});
   o.security.tls_ca_file = tls_ca;
   o.security.tls_cert_file = tls_cert;
   o.security.tls_key_file = tls_key;
@@ -530,40 +539,41 @@ array, or tensor.numpy() of a CPU float32 tensor) of the layout's size.
 Every call that talks to the coordinator releases the GIL and may raise
 localsgd.Error (.code: the gRPC status code name, .message).
 )doc")
-      .def(
-          py::init([](const std::string& target, const std::string& job,
-                      const std::string& member_name, double weight,
-                      const std::vector<std::string>& replicas,
-                      uint32_t local_sgd_steps, const std::string& wire_dtype,
-                      const std::string& averaging, double outer_lr,
-                      double outer_momentum, const std::string& contribution,
-                      uint32_t chunk_elements, uint32_t rendezvous,
-                      const std::string& tls_ca, const std::string& tls_cert,
-                      const std::string& tls_key,
-                      const std::string& tls_server_name,
-                      const std::string& token, const std::string& token_file,
-                      double rpc_timeout, double sync_timeout,
-                      double max_retry_time, const std::string& deadline_mode) {
-            return std::make_unique<PyClient>(localsgd::python::MakeOptions(
-                target, job, member_name, weight, replicas, local_sgd_steps,
-                wire_dtype, averaging, outer_lr, outer_momentum, contribution,
-                chunk_elements, rendezvous, tls_ca, tls_cert, tls_key,
-                tls_server_name, token, token_file, rpc_timeout, sync_timeout,
-                max_retry_time, deadline_mode));
-          }),
-          py::kw_only(), py::arg("target"), py::arg("job"),
-          py::arg("member_name") = "", py::arg("weight") = 1.0,
-          py::arg("replicas") = std::vector<std::string>(),
-          py::arg("local_sgd_steps") = 0, py::arg("wire_dtype") = "",
-          py::arg("averaging") = "", py::arg("outer_lr") = 0.0,
-          py::arg("outer_momentum") = 0.0,
-          py::arg("contribution") = "pseudo_gradients",
-          py::arg("chunk_elements") = 0, py::arg("rendezvous") = 0,
-          py::arg("tls_ca") = "", py::arg("tls_cert") = "",
-          py::arg("tls_key") = "", py::arg("tls_server_name") = "",
-          py::arg("token") = "", py::arg("token_file") = "",
-          py::arg("rpc_timeout") = 30.0, py::arg("sync_timeout") = 1800.0,
-          py::arg("max_retry_time") = 60.0, py::arg("deadline_mode") = "")
+      .def(py::init([](const std::string& target, const std::string& job,
+                       const std::string& member_name, double weight,
+                       const std::vector<std::string>& replicas,
+                       uint32_t local_sgd_steps, const std::string& wire_dtype,
+                       const std::string& averaging, double outer_lr,
+                       double outer_momentum, const std::string& contribution,
+                       uint32_t chunk_elements, uint32_t rendezvous,
+                       const std::string& tls_ca, const std::string& tls_cert,
+                       const std::string& tls_key,
+                       const std::string& tls_server_name,
+                       const std::string& token, const std::string& token_file,
+                       double rpc_timeout, double sync_timeout,
+                       double max_retry_time, const std::string& deadline_mode,
+                       const std::string& mean_encoding) {
+             return std::make_unique<PyClient>(localsgd::python::MakeOptions(
+                 target, job, member_name, weight, replicas, local_sgd_steps,
+                 wire_dtype, averaging, outer_lr, outer_momentum, contribution,
+                 chunk_elements, rendezvous, tls_ca, tls_cert, tls_key,
+                 tls_server_name, token, token_file, rpc_timeout, sync_timeout,
+                 max_retry_time, deadline_mode, mean_encoding));
+           }),
+           py::kw_only(), py::arg("target"), py::arg("job"),
+           py::arg("member_name") = "", py::arg("weight") = 1.0,
+           py::arg("replicas") = std::vector<std::string>(),
+           py::arg("local_sgd_steps") = 0, py::arg("wire_dtype") = "",
+           py::arg("averaging") = "", py::arg("outer_lr") = 0.0,
+           py::arg("outer_momentum") = 0.0,
+           py::arg("contribution") = "pseudo_gradients",
+           py::arg("chunk_elements") = 0, py::arg("rendezvous") = 0,
+           py::arg("tls_ca") = "", py::arg("tls_cert") = "",
+           py::arg("tls_key") = "", py::arg("tls_server_name") = "",
+           py::arg("token") = "", py::arg("token_file") = "",
+           py::arg("rpc_timeout") = 30.0, py::arg("sync_timeout") = 1800.0,
+           py::arg("max_retry_time") = 60.0, py::arg("deadline_mode") = "",
+           py::arg("mean_encoding") = "")
       .def("join", &PyClient::Join, py::arg("tensors"),
            "Joins the job with the layout [(name, shape, dtype), ...] "
            "(dtype: float32, bfloat16, float16, float64) and starts "

@@ -140,6 +140,7 @@ JobSettings Settings(DType wire = DType::kFloat32, uint32_t rendezvous = 0) {
   s.rendezvous_members = rendezvous;
   s.contribution = Contribution::kParameters;
   s.deadline_mode = DeadlineMode::kFixed;
+  s.mean_encoding = MeanEncoding::kFloat32;
   return s;
 }
 
@@ -336,23 +337,28 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
     std::memcpy(&bits, &c.settings.outlier_ratio, 4);
     header.U32(bits);
   }
+  if (version >= 7) {
+    header.U32(static_cast<uint32_t>(c.settings.mean_encoding));
+  }
   header.U64(3);
   if (version >= 3) {
     header.U64(c.momentum.size());
     header.U64(c.residual.size());
   }
+  if (version >= 7) header.U64(c.mean_residual.size());
 
   const uint64_t h = header.bytes().size();
   ReferenceWriter file;
   file.Raw("LSGDCKPT");
   file.U32(version);
   file.U32(static_cast<uint32_t>(h));
-  const size_t floats = 3 + c.momentum.size() + c.residual.size();
+  const size_t floats =
+      3 + c.momentum.size() + c.residual.size() + c.mean_residual.size();
   file.U64(24 + h + 4 + floats * 4 + 4);
   file.Raw(header.bytes());
   file.MaskedCrc();
   for (const std::vector<float>* array :
-       {&c.values, &c.momentum, &c.residual}) {
+       {&c.values, &c.momentum, &c.residual, &c.mean_residual}) {
     for (float f : *array) {
       uint32_t bits;
       std::memcpy(&bits, &f, 4);
@@ -375,7 +381,7 @@ JobCheckpoint FormatCheckpoint() {
 
 TEST(CheckpointFormatTest, Encode_MatchesTheDocumentedFormat) {
   const JobCheckpoint c = FormatCheckpoint();
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 6));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 7));
 }
 
 // Version 3: a pseudo-gradient job keeps its state id, its outer
@@ -386,7 +392,7 @@ TEST(CheckpointFormatTest, PseudoGradientJob_KeepsMomentumResidualAndStateId) {
   c.state_id = 0x0123456789abcdefull;
   c.momentum = {0.5f, -0.25f, 1e-30f};
   c.residual = {-1e-3f, 0.0f, 2e-3f};
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 6));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 7));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSame(*back, c);
@@ -416,7 +422,7 @@ TEST(CheckpointFormatTest, DeadlineMode_KeptAndVersion3ReadsAsFixed) {
 TEST(CheckpointFormatTest, Epoch_KeptAndVersion4ReadsAsZero) {
   JobCheckpoint c = FormatCheckpoint();
   c.epoch = 0x1122334455ull;
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 6));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 7));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->epoch, c.epoch);
@@ -431,7 +437,7 @@ TEST(CheckpointFormatTest, OutlierRatio_KeptAndVersion5ReadsAsOff) {
   JobCheckpoint c = FormatCheckpoint();
   c.settings = NesterovSettings();
   c.settings.outlier_ratio = 7.5f;
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 6));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 7));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->settings.outlier_ratio, 7.5f);
@@ -440,7 +446,36 @@ TEST(CheckpointFormatTest, OutlierRatio_KeptAndVersion5ReadsAsOff) {
   EXPECT_EQ(back->settings.outlier_ratio, kOutlierGuardOff);
   // Out of its range (a corrupt or hostile file): refused.
   c.settings.outlier_ratio = 1.0f;
-  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 6)).status().code(),
+  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 7)).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+// Version 7: the mean encoding and the mean residual; version 6 files
+// restore with float32 (all there was) and no mean residual.
+TEST(CheckpointFormatTest, MeanEncoding_KeptAndVersion6ReadsAsFloat32) {
+  JobCheckpoint c = FormatCheckpoint();
+  c.settings = NesterovSettings();
+  c.settings.wire_dtype = DType::kInt4Block;
+  c.settings.mean_encoding = MeanEncoding::kWire;
+  c.residual = {-1e-3f, 0.0f, 2e-3f};
+  c.mean_residual = {4e-3f, -5e-3f, 0.0f};
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 7));
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->settings.mean_encoding, MeanEncoding::kWire);
+  EXPECT_EQ(back->mean_residual, c.mean_residual);
+  c.mean_residual.clear();
+  back = DecodeCheckpoint(ReferenceFile(c, 6));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->settings.mean_encoding, MeanEncoding::kFloat32);
+  EXPECT_TRUE(back->mean_residual.empty());
+  // Neither 0 nor the values' count, or an unknown encoding: refused.
+  c.mean_residual = {1.0f};
+  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 7)).status().code(),
+            absl::StatusCode::kDataLoss);
+  c.mean_residual.clear();
+  c.settings.mean_encoding = static_cast<MeanEncoding>(9);
+  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 7)).status().code(),
             absl::StatusCode::kDataLoss);
 }
 

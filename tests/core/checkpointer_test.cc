@@ -179,6 +179,7 @@ TEST_F(CheckpointerTest, CheckpointOverTheLimits_IsSkippedNotFatal) {
                   NonFinitePolicy::kReject,
                   Contribution::kParameters};
   big.settings.deadline_mode = DeadlineMode::kFixed;
+  big.settings.mean_encoding = MeanEncoding::kFloat32;
   big.round = 3;
   big.values.assign(100, 0.5f);
   ASSERT_TRUE(SaveWhole(*store_, big).ok());

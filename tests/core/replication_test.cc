@@ -32,8 +32,10 @@
 namespace localsgd {
 namespace {
 
+using ::testing::Each;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing_util::MakeFloatLayout;
 using testing_util::SyncCapture;
 
@@ -454,6 +456,7 @@ TEST(StandbyCoordinatorTest, FollowingKeepsTheMembersLeases) {
   seed.layout = MakeFloatLayout({{"w", {10}}});
   seed.settings = Settings(DType::kFloat32, AveragingMode::kMean);
   seed.settings.deadline_mode = DeadlineMode::kFixed;  // complete, as sent
+  seed.settings.mean_encoding = MeanEncoding::kFloat32;
   seed.settings.rendezvous_members = 1;
   seed.settings.outlier_ratio = 10;
   for (int i = 0; i < 2; ++i) {
@@ -510,6 +513,89 @@ TEST_F(ReplicationTest, CatchUpMidRound_ThenFollowsBitForBit) {
       EXPECT_EQ(ca.result()->state->delta, StateOf(*standby_)->delta);
     }
   }
+}
+
+// Mean encoding wire over the int4 wire: each chunk a member gave goes to
+// the standby as its encoded mean, the chunk's int4 bytes (the size of a
+// member's download of it), never in float32; the standby holds the
+// primary's state, momentum, step residual and delta bit for bit, and no
+// mean residual of its own (the primary's is not replicated).
+TEST_F(ReplicationTest,
+       EncodedMean_StandbyGetsTheWireBytesAndFollowsBitForBit) {
+  JobSettings settings =
+      Settings(DType::kInt4Block, AveragingMode::kOuterNesterov);
+  settings.mean_encoding = MeanEncoding::kWire;
+  Make(settings);
+  const MemberId a = Join(*primary_, "a"), b = Join(*primary_, "b");
+  uint64_t anchor = Seed(*primary_, a, std::vector<float>(kElements, 1.0f));
+  for (RoundId r = 1; r <= 4; ++r) {
+    SyncCapture ca, cb;
+    SyncSession* sa = Begin(*primary_, a, r, ca, anchor);
+    SyncSession* sb = Begin(*primary_, b, r, cb, anchor);
+    SendChunks(*primary_, sa, Delta(0, r), DType::kInt4Block, {0, 1, 2});
+    SendChunks(*primary_, sb, Delta(1, r), DType::kInt4Block, {0, 1, 2});
+    replicator_.Ack();
+    ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+    const StateSnapshot& primary = *ca.result()->state;
+    const std::shared_ptr<const StateSnapshot> standby = StateOf(*standby_);
+    ExpectSameState(primary, *standby);
+    EXPECT_EQ(primary.delta, standby->delta);
+    EXPECT_FALSE(primary.residual.empty());
+    EXPECT_THAT(standby->mean_residual, Each(0.0f));
+    EXPECT_THAT(primary.mean_residual, Not(Each(0.0f)));
+    anchor = ca.result()->state_id;
+  }
+  size_t encoded_bytes = 0;
+  for (const ReplicatedChunk& c : replicator_.chunks()) {
+    EXPECT_TRUE(c.mean.empty())
+        << "chunk " << c.chunk << " of round " << c.round << " went in float32";
+    EXPECT_EQ(c.encoded_mean.size(),
+              WireBytes(DType::kInt4Block, primary_->geometry().Size(c.chunk)));
+    encoded_bytes += c.encoded_mean.size();
+  }
+  // Four rounds of one download each.
+  EXPECT_EQ(encoded_bytes, 4 * StateOf(*primary_)->delta.size());
+}
+
+// A chunk's mean in the form the job does not take, or encoded bytes that
+// are not the chunk's: refused, and nothing changed (the good one applies
+// after them).
+TEST_F(ReplicationTest, EncodedMean_RefusesTheWrongForm) {
+  JobSettings settings =
+      Settings(DType::kInt4Block, AveragingMode::kOuterNesterov);
+  settings.mean_encoding = MeanEncoding::kWire;
+  Make(settings);
+  replicator_.set_standby(nullptr);
+  ASSERT_TRUE(standby_->ApplyReplicated(SeedOfOnes()).ok());
+  ReplicatedChunk good;
+  good.job_id = "r";
+  good.round = 1;
+  good.chunk = 0;
+  good.contributed = true;
+  EncodeValues(std::vector<float>(kChunk, 0.5f), DType::kInt4Block,
+               &good.encoded_mean);
+  ReplicatedChunk as_float32 = good;
+  as_float32.encoded_mean.clear();
+  as_float32.mean.assign(kChunk, 0.5f);
+  EXPECT_THAT(standby_->ApplyReplicated(as_float32).message(),
+              HasSubstr("has 4 values; expected 0"));
+  ReplicatedChunk short_bytes = good;
+  short_bytes.encoded_mean.pop_back();
+  EXPECT_THAT(standby_->ApplyReplicated(short_bytes).message(),
+              HasSubstr("bytes; chunk 0 takes"));
+  ReplicatedChunk nobody = good;
+  nobody.contributed = false;
+  EXPECT_THAT(standby_->ApplyReplicated(nobody).message(),
+              HasSubstr("takes none for a chunk no one gave"));
+  EXPECT_TRUE(standby_->ApplyReplicated(good).ok());
+  // A job of mean encoding float32 takes no encoded mean.
+  Make(Settings(DType::kInt4Block, AveragingMode::kOuterNesterov));
+  replicator_.set_standby(nullptr);
+  ASSERT_TRUE(standby_->ApplyReplicated(SeedOfOnes()).ok());
+  good.mean.assign(kChunk, 0.5f);
+  const absl::Status s = standby_->ApplyReplicated(good);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("has mean encoding float32"));
 }
 
 // Updates that do not follow from the standby's state are refused, and

@@ -438,6 +438,7 @@ JobSettings Complete() {
   s.nonfinite_policy = NonFinitePolicy::kReject;
   s.contribution = Contribution::kParameters;
   s.deadline_mode = DeadlineMode::kFixed;
+  s.mean_encoding = MeanEncoding::kFloat32;
   return s;
 }
 
@@ -464,6 +465,19 @@ TEST(SettingsTest, ValidateComplete_PseudoGradientOnlySettings) {
   s.outer_lr = 0;
   EXPECT_THAT(ValidateComplete(s, limits, "").message(),
               HasSubstr("outer_sgd needs an outer_lr"));
+  s = Complete();
+  s.mean_encoding = MeanEncoding::kWire;
+  EXPECT_THAT(ValidateComplete(s, limits, "").message(),
+              HasSubstr("mean encoding wire needs contribution "
+                        "pseudo_gradients"));
+  s.contribution = Contribution::kPseudoGradients;
+  EXPECT_TRUE(ValidateComplete(s, limits, "").ok());
+  s.mean_encoding = MeanEncoding::kUnspecified;
+  EXPECT_THAT(ValidateComplete(s, limits, "").message(),
+              HasSubstr("mean encoding must be float32 or wire"));
+  s.mean_encoding = static_cast<MeanEncoding>(5);
+  EXPECT_THAT(ValidateComplete(s, limits, "").message(),
+              HasSubstr("mean encoding 5 is not supported"));
   s = Complete();
   s.contribution = Contribution::kUnspecified;
   EXPECT_THAT(ValidateComplete(s, limits, "").message(),

@@ -5,7 +5,9 @@
 #include "src/state_commit.h"
 
 #include <cmath>
+#include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +22,8 @@ namespace {
 using ::testing::Each;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 const ChunkGeometry kGeometry(6, 4);  // chunks of 4 and 2 elements
 
@@ -311,6 +315,239 @@ TEST(StateCommitTest, SmallUpdates_LagByTheirRatioInTheBlock) {
       }
     }
   }
+}
+
+// Mean encoding wire. Chunks of two blocks and one; one member of weight 1,
+// so that the round's mean is its delta exactly; deltas of N(0, 1) scaled
+// by 8^-b in block b.
+const ChunkGeometry kBlocks(3 * kQuantBlock, 2 * kQuantBlock);
+
+std::vector<float> DeltaOfRound(int round) {
+  std::mt19937 gen(round);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> delta(kBlocks.num_elements());
+  for (size_t i = 0; i < delta.size(); ++i) {
+    delta[i] = std::ldexp(normal(gen), -3 * static_cast<int>(i / kQuantBlock));
+  }
+  return delta;
+}
+
+RoundAccumulator SumsOfOne(const std::vector<float>& delta,
+                           std::vector<float> buffer) {
+  RoundAccumulator sums(std::move(buffer), kBlocks);
+  sums.FitScale(1);
+  for (uint32_t c = 0; c < kBlocks.num_chunks(); ++c) {
+    std::string wire;
+    EncodeValues(
+        absl::MakeConstSpan(delta).subspan(kBlocks.Offset(c), kBlocks.Size(c)),
+        DType::kFloat32, &wire);
+    const absl::string_view piece(wire);
+    sums.Add(c, absl::MakeConstSpan(&piece, 1), DType::kFloat32, 1.0f);
+  }
+  return sums;
+}
+
+JobSettings WireMean(DType wire, AveragingMode mode) {
+  JobSettings s =
+      Settings(Contribution::kPseudoGradients, wire, mode, 0.7f, 0.9f);
+  s.chunk_elements = kBlocks.chunk_elements();
+  s.mean_encoding = MeanEncoding::kWire;
+  return s;
+}
+
+absl::string_view DeltaBytes(const StateSnapshot& next, uint32_t c,
+                             DType wire) {
+  return absl::string_view(
+      next.delta.data() + WireBytes(wire, kBlocks.chunk_elements()) * c,
+      WireBytes(wire, kBlocks.Size(c)));
+}
+
+class EncodedMeanTest : public ::testing::TestWithParam<DType> {};
+
+// OUTER_NESTEROV on the encoded mean, against the rule written out here:
+// q = encode(mean + r_mean) (r_mean keeps what it lost), g = -decode(q),
+// b = mu b + g, step = -lr (g + mu b), encoded with the step's residual;
+// the values take what that decodes to. Six rounds, every buffer compared
+// bit for bit.
+TEST_P(EncodedMeanTest, OuterNesterov_StepsOnTheEncodedMean) {
+  const DType wire = GetParam();
+  StateCommit commit(WireMean(wire, AveragingMode::kOuterNesterov), kBlocks);
+  ASSERT_TRUE(commit.encodes_mean());
+  const size_t n = kBlocks.num_elements();
+  std::vector<float> values(n, 1.0f), momentum(n, 0.0f), residual(n, 0.0f),
+      mean_residual(n, 0.0f);
+  commit.Restore(0, values, 5, {}, {});
+  const float lr = 0.7f, mu = 0.9f;
+  for (int round = 1; round <= 6; ++round) {
+    SCOPED_TRACE(round);
+    const std::vector<float> delta = DeltaOfRound(round);
+    std::shared_ptr<StateSnapshot> next = commit.NewNext();
+    ASSERT_EQ(next->mean_residual.size(), n);
+    next = commit.FinishNext(SumsOfOne(delta, commit.TakeBuffer()), {0, 1},
+                             std::move(next));
+    for (uint32_t c = 0; c < kBlocks.num_chunks(); ++c) {
+      const size_t at = kBlocks.Offset(c), len = kBlocks.Size(c);
+      std::vector<float> mean(len);
+      std::string encoded_mean(WireBytes(wire, len), '\0');
+      EncodeWithFeedback(absl::MakeConstSpan(delta).subspan(at, len),
+                         absl::MakeSpan(mean_residual).subspan(at, len), wire,
+                         encoded_mean.data(), absl::MakeSpan(mean));
+      std::vector<float> step(len), sent(len);
+      for (size_t k = 0; k < len; ++k) {
+        const float g = -mean[k];
+        momentum[at + k] = momentum[at + k] * mu + g;
+        step[k] = -lr * (g + mu * momentum[at + k]);
+      }
+      std::string encoded_step(WireBytes(wire, len), '\0');
+      EncodeWithFeedback(step, absl::MakeSpan(residual).subspan(at, len), wire,
+                         encoded_step.data(), absl::MakeSpan(sent));
+      for (size_t k = 0; k < len; ++k) values[at + k] += sent[k];
+      EXPECT_EQ(DeltaBytes(*next, c, wire), encoded_step) << "chunk " << c;
+    }
+    EXPECT_EQ(next->values, values);
+    EXPECT_EQ(next->momentum, momentum);
+    EXPECT_EQ(next->residual, residual);
+    EXPECT_EQ(next->mean_residual, mean_residual);
+    commit.Commit(std::move(next), round);
+  }
+}
+
+// MEAN: the step is the encoded mean, so a job of mean encoding wire gets
+// the same deltas and values as one of float32, its mean residual is the
+// other's residual, and it keeps no second residual.
+TEST_P(EncodedMeanTest, Mean_SameResultsAsFloat32) {
+  const DType wire = GetParam();
+  StateCommit encoded(WireMean(wire, AveragingMode::kMean), kBlocks);
+  JobSettings float32_settings = WireMean(wire, AveragingMode::kMean);
+  float32_settings.mean_encoding = MeanEncoding::kFloat32;
+  StateCommit plain(float32_settings, kBlocks);
+  ASSERT_FALSE(plain.encodes_mean());
+  encoded.Restore(0, std::vector<float>(kBlocks.num_elements(), 1.0f), 5, {},
+                  {});
+  plain.Restore(0, std::vector<float>(kBlocks.num_elements(), 1.0f), 5, {}, {});
+  for (int round = 1; round <= 6; ++round) {
+    SCOPED_TRACE(round);
+    const std::vector<float> delta = DeltaOfRound(round);
+    std::shared_ptr<StateSnapshot> a = encoded.NewNext();
+    std::shared_ptr<StateSnapshot> b = plain.NewNext();
+    EXPECT_TRUE(a->residual.empty());
+    a = encoded.FinishNext(SumsOfOne(delta, encoded.TakeBuffer()), {0, 1},
+                           std::move(a));
+    b = plain.FinishNext(SumsOfOne(delta, plain.TakeBuffer()), {0, 1},
+                         std::move(b));
+    EXPECT_EQ(a->delta, b->delta);
+    EXPECT_EQ(a->values, b->values);
+    EXPECT_EQ(a->mean_residual, b->residual);
+    encoded.Commit(std::move(a), round);
+    plain.Commit(std::move(b), round);
+  }
+}
+
+// A standby given only the encoded means (DecodeMean) holds the primary's
+// values, momentum, step residual and delta bit for bit; its mean residual
+// is zeros (the primary's own). A chunk no one gave keeps everything.
+TEST_P(EncodedMeanTest, AStandbyReproducesEverythingButTheMeanResidual) {
+  const DType wire = GetParam();
+  const JobSettings settings = WireMean(wire, AveragingMode::kOuterNesterov);
+  StateCommit primary(settings, kBlocks), standby(settings, kBlocks);
+  const std::vector<float> start(kBlocks.num_elements(), 1.0f);
+  primary.Restore(0, start, 5, {}, {});
+  standby.Restore(0, start, 5, {}, {});
+  for (int round = 1; round <= 6; ++round) {
+    SCOPED_TRACE(round);
+    const std::vector<float> delta = DeltaOfRound(round);
+    std::shared_ptr<StateSnapshot> p = primary.NewNext();
+    std::shared_ptr<StateSnapshot> s = standby.NewNext();
+    std::vector<float> p_values = primary.TakeBuffer();
+    std::vector<float> s_values = standby.TakeBuffer();
+    for (uint32_t c = 0; c < kBlocks.num_chunks(); ++c) {
+      const size_t at = kBlocks.Offset(c), len = kBlocks.Size(c);
+      // Round 3: no one gives chunk 1.
+      const bool contributed = round != 3 || c != 1;
+      const absl::Span<float> pc = absl::MakeSpan(p_values).subspan(at, len);
+      const absl::Span<float> sc = absl::MakeSpan(s_values).subspan(at, len);
+      std::copy_n(delta.begin() + at, len, pc.begin());
+      std::string encoded_mean;
+      if (contributed) {
+        primary.EncodeMean(pc, c, *p, &encoded_mean);
+        ASSERT_TRUE(standby.DecodeMean(encoded_mean, c, *s, sc, "chunk").ok());
+      }
+      ASSERT_TRUE(primary.FinalizeMean(pc, contributed, c, *p, encoded_mean));
+      ASSERT_TRUE(standby.FinalizeMean(sc, contributed, c, *s, encoded_mean));
+    }
+    EXPECT_EQ(s_values, p_values);
+    EXPECT_EQ(s->delta, p->delta);
+    EXPECT_EQ(s->momentum, p->momentum);
+    EXPECT_EQ(s->residual, p->residual);
+    EXPECT_THAT(s->mean_residual, Each(0.0f));
+    EXPECT_THAT(p->mean_residual, Not(Each(0.0f)));
+    p->values = std::move(p_values);
+    s->values = std::move(s_values);
+    primary.Commit(std::move(p), round);
+    standby.Commit(std::move(s), round);
+  }
+}
+
+// What a standby refuses, changing nothing: the wrong size, a scale that is
+// not finite, zero or negative, a bfloat16 infinity.
+TEST_P(EncodedMeanTest, DecodeMean_RefusesAMalformedEncodedMean) {
+  const DType wire = GetParam();
+  StateCommit standby(WireMean(wire, AveragingMode::kOuterNesterov), kBlocks);
+  standby.Restore(0, std::vector<float>(kBlocks.num_elements(), 1.0f), 5, {},
+                  {});
+  std::shared_ptr<StateSnapshot> next = standby.NewNext();
+  std::fill(next->mean_residual.begin(), next->mean_residual.end(), 7.0f);
+  const size_t len = kBlocks.Size(0);
+  std::string good;
+  EncodeValues(std::vector<float>(len, 0.5f), wire, &good);
+  std::vector<std::pair<std::string, std::string>> bad = {
+      {"bytes; chunk 0 takes", good.substr(1)},
+      {"bytes; chunk 0 takes", good + "x"}};
+  if (IsBlockDType(wire)) {
+    for (float scale : {0.0f, -1.0f}) {
+      std::string b = good;
+      std::memcpy(b.data() + 4, &scale, 4);  // block 1's scale
+      bad.push_back({"block 1 (elements from 64)", b});
+    }
+    for (float scale : {std::nanf(""), INFINITY}) {
+      std::string b = good;
+      std::memcpy(b.data() + 4, &scale, 4);
+      bad.push_back({"not finite at element 64", b});
+    }
+  } else {
+    std::string b;
+    EncodeValues(std::vector<float>(len, INFINITY), wire, &b);
+    bad.push_back({"not finite at element 0", b});
+  }
+  std::vector<float> chunk(len, 3.0f);
+  for (const auto& [says, bytes] : bad) {
+    const absl::Status s =
+        standby.DecodeMean(bytes, 0, *next, absl::MakeSpan(chunk), "update");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(says));
+    EXPECT_THAT(chunk, Each(3.0f));
+    EXPECT_THAT(next->mean_residual, Each(7.0f));
+  }
+  ASSERT_TRUE(
+      standby.DecodeMean(good, 0, *next, absl::MakeSpan(chunk), "update").ok());
+  EXPECT_THAT(chunk, Each(0.5f));
+}
+
+INSTANTIATE_TEST_SUITE_P(LossyWires, EncodedMeanTest,
+                         ::testing::Values(DType::kBFloat16, DType::kInt8Block,
+                                           DType::kInt4Block),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+// A float32 wire encodes nothing: mean encoding wire is float32's.
+TEST(StateCommitTest, EncodedMean_Float32WireEncodesNothing) {
+  JobSettings s = WireMean(DType::kFloat32, AveragingMode::kOuterNesterov);
+  StateCommit commit(s, kBlocks);
+  EXPECT_FALSE(commit.encodes_mean());
+  commit.Restore(0, std::vector<float>(kBlocks.num_elements(), 1.0f), 5, {},
+                 {});
+  EXPECT_TRUE(commit.NewNext()->mean_residual.empty());
 }
 
 TEST(StateCommitTest, NewStateId_IsNeverZero) {

@@ -625,10 +625,13 @@ void JoinCorpus() {
 }
 
 // The replica fuzzer: a standby's stream, well-formed and not.
-void ReplicaSettings(v1::JobSettings* s, v1::AveragingMode mode) {
+void ReplicaSettings(v1::JobSettings* s, v1::AveragingMode mode,
+                     bool wire_mean = false) {
   s->set_local_sgd_steps(1);
   s->set_chunk_elements(4);
-  s->set_wire_dtype(v1::DTYPE_FLOAT32);
+  s->set_wire_dtype(wire_mean ? v1::DTYPE_BFLOAT16 : v1::DTYPE_FLOAT32);
+  s->set_mean_encoding(wire_mean ? v1::MEAN_ENCODING_WIRE
+                                 : v1::MEAN_ENCODING_FLOAT32);
   s->set_mode(mode);
   s->set_nonfinite_policy(v1::NON_FINITE_POLICY_REJECT);
   s->set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
@@ -653,11 +656,12 @@ void AddMembers(Field* members) {
 
 // The catch-up of job "j" (10 elements, chunks of 4) at round `round`.
 void AddCatchUp(ReplicaScript& s, uint64_t round, uint64_t state_id,
-                v1::AveragingMode mode, uint32_t finals = 0) {
+                v1::AveragingMode mode, uint32_t finals = 0,
+                bool wire_mean = false) {
   v1::JobReplica* job = s.add_updates()->mutable_job();
   job->set_job_id("j");
   FillLayout({6, 4}, job->mutable_layout());
-  ReplicaSettings(job->mutable_settings(), mode);
+  ReplicaSettings(job->mutable_settings(), mode, wire_mean);
   job->set_has_state(true);
   job->set_round(round);
   job->set_state_id(state_id);
@@ -675,10 +679,23 @@ void AddCatchUp(ReplicaScript& s, uint64_t round, uint64_t state_id,
   }
 }
 
+// `values` in bfloat16 (each exact in it), little-endian.
+std::string Bf16s(std::vector<float> values) {
+  std::string out;
+  for (float v : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    out.push_back(static_cast<char>((bits >> 16) & 0xff));
+    out.push_back(static_cast<char>(bits >> 24));
+  }
+  return out;
+}
+
 // Round `round`'s chunks (but `final_already`, final in the catch-up) and
-// its commit.
+// its commit; with `wire_mean`, each chunk's mean encoded in bfloat16 (a
+// job of mean encoding wire).
 void AddRound(ReplicaScript& s, uint64_t round, uint64_t previous, uint64_t id,
-              int final_already = -1) {
+              int final_already = -1, bool wire_mean = false) {
   for (uint32_t c = 0; c < 3; ++c) {
     if (static_cast<int>(c) == final_already) continue;
     v1::ChunkFinal* chunk = s.add_updates()->mutable_chunk();
@@ -686,7 +703,12 @@ void AddRound(ReplicaScript& s, uint64_t round, uint64_t previous, uint64_t id,
     chunk->set_round(round);
     chunk->set_index(c);
     chunk->set_contributed(true);
-    chunk->set_mean(Floats(std::vector<float>(c < 2 ? 4 : 2, 0.25f * (c + 1))));
+    const std::vector<float> mean(c < 2 ? 4 : 2, 0.25f * (c + 1));
+    if (wire_mean) {
+      chunk->set_encoded_mean(Bf16s(mean));
+    } else {
+      chunk->set_mean(Floats(mean));
+    }
   }
   v1::StateCommit* commit = s.add_updates()->mutable_commit();
   commit->set_job_id("j");
@@ -732,6 +754,38 @@ void ReplicaCorpus() {
     AddRound(s, 2, 11, 12, /*final_already=*/1);
     AddRound(s, 3, 12, 13);
     Write("replica", "open_round_nesterov", s);
+  }
+  {
+    // OUTER_NESTEROV on the encoded mean (bfloat16, mean encoding wire):
+    // two rounds, then chunks of the next whose encoded means are short,
+    // not finite, or float32 instead (each refused, a catch-up after it);
+    // then the round as it should be.
+    ReplicaScript s;
+    s.set_epoch(4);
+    s.set_fix_epochs(true);
+    s.set_fix_sequences(true);
+    s.set_promote(true);
+    AddCatchUp(s, 1, 21, v1::AVERAGING_MODE_OUTER_NESTEROV, 0,
+               /*wire_mean=*/true);
+    s.add_updates()->mutable_caught_up()->set_through(0);
+    AddRound(s, 2, 21, 22, -1, /*wire_mean=*/true);
+    AddRound(s, 3, 22, 23, -1, /*wire_mean=*/true);
+    for (const std::string& bad :
+         {Bf16s({1, 1, 1}), std::string("\xc0\x7f\xc0\x7f\xc0\x7f\xc0\x7f"),
+          std::string()}) {
+      v1::ChunkFinal* chunk = s.add_updates()->mutable_chunk();
+      chunk->set_job_id("j");
+      chunk->set_round(4);
+      chunk->set_contributed(true);
+      chunk->set_encoded_mean(bad);
+      if (bad.empty()) chunk->set_mean(Floats({1, 1, 1, 1}));
+      // Refused: the next stream begins with a new catch-up.
+      AddCatchUp(s, 3, 23, v1::AVERAGING_MODE_OUTER_NESTEROV, 0,
+                 /*wire_mean=*/true);
+      s.add_updates()->mutable_caught_up()->set_through(0);
+    }
+    AddRound(s, 4, 23, 24, -1, /*wire_mean=*/true);
+    Write("replica", "encoded_mean_nesterov", s);
   }
   {
     // A job that starts with a replicated seed, then a round.

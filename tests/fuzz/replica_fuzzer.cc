@@ -10,7 +10,8 @@
 //    changes no job: its state's round and id and its members stay;
 //  - whatever it applied, every job the standby holds has a state of its
 //    layout's size (or none), finite, with momentum and residual empty or
-//    of the same size; promoted, every job answers its status and still
+//    of the same size, and a mean residual empty or zeros (a standby has
+//    none of its own); promoted, every job answers its status and still
 //    does; its members are well formed (ids, names, weights, none twice).
 #include <cmath>
 #include <cstddef>
@@ -61,6 +62,12 @@ void CheckJobs(Coordinator& coordinator) {
           what + ": momentum of another size");
     Check(s.residual.empty() || s.residual.size() == s.values.size(),
           what + ": residual of another size");
+    // A standby keeps no mean residual of its own: zeros, if any.
+    Check(s.mean_residual.empty() || s.mean_residual.size() == s.values.size(),
+          what + ": mean residual of another size");
+    for (float r : s.mean_residual) {
+      Check(r == 0.0f, what + ": a standby's mean residual is not zero");
+    }
     CheckFinite(s.values, what + " values");
     CheckFinite(s.momentum, what + " momentum");
     CheckFinite(s.residual, what + " residual");

@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "localsgd/v1/coordinator.grpc.pb.h"
+#include "src/codec.h"
 #include "tests/ha/etcd_process.h"
 #include "tests/security/security_util.h"
 #include "tests/testkit/testkit.h"
@@ -286,6 +287,10 @@ class FailoverTest : public ::testing::Test {
   // a member may have joined again (a standby out of sync took over: it
   // never held their membership); else every member went on under its id.
   void ExpectExactEnd(Members& members, bool rejoins_allowed = false);
+  // Kills the primary `kills` times as the members' rounds move on, each
+  // once a standby is in sync, and restarts it as a standby; checks that a
+  // successor serves at a higher epoch each time.
+  void KillPrimaryRepeatedly(Members& members, int kills);
 
   TempDir dir_;
   std::unique_ptr<EtcdProcess> etcd_;
@@ -299,12 +304,19 @@ class FailoverTest : public ::testing::Test {
 // member's state after round r equals Reference(r) bit for bit only if
 // every round counted every member and the momentum survived every
 // failover (a standby that lost it, or a round, takes another path).
+//
+// With `wire_mean`: the bfloat16 wire and mean encoding wire. The deltas
+// and their mean are exact in bfloat16 (the mean's encoding loses nothing),
+// the steps (2 - 2^-k) are not after a few rounds: the coordinator's step
+// residual carries what they lose. A standby gets only the encoded means
+// and must reproduce momentum, step residual and the steps members get.
 struct Members {
   static constexpr int kMembers = 4;
 
   // `step_time`: the local training between two Syncs.
   Members(const std::string& targets, int rounds,
-          absl::Duration step_time = absl::ZeroDuration())
+          absl::Duration step_time = absl::ZeroDuration(),
+          bool wire_mean = false)
       : rounds(rounds), step_time(step_time) {
     for (int i = 0; i < kMembers; ++i) {
       ClientOptions o;
@@ -320,20 +332,29 @@ struct Members {
       o.settings.rendezvous_members = kMembers;
       o.settings.contribution = Contribution::kPseudoGradients;
       o.settings.mode = AveragingMode::kOuterNesterov;
-      o.settings.wire_dtype = DType::kFloat32;
+      o.settings.wire_dtype = wire_mean ? DType::kBFloat16 : DType::kFloat32;
+      if (wire_mean) o.settings.mean_encoding = MeanEncoding::kWire;
       o.settings.outer_lr = 1.0f;
       o.settings.outer_momentum = 0.5f;
       options.push_back(o);
     }
     // torch.optim.SGD(lr=1, momentum=0.5, nesterov=True) on g = -1 (the
     // mean delta), in float32 in the coordinator's order of operations
-    // (src/averaging.cc), from zeros.
-    float value = 0.0f, b = 0.0f;
+    // (src/averaging.cc), from zeros; with `wire_mean`, each step sent as
+    // bfloat16 with error feedback (src/codec.h).
+    float value = 0.0f, b = 0.0f, residual = 0.0f;
     reference.push_back(value);
     for (int r = 1; r <= rounds; ++r) {
       const float g = -1.0f;
       b = b * 0.5f + g;
-      value = -1.0f * (g + 0.5f * b) + value;
+      float step = -1.0f * (g + 0.5f * b);
+      if (wire_mean) {
+        char bytes[2];
+        EncodeWithFeedback(absl::MakeConstSpan(&step, 1),
+                           absl::MakeSpan(&residual, 1), DType::kBFloat16,
+                           bytes, absl::MakeSpan(&step, 1));
+      }
+      value = step + value;
       reference.push_back(value);
     }
   }
@@ -469,14 +490,11 @@ void FailoverTest::ExpectExactEnd(Members& members, bool rejoins_allowed) {
       << Logs();
 }
 
-TEST_F(FailoverTest, PrimaryKilledRepeatedly_MembersGoOnWithExactState) {
-  constexpr int kRounds = 60;
-  constexpr int kKills = 5;
-  Members members(Targets(), kRounds);
+void FailoverTest::KillPrimaryRepeatedly(Members& members, int kills) {
   members.Run();
-  for (int k = 0; k < kKills; ++k) {
+  for (int k = 0; k < kills; ++k) {
     // Kill the primary once the rounds have moved on since the last kill.
-    const int at = (k + 1) * kRounds / (kKills + 2);
+    const int at = (k + 1) * members.rounds / (kills + 2);
     ASSERT_TRUE(AwaitCondition([&] { return members.Progress() >= at; },
                                absl::Seconds(60)))
         << "rounds stuck at " << members.Progress() << "\n"
@@ -495,6 +513,22 @@ TEST_F(FailoverTest, PrimaryKilledRepeatedly_MembersGoOnWithExactState) {
     EXPECT_GT(before, 0u);
     ASSERT_NO_FATAL_FAILURE(ExpectSuccessorAbove(before));
   }
+}
+
+TEST_F(FailoverTest, PrimaryKilledRepeatedly_MembersGoOnWithExactState) {
+  Members members(Targets(), /*rounds=*/60);
+  ASSERT_NO_FATAL_FAILURE(KillPrimaryRepeatedly(members, /*kills=*/5));
+  ExpectExactEnd(members);
+}
+
+// The same with the rule on the encoded mean (mean encoding wire): the
+// standbys get each round's mean as the wire encodes it, not in float32.
+TEST_F(FailoverTest, WireMeanEncoding_PrimaryKilled_MembersGoOnWithExactState) {
+  Members members(Targets(), /*rounds=*/40, absl::ZeroDuration(),
+                  /*wire_mean=*/true);
+  // The steps lose to bfloat16 what the step residual carries.
+  ASSERT_NE(members.reference, Members(Targets(), 40).reference);
+  ASSERT_NO_FATAL_FAILURE(KillPrimaryRepeatedly(members, /*kills=*/3));
   ExpectExactEnd(members);
 }
 

@@ -241,4 +241,18 @@ def test_info_describes_the_job(coordinator):
     assert info["num_elements"] == N and info["wire_dtype"] == "bfloat16"
     assert info["local_sgd_steps"] == 4
     assert info["contribution"] == "pseudo_gradients"
+    assert info["mean_encoding"] == "float32"  # the coordinator's default
     assert not info["has_state"]
+    w = py_client(c, "info-wire", "w", wire_dtype="int4",
+                  mean_encoding="wire")
+    w.join(LAYOUT)
+    assert w.info["mean_encoding"] == "wire"
+    # A member that asks for another is refused, naming both.
+    with pytest.raises(localsgd.Error) as e:
+        py_client(c, "info-wire", "f", wire_dtype="int4",
+                  mean_encoding="float32").join(LAYOUT)
+    assert e.value.code == "FAILED_PRECONDITION"
+    assert "uses mean encoding wire; member asks for float32" in \
+        e.value.message
+    with pytest.raises(ValueError, match="mean_encoding"):
+        py_client(c, "info-wire", "g", mean_encoding="int4")
