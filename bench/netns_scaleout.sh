@@ -269,7 +269,12 @@ run() {  # S WIRE STANDBY
     primary_tx=$((primary_tx + $(link_bytes "${ns_c[i]}" tx) - tx0[i]))
     if ((sb)); then standby_rx=$((standby_rx + $(link_bytes "${ns_s[i]}" rx) - rx0[i])); fi
   done
-  local rss=""
+  local rss="" cpu="" pid
+  # CPU seconds (user + system) over the whole run: the primaries', then
+  # the standbys'.
+  for pid in "${coordinator_pids[@]}"; do
+    cpu+="${cpu:+,}$(awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); printf "%.1f", ($12 + $13) / hz }' "/proc/$pid/stat" 2>/dev/null || echo '?')"
+  done
   for ((i = 0; i < s; i++)); do
     rss+="${rss:+,}$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/${coordinator_pids[i]}/status" 2>/dev/null || echo '?')"
     kill -TERM "${coordinator_pids[i]}" 2>/dev/null || true
@@ -286,8 +291,8 @@ run() {  # S WIRE STANDBY
     return
   fi
   grep '^sync_bench: ' "$OUT_DIR/$rt.log" | sed 's/^/  /' >&2 || true
-  printf '%s\t%s\t%s\t%s rss_mib=%s primary_tx=%s standby_rx=%s\n' "$s" "$wire" "$sb" \
-    "${line#RESULT }" "$rss" "$primary_tx" "$standby_rx" >>"$results"
+  printf '%s\t%s\t%s\t%s rss_mib=%s primary_tx=%s standby_rx=%s cpu_s=%s\n' "$s" "$wire" "$sb" \
+    "${line#RESULT }" "$rss" "$primary_tx" "$standby_rx" "$cpu" >>"$results"
 }
 
 for wire in $WIRES; do
@@ -337,15 +342,15 @@ rows = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
 ha = any(sb == "1" for _, _, sb, _ in rows)
 print(f"| S | wire |" + (" standby |" if ha else "") +
       " round median s | min s | speed-up vs S=1 | link lower bound s | "
-      f"median/lower bound | ours/peer | replica peak RSS MiB |" +
+      f"median/lower bound | ours/peer | replica peak RSS MiB | coordinators' CPU s |" +
       (" vs no standby | primaries' tx MB | standbys' rx MB | rx/tx |" if ha else ""))
-print("|---:|---|" + ("---|" if ha else "") + "---:|---:|---:|---:|---:|---:|---|" +
+print("|---:|---|" + ("---|" if ha else "") + "---:|---:|---:|---:|---:|---:|---|---|" +
       ("---:|---:|---:|---:|" if ha else ""))
 base, plain = {}, {}
 for s, wire, sb, rest in rows:
     sbc = f" {'yes' if sb == '1' else 'no'} |" if ha else ""
     if rest in ("unsupported", "failed"):
-        print(f"| {s} | {wire} |{sbc} {rest} | | | | | | |" + (" | | | |" if ha else "")); continue
+        print(f"| {s} | {wire} |{sbc} {rest} | | | | | | | |" + (" | | | |" if ha else "")); continue
     d = dict(t.split("=", 1) for t in rest.split() if "=" in t)
     med, sent, recv = float(d["median_s"]), int(d["bytes_sent"]), int(d["bytes_received"])
     s = int(s)
@@ -363,9 +368,10 @@ for s, wire, sb, rest in rows:
         extra = (f" {ratio} | {tx / 1e6:,.0f} | {rx / 1e6:,.0f} | "
                  f"{rx / tx:.2f} |" if sb == "1" and tx else f" {ratio} | {tx / 1e6:,.0f} | | |")
     print(f"| {s} | {wire} |{sbc} {med:.3f} | {float(d['min_s']):.3f} | {sp} | "
-          f"{lbs} | {vs} | {d.get('rss_mib', '?')} |{extra}")
+          f"{lbs} | {vs} | {d.get('rss_mib', '?')} | {d.get('cpu_s', '?')} |{extra}")
 print()
-print(f"WORLD={world}, every host link tbf {rate} each way; lower bound = busiest link's bytes / rate.")
+print(f"WORLD={world}, every host link tbf {rate} each way; lower bound = busiest link's bytes / rate; "
+      "CPU s: each coordinator's user + system seconds over the run (primaries, then standbys).")
 if ha:
     print("With a standby: each shard's primary and its standby on hosts of their own, etcd on "
           "another; tx/rx over the whole run (seed, warm-up and timed rounds), "

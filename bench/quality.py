@@ -10,7 +10,8 @@ the chunk bytes each worker sent and received (mean over workers and seeds,
 the initial seed/fetch of the state included).
 
 Arms: synchronous (average every step, fp32), MEAN K=16 fp32, OUTER_NESTEROV
-K=16 fp32, OUTER_NESTEROV K=64 in fp32, int8 and int4, and no averaging.
+K=16 fp32, OUTER_NESTEROV K=64 in fp32, int8 and int4 (the rule on the float32
+mean and on the encoded mean: mean encoding wire), and no averaging.
 
 Usage: bench/quality.py [--seeds 1,2,3] [--epochs 1] [--arms name,...]
 Environment: BUILD_DIR (build). Needs dataset-fashion-mnist.
@@ -35,6 +36,14 @@ ARMS = [
      ["--k=64", "--averaging=nesterov", "--wire_dtype=int8"]),
     ("nest64i4", "OUTER_NESTEROV K=64 int4",
      ["--k=64", "--averaging=nesterov", "--wire_dtype=int4"]),
+    # The rule on the encoded mean (mean encoding wire): what a standby
+    # coordinator replicates at one member's download per round.
+    ("nest64i8w", "OUTER_NESTEROV K=64 int8, mean encoding wire",
+     ["--k=64", "--averaging=nesterov", "--wire_dtype=int8",
+      "--mean_encoding=wire"]),
+    ("nest64i4w", "OUTER_NESTEROV K=64 int4, mean encoding wire",
+     ["--k=64", "--averaging=nesterov", "--wire_dtype=int4",
+      "--mean_encoding=wire"]),
     ("none", "no averaging", ["--k=16", "--no_sync"]),
 ]
 
