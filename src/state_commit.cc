@@ -88,6 +88,7 @@ void StateCommit::Restore(RoundId round, std::vector<float> values, uint64_t id,
 }
 
 std::vector<float> StateCommit::TakeBuffer() {
+  HarvestRetired();
   return Recycled(spare_, geometry_.num_elements());
 }
 
@@ -112,6 +113,7 @@ std::shared_ptr<StateSnapshot> StateCommit::Mean(RoundAccumulator sums) const {
 }
 
 std::shared_ptr<StateSnapshot> StateCommit::NewNext() {
+  HarvestRetired();
   const DType wire = settings_.wire_dtype;
   const size_t n = geometry_.num_elements();
   auto next = std::make_shared<StateSnapshot>();
@@ -333,18 +335,41 @@ std::shared_ptr<const StateSnapshot> StateCommit::Commit(
   std::shared_ptr<StateSnapshot> old = std::move(state_);
   state_ = state;
   magnitudes_.clear();
-  // Recycle the old state's memory for the next accumulator unless a stream
-  // (or the checkpointer) still reads it.
-  if (old != nullptr && old.use_count() == 1) {
-    if (spare_.empty()) spare_ = std::move(old->values);
-    if (spare_momentum_.empty()) spare_momentum_ = std::move(old->momentum);
-    if (spare_residual_.empty()) spare_residual_ = std::move(old->residual);
-    if (spare_mean_residual_.empty()) {
-      spare_mean_residual_ = std::move(old->mean_residual);
+  // Recycle the old state's memory for the next accumulator, now or, if a
+  // stream (or the checkpointer, or the job's released state) still reads
+  // it, once it no longer does.
+  if (old != nullptr) {
+    if (old.use_count() == 1) {
+      Harvest(*old);
+    } else {
+      retired_.push_back(std::move(old));
+      if (retired_.size() > kRetired) retired_.erase(retired_.begin());
     }
-    if (spare_delta_.empty()) spare_delta_ = std::move(old->delta);
   }
   return state;
+}
+
+void StateCommit::Harvest(StateSnapshot& old) {
+  if (spare_.empty()) spare_ = std::move(old.values);
+  if (spare_momentum_.empty()) spare_momentum_ = std::move(old.momentum);
+  if (spare_residual_.empty()) spare_residual_ = std::move(old.residual);
+  if (spare_mean_residual_.empty()) {
+    spare_mean_residual_ = std::move(old.mean_residual);
+  }
+  if (spare_delta_.empty()) spare_delta_ = std::move(old.delta);
+}
+
+void StateCommit::HarvestRetired() {
+  // A state only this holds: no one can read it again (states are handed
+  // out as shared_ptr, never weak_ptr).
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    if (it->use_count() == 1) {
+      Harvest(**it);
+      it = retired_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace localsgd

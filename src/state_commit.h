@@ -13,7 +13,9 @@
 //    decodes to, exactly as every member computes it. A chunk no one gave
 //    keeps its values, momentum and residuals; its delta is zeros.
 // It also names states (random non-zero ids) and recycles the buffers of
-// states no one reads any more (fresh pages cost ~20x more than reused ones).
+// states no one reads any more (fresh pages cost ~20x more than reused ones):
+// a state still read when it is replaced (a member's result, the released
+// state) is kept aside and its buffers taken once its last reader let go.
 //
 // Not thread-safe: Job owns one under its mutex (`Job::mu_`) and calls it
 // only with that held. The states it hands out as shared_ptr<const> are not
@@ -134,14 +136,20 @@ class StateCommit {
   absl::Status CheckHeadroom(uint32_t c, float max_abs);
 
   // Makes `state` the current one as the state of `round` (a new id if it
-  // has none), and recycles the old one's buffers unless someone else still
-  // reads it. Returns it.
+  // has none), and recycles the old one's buffers, or, if someone else
+  // still reads it, keeps it aside to recycle once no one does (at most
+  // kRetired states; an older one is left to its readers). Returns it.
   std::shared_ptr<const StateSnapshot> Commit(
       std::shared_ptr<StateSnapshot> state, RoundId round);
 
  private:
   // `spare` handed over (emptied) and resized to `n` floats.
   static std::vector<float> Recycled(std::vector<float>& spare, size_t n);
+  // Moves the buffers of `old` (read by no one else) to the empty spares.
+  void Harvest(StateSnapshot& old);
+  // Harvests the states kept aside that no one reads any more.
+  void HarvestRetired();
+  static constexpr size_t kRetired = 1;
 
   const JobSettings settings_;
   const ChunkGeometry geometry_;
@@ -155,6 +163,8 @@ class StateCommit {
   std::vector<float> spare_residual_;
   std::vector<float> spare_mean_residual_;
   std::string spare_delta_;
+  // Replaced states that were still read then (oldest first).
+  std::vector<std::shared_ptr<StateSnapshot>> retired_;
   // Mean encoding wire with a lossy wire (encodes_mean()), and whether the
   // step is encoded with a residual of its own (a lossy wire, unless the
   // step is the encoded mean itself).

@@ -226,6 +226,25 @@ TEST(StateCommitTest, Commit_RecyclesTheOldBuffersOnlyWhenNoOneReadsThem) {
   EXPECT_EQ(commit.TakeBuffer().data(), second);
 }
 
+// A state still read when it is replaced (a member's result, the released
+// state) is recycled once its last reader lets go, not left to be freed:
+// the next buffer taken is its own.
+TEST(StateCommitTest, Commit_RecyclesAStateOnceItsReadersLetGo) {
+  StateCommit commit(Settings(Contribution::kParameters, DType::kFloat32),
+                     kGeometry);
+  commit.Restore(1, std::vector<float>(6, 1.0f), 0, {}, {});
+  std::shared_ptr<const StateSnapshot> reader = commit.shared_state();
+  const float* first = reader->values.data();
+  auto state = std::make_shared<StateSnapshot>();
+  state->values.assign(6, 2.0f);
+  commit.Commit(std::move(state), 2);
+  std::vector<float> taken = commit.TakeBuffer();  // read still: a new one
+  EXPECT_NE(taken.data(), first);
+  EXPECT_THAT(reader->values, Each(1.0f));
+  reader.reset();
+  EXPECT_EQ(commit.TakeBuffer().data(), first);
+}
+
 // Small updates in a block of large ones, both ends' error feedback (the
 // members' encoder as MemberState::EncodeDelta runs it, the coordinator's
 // here): a value of ratio x to its block's largest (q = 127 int8, 7 int4)
