@@ -473,15 +473,41 @@ std::optional<std::string> Elector::NotEligible() {
 absl::Status Elector::PublishSyncStandbys(
     int64_t epoch, const std::vector<std::string>& standbys,
     absl::Time deadline) {
-  absl::StatusOr<bool> put = client_->PutIfCreated(
-      sync_key_, FormatSyncStandbys({epoch, standbys}), key_, epoch, deadline);
+  // One write at a time: each names the revision the last one made.
+  absl::MutexLock lock(&sync_mu_);
+  if (sync_epoch_ != epoch) {
+    sync_epoch_ = epoch;
+    sync_revision_ = -1;
+  }
+  if (sync_revision_ < 0) {
+    absl::StatusOr<EtcdGetResult> got = client_->Get(sync_key_, deadline);
+    if (!got.ok()) return got.status();
+    sync_revision_ = got->kv.has_value() ? got->kv->mod_revision : 0;
+  }
+  absl::StatusOr<int64_t> put =
+      client_->PutIfCreated(sync_key_, FormatSyncStandbys({epoch, standbys}),
+                            key_, epoch, sync_revision_, deadline);
+  // A write whose answer was lost may land later: it names the revision it
+  // meant to replace, so it cannot replace a later one.
   if (!put.ok()) return put.status();
-  if (!*put) {
+  if (*put > 0) {
+    sync_revision_ = *put;
+    return absl::OkStatus();
+  }
+  // A condition failed: the election key is no longer ours, or the list
+  // is not the one this primary last wrote.
+  sync_revision_ = -1;
+  absl::StatusOr<EtcdGetResult> ours = client_->Get(key_, deadline);
+  if (!ours.ok()) return ours.status();
+  if (!ours->kv.has_value() || ours->kv->create_revision != epoch) {
     return absl::FailedPreconditionError(absl::StrCat(
         "not the primary of epoch ", epoch, " any more (", key_,
         " was not created at ", epoch, "): the synchronous standbys stay"));
   }
-  return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      sync_key_,
+      " changed since this primary last wrote it (a write of its own that "
+      "timed out landed late); it is written again"));
 }
 
 void Elector::Follow(const EtcdCampaign& holder) {

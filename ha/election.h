@@ -188,9 +188,14 @@ class Elector {
 
   Role role() const;
   // Writes the synchronous-standby list of the primary of `epoch` (ours),
-  // only while the election key is still the one created at `epoch`.
-  // FAILED_PRECONDITION if it is not (deposed); etcd's errors otherwise.
-  // Blocks up to `deadline`; any thread.
+  // only while the election key is still the one created at `epoch`, and
+  // only over the list this primary last wrote: each write names the
+  // revision it replaces, so that a write that timed out here and lands in
+  // etcd later cannot replace a newer list. FAILED_PRECONDITION if the key
+  // is not ours (deposed); UNAVAILABLE if the list changed since this
+  // primary last knew it (such a late write landed: the next call writes
+  // over it); etcd's errors otherwise. Blocks up to `deadline`; any
+  // thread.
   absl::Status PublishSyncStandbys(int64_t epoch,
                                    const std::vector<std::string>& standbys,
                                    absl::Time deadline);
@@ -244,6 +249,12 @@ class Elector {
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool fence_exit_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The revision of the synchronous-standby list this primary last wrote
+  // for sync_epoch_ (-1: to be read from etcd before the next write).
+  absl::Mutex sync_mu_;
+  int64_t sync_epoch_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  int64_t sync_revision_ ABSL_GUARDED_BY(sync_mu_) = -1;
 
   // Start/Stop against each other.
   absl::Mutex lifecycle_mu_;

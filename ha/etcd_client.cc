@@ -390,17 +390,25 @@ absl::StatusOr<bool> EtcdClient::DeleteIfCreated(const std::string& key,
   return deleted;
 }
 
-absl::StatusOr<bool> EtcdClient::PutIfCreated(const std::string& key,
-                                              const std::string& value,
-                                              const std::string& guard,
-                                              int64_t guard_create_revision,
-                                              absl::Time deadline) {
-  bool put = false;
+absl::StatusOr<int64_t> EtcdClient::PutIfCreated(const std::string& key,
+                                                 const std::string& value,
+                                                 const std::string& guard,
+                                                 int64_t guard_create_revision,
+                                                 int64_t key_mod_revision,
+                                                 absl::Time deadline) {
+  int64_t revision = 0;
   absl::Status status = RunWithFailover(
       "Txn(PutIfCreated)", deadline,
       [&](Stubs& endpoint, grpc::ClientContext* context) {
         etcdserverpb::TxnRequest request =
             IfCreatedAt(guard, guard_create_revision);
+        if (key_mod_revision >= 0) {
+          etcdserverpb::Compare* compare = request.add_compare();
+          compare->set_result(etcdserverpb::Compare::EQUAL);
+          compare->set_target(etcdserverpb::Compare::MOD);
+          compare->set_key(key);
+          compare->set_mod_revision(key_mod_revision);
+        }
         etcdserverpb::PutRequest* p =
             request.add_success()->mutable_request_put();
         p->set_key(key);
@@ -409,11 +417,11 @@ absl::StatusOr<bool> EtcdClient::PutIfCreated(const std::string& key,
         absl::Status s =
             FromGrpc(endpoint.kv->Txn(context, request, &response));
         if (!s.ok()) return s;
-        put = response.succeeded();
+        revision = response.succeeded() ? response.header().revision() : 0;
         return absl::OkStatus();
       });
   if (!status.ok()) return status;
-  return put;
+  return revision;
 }
 
 absl::StatusOr<int64_t> EtcdClient::Put(const std::string& key,

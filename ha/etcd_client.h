@@ -165,13 +165,17 @@ class EtcdClient {
                                        absl::Time deadline = kNoDeadline);
   // Puts value under `key` (no lease) only if `guard`'s create revision is
   // guard_create_revision (e.g. only while this primary's election key is
-  // the one it created). True if it put it. A retry after a lost answer
-  // puts the same value again: the outcome is the same.
-  absl::StatusOr<bool> PutIfCreated(const std::string& key,
-                                    const std::string& value,
-                                    const std::string& guard,
-                                    int64_t guard_create_revision,
-                                    absl::Time deadline = kNoDeadline);
+  // the one it created) and, with key_mod_revision >= 0, only if `key` was
+  // last modified at key_mod_revision (0: it does not exist), so that a
+  // write that arrives late (its caller gave up on it) cannot replace a
+  // later one. Returns the revision of the write, or 0 if a condition did
+  // not hold and nothing was put.
+  absl::StatusOr<int64_t> PutIfCreated(const std::string& key,
+                                       const std::string& value,
+                                       const std::string& guard,
+                                       int64_t guard_create_revision,
+                                       int64_t key_mod_revision,
+                                       absl::Time deadline = kNoDeadline);
   // Puts value under the key, no lease; returns the store's revision after.
   absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value,
                               absl::Time deadline = kNoDeadline);

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ha/etcd_client.h"
 #include "src/clock.h"
@@ -20,6 +21,7 @@ namespace localsgd {
 namespace {
 
 using ha_test::EtcdProcess;
+using ::testing::HasSubstr;
 
 absl::Duration Ms(int64_t ms) { return absl::Milliseconds(ms); }
 
@@ -287,6 +289,51 @@ TEST_F(ElectorTest, OnlyASynchronousStandbyCampaigns) {
   b->Stop();
   EXPECT_TRUE(WaitUntil([&] { return a->role().kind == ElectorRole::kPrimary; },
                         absl::Seconds(2)));
+  a->Stop();
+}
+
+// Each write of the synchronous-standby list names the revision it
+// replaces: a write that lands after a later one (its caller gave up on it
+// and wrote again) is refused, and the newer list stays. A list the
+// primary did not write (such a write landing before its next): the next
+// write says so, the one after writes over it.
+TEST_F(ElectorTest, ALateListWriteCannotReplaceANewerOne) {
+  auto etcd = EtcdClient::Create({{etcd_->endpoint()}, absl::Seconds(1)});
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const std::string sync_key = SyncStandbysKey("g", 0);
+  auto a = Make("g", 0, "a.local:1", nullptr);
+  a->Start();
+  ASSERT_TRUE(WaitUntil([&] { return a->role().kind == ElectorRole::kPrimary; },
+                        absl::Seconds(5)));
+  const int64_t epoch = a->role().epoch;
+  auto publish = [&](std::vector<std::string> standbys) {
+    return a->PublishSyncStandbys(epoch, standbys,
+                                  absl::Now() + absl::Seconds(2));
+  };
+  auto list = [&]() -> std::string {
+    absl::StatusOr<EtcdGetResult> got = (*etcd)->Get(sync_key);
+    return got.ok() && got->kv.has_value() ? got->kv->value : "(none)";
+  };
+  ASSERT_TRUE(publish({"b.local:2"}).ok());
+  absl::StatusOr<EtcdGetResult> first = (*etcd)->Get(sync_key);
+  ASSERT_TRUE(first.ok() && first->kv.has_value());
+  ASSERT_TRUE(publish({}).ok());
+  // What a write meant to replace the first list, landing now, does.
+  absl::StatusOr<int64_t> late = (*etcd)->PutIfCreated(
+      sync_key, FormatSyncStandbys({epoch, {"b.local:2"}}), ElectionKey("g", 0),
+      epoch, first->kv->mod_revision);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(*late, 0) << "a late write replaced a newer list";
+  EXPECT_EQ(list(), FormatSyncStandbys({epoch, {}}));
+  // A list this primary did not write.
+  ASSERT_TRUE(
+      (*etcd)->Put(sync_key, FormatSyncStandbys({epoch, {"c.local:3"}})).ok());
+  const absl::Status changed = publish({"b.local:2"});
+  EXPECT_EQ(changed.code(), absl::StatusCode::kUnavailable) << changed;
+  EXPECT_THAT(changed.message(),
+              HasSubstr("changed since this primary last wrote it"));
+  ASSERT_TRUE(publish({"b.local:2"}).ok());
+  EXPECT_EQ(list(), FormatSyncStandbys({epoch, {"b.local:2"}}));
   a->Stop();
 }
 
