@@ -58,12 +58,27 @@ __attribute__((always_inline))
 #endif
 inline float
 QuantizeBlock(const float* e, size_t n, int max_code, int8_t* codes) {
-  float absmax = 0;
+  // The largest |e| in eight lanes (a max is exact in any order, so no
+  // reduction has to be reassociated to vectorize), then across them.
+  constexpr size_t kLanes = 8;
+  float lanes[kLanes] = {};
   int not_finite = 0;
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t k = 0; k < kLanes; ++k) {
+      const float a = std::fabs(e[i + k]);
+      not_finite |= !(a <= std::numeric_limits<float>::max());
+      lanes[k] = a > lanes[k] ? a : lanes[k];
+    }
+  }
+  for (; i < n; ++i) {
     const float a = std::fabs(e[i]);
     not_finite |= !(a <= std::numeric_limits<float>::max());
-    absmax = a > absmax ? a : absmax;
+    lanes[0] = a > lanes[0] ? a : lanes[0];
+  }
+  float absmax = 0;
+  for (size_t k = 0; k < kLanes; ++k) {
+    absmax = lanes[k] > absmax ? lanes[k] : absmax;
   }
   if (not_finite) {
     std::memset(codes, 0, n);
@@ -80,7 +95,7 @@ QuantizeBlock(const float* e, size_t n, int max_code, int8_t* codes) {
                                kMaxBlockScale);
   const float inv = 1.0f / scale;
   const float lim = static_cast<float>(max_code);
-  for (size_t i = 0; i < n; ++i) {
+  for (i = 0; i < n; ++i) {
     float v = e[i] * inv;
     v = v > lim ? lim : (v < -lim ? -lim : v);
     v += v >= 0 ? 0.5f : -0.5f;
@@ -625,6 +640,57 @@ absl::Status CheckBlockScales(absl::string_view scales, DType dtype) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Blockwise codes with error feedback, one block at a time in one pass:
+// e = v + r, its scale and codes (QuantizeBlock, as EncodeBlocks), what
+// they decode to (as DecodeBlocksImpl decodes them, weight 1: the codes are
+// within [-max, max], so its clamp changes nothing), and r = e - decoded.
+// Bit for bit EncodeValuesTo(v + r), DecodeValues, r = e - decoded. `d`
+// may be `v` (a block is read whole before it is written); r is neither.
+LOCALSGD_KERNEL
+void EncodeBlocksWithFeedback(const float* v, float* r, DType dtype, char* out,
+                              float* d, size_t n) {
+  const size_t blocks = NumBlocks(n);
+  char* codes_out = out + 4 * blocks;
+  const int max_code = CodeMax(dtype);
+  float e[kQuantBlock];
+  int8_t codes[kQuantBlock];
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t first = b * kQuantBlock;
+    const size_t len = std::min(kQuantBlock, n - first);
+    const float* vb = v + first;
+    float* rb = r + first;
+    float* db = d + first;
+    for (size_t i = 0; i < len; ++i) e[i] = vb[i] + rb[i];
+    const float scale = QuantizeBlock(e, len, max_code, codes);
+    std::memcpy(out + 4 * b, &scale, 4);
+    const float s = 1.0f * scale;  // DecodeBlocksImpl's weight * scale
+    for (size_t i = 0; i < len; ++i) {
+      const float dv = s * static_cast<float>(codes[i]);
+      db[i] = dv;
+      rb[i] = e[i] - dv;
+    }
+    if (dtype == DType::kInt8Block) {
+      std::memcpy(codes_out + first, codes, len);
+    } else {
+      // kQuantBlock is even: a block's codes start on a byte.
+      uint8_t* p = reinterpret_cast<uint8_t*>(codes_out) + first / 2;
+      const size_t pairs = len / 2;
+      for (size_t k = 0; k < pairs; ++k) {
+        p[k] =
+            static_cast<uint8_t>((static_cast<uint8_t>(codes[2 * k]) & 0x0f) |
+                                 (static_cast<uint8_t>(codes[2 * k + 1]) << 4));
+      }
+      if (len % 2 != 0) {
+        p[pairs] = static_cast<uint8_t>(codes[len - 1]) & 0x0f;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void EncodeWithFeedback(absl::Span<const float> values,
                         absl::Span<float> residual, DType dtype, char* out,
                         absl::Span<float> decoded) {
@@ -635,9 +701,14 @@ void EncodeWithFeedback(absl::Span<const float> values,
                        decoded);
     return;
   }
-  // Block by block (so that `decoded` may be `values`): e = values +
-  // residual, encoded; residual = e - decode(e's encoding).
-  constexpr size_t kStep = 16 * kQuantBlock;  // whole blocks, and bf16 pairs
+  if (IsBlockDType(dtype)) {
+    EncodeBlocksWithFeedback(values.data(), residual.data(), dtype, out,
+                             decoded.data(), n);
+    return;
+  }
+  // bfloat16, piece by piece (so that `decoded` may be `values`): e =
+  // values + residual, encoded; residual = e - decode(e's encoding).
+  constexpr size_t kStep = 16 * kQuantBlock;  // whole pairs
   float e[kStep];
   // Raw pointers: a Span's hardened operator[] keeps a loop scalar.
   const float* v = values.data();
@@ -646,26 +717,12 @@ void EncodeWithFeedback(absl::Span<const float> values,
   for (size_t first = 0; first < n; first += kStep) {
     const size_t len = std::min(kStep, n - first);
     for (size_t i = 0; i < len; ++i) e[i] = v[first + i] + r[first + i];
-    const size_t offset = WireBytes(dtype, first);  // first: whole blocks
+    const size_t offset = WireBytes(dtype, first);  // first: whole pairs
     const size_t bytes = WireBytes(dtype, len);
     char* piece = out + offset;
-    if (IsBlockDType(dtype)) {
-      // Each piece is a payload of its own; the layout of the whole is
-      // scales first: encode into a scratch payload and scatter.
-      thread_local std::string scratch;
-      scratch.resize(bytes);
-      EncodeValuesTo(absl::MakeConstSpan(e, len), dtype, scratch.data());
-      const size_t blocks = NumBlocks(len);
-      const size_t all_blocks = NumBlocks(n);
-      std::memcpy(out + 4 * (first / kQuantBlock), scratch.data(), 4 * blocks);
-      std::memcpy(out + 4 * all_blocks + CodeBytes(dtype, first),
-                  scratch.data() + 4 * blocks, bytes - 4 * blocks);
-      (void)DecodeValues(scratch, dtype, decoded.subspan(first, len));
-    } else {
-      EncodeValuesTo(absl::MakeConstSpan(e, len), dtype, piece);
-      (void)DecodeValues(absl::string_view(piece, bytes), dtype,
-                         decoded.subspan(first, len));
-    }
+    EncodeValuesTo(absl::MakeConstSpan(e, len), dtype, piece);
+    (void)DecodeValues(absl::string_view(piece, bytes), dtype,
+                       decoded.subspan(first, len));
     for (size_t i = 0; i < len; ++i) {
       r[first + i] = e[i] - d[first + i];
     }

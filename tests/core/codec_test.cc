@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -725,6 +727,63 @@ TEST(BlockCodeTest, EncodeWithFeedback_NothingIsLostOverRounds) {
       EXPECT_NEAR(sent[i], want, 1e-3) << DTypeName(dtype) << " i=" << i;
       if (!residual.empty()) {
         EXPECT_NEAR(sent[i] + residual[i], want, 1e-6 + 1e-6 * std::fabs(want));
+      }
+    }
+  }
+}
+
+// The blockwise encoder with error feedback, one pass per block, gives
+// bit for bit what its parts give: encode(v + r), its decoding, and
+// r = (v + r) - decoded; over blocks of every kind (zeros, subnormals,
+// values near the float32 limit, a NaN, an infinity, mixed magnitudes),
+// sizes with a partial last block and an odd one, and `decoded` in place
+// of `values`.
+TEST(BlockCodeTest, EncodeWithFeedback_BitForBitItsParts) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (DType dtype : {DType::kInt8Block, DType::kInt4Block}) {
+    for (size_t n : {size_t{1}, size_t{63}, size_t{64}, size_t{65},
+                     size_t{64 * 40 + 17}}) {
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " n=", n,
+                                  in_place ? " in place" : ""));
+        std::vector<float> v(n), r(n);
+        for (size_t i = 0; i < n; ++i) {
+          const size_t block = i / kQuantBlock;
+          const float scale = block % 5 == 1   ? 1e-41f
+                              : block % 5 == 2 ? 1e37f
+                              : block % 5 == 3
+                                  ? 0.0f
+                                  : std::ldexp(1.0f, -static_cast<int>(i % 9));
+          v[i] = normal(rng) * scale;
+          r[i] = normal(rng) * scale * 0.01f;
+        }
+        if (n > 3 * kQuantBlock) {
+          v[3 * kQuantBlock + 5] = std::numeric_limits<float>::quiet_NaN();
+          v[4 * kQuantBlock + 1] = std::numeric_limits<float>::infinity();
+        }
+        // The parts.
+        std::vector<float> e(n);
+        for (size_t i = 0; i < n; ++i) e[i] = v[i] + r[i];
+        std::string want_bytes;
+        EncodeValues(e, dtype, &want_bytes);
+        std::vector<float> want_decoded(n);
+        ASSERT_TRUE(
+            DecodeValues(want_bytes, dtype, absl::MakeSpan(want_decoded)).ok());
+        std::vector<float> want_residual(n);
+        for (size_t i = 0; i < n; ++i)
+          want_residual[i] = e[i] - want_decoded[i];
+        // The fused encoder.
+        std::string bytes(WireBytes(dtype, n), '\0');
+        std::vector<float> decoded(n);
+        std::vector<float> values = v;
+        EncodeWithFeedback(
+            values, absl::MakeSpan(r), dtype, bytes.data(),
+            in_place ? absl::MakeSpan(values) : absl::MakeSpan(decoded));
+        const std::vector<float>& got = in_place ? values : decoded;
+        EXPECT_EQ(bytes, want_bytes);
+        EXPECT_EQ(std::memcmp(got.data(), want_decoded.data(), 4 * n), 0);
+        EXPECT_EQ(std::memcmp(r.data(), want_residual.data(), 4 * n), 0);
       }
     }
   }
