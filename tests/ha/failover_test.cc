@@ -691,8 +691,9 @@ class FailoverTlsTest : public FailoverTest {
 };
 
 TEST_F(FailoverTlsTest, MutualTls_StandbyFollowsAndTakesOver) {
-  constexpr int kRounds = 30;
-  Members members(Targets(), kRounds);
+  // Far from the job's end when the primary dies (as above).
+  constexpr int kRounds = 100;
+  Members members(Targets(), kRounds, absl::Milliseconds(20));
   Secure(members);
   // A standby in sync: it follows over TLS.
   CoordinatorProcess* primary = RunToRoundTen(members);
@@ -722,8 +723,11 @@ TEST_F(FailoverTlsTest, TlsWithoutACaForTheStandby_RefusedAtStart) {
 // the rounds go on there; the old primary, resumed, refuses everything and
 // ends itself (status 3) instead of serving under its old epoch.
 TEST_F(FailoverTest, PrimaryPausedPastItsLease_StandbyServesAndOldOneExits) {
-  constexpr int kRounds = 30;
-  Members members(Targets(), kRounds);
+  // Rounds of 20 ms of training at least, enough of them that the job is
+  // far from its end when the primary is paused (rounds of a model this
+  // small take a millisecond: 30 of them could all close before the pause).
+  constexpr int kRounds = 200;
+  Members members(Targets(), kRounds, absl::Milliseconds(20));
   CoordinatorProcess* old = RunToRoundTen(members);
   ASSERT_NE(old, nullptr);
   CoordinatorProcess* other = old == coordinators_[0].get()
@@ -749,8 +753,9 @@ TEST_F(FailoverTest, PrimaryPausedPastItsLease_StandbyServesAndOldOneExits) {
 // SIGTERM: the primary drains, exits 0 and gives up its key, so that the
 // standby takes over without waiting for the lease to run out.
 TEST_F(FailoverTest, PrimaryTerminated_ExitsCleanlyAndTheStandbyTakesOver) {
-  constexpr int kRounds = 30;
-  Members members(Targets(), kRounds);
+  // Far from the job's end when the primary stops (as above).
+  constexpr int kRounds = 100;
+  Members members(Targets(), kRounds, absl::Milliseconds(20));
   CoordinatorProcess* old = RunToRoundTen(members);
   ASSERT_NE(old, nullptr);
   const int status = old->Kill(SIGTERM);
