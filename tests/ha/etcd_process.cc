@@ -189,8 +189,16 @@ absl::Status EtcdProcess::Kill() { return Signal(SIGKILL, true); }
 
 absl::Status EtcdProcess::Pause() {
   absl::Status s = Signal(SIGSTOP, false);
-  if (s.ok()) paused_ = true;
-  return s;
+  if (!s.ok()) return s;
+  paused_ = true;
+  // SIGSTOP is delivered asynchronously: until the child is reported
+  // stopped, a thread of it may still answer a request.
+  int status = 0;
+  if (waitpid(pid_, &status, WUNTRACED) != pid_ || !WIFSTOPPED(status)) {
+    return absl::InternalError(
+        absl::StrCat("etcd (pid ", pid_, ") did not stop; status ", status));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EtcdProcess::Resume() {
