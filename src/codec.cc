@@ -104,6 +104,30 @@ QuantizeBlock(const float* e, size_t n, int max_code, int8_t* codes) {
   return scale;
 }
 
+// Stores the `len` codes of the block starting at element `first` in the
+// codes part of a payload: a byte each (int8), or two to a byte, the first
+// in the low nibble (int4; an odd last one alone, its high nibble 0).
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+inline void
+PutCodes(const int8_t* codes, size_t len, DType dtype, char* codes_out,
+         size_t first) {
+  if (dtype == DType::kInt8Block) {
+    std::memcpy(codes_out + first, codes, len);
+    return;
+  }
+  // kQuantBlock is even: a block's codes start on a byte.
+  // Whole pairs, then an odd last one: no test in the loop (it vectorizes).
+  uint8_t* p = reinterpret_cast<uint8_t*>(codes_out) + first / 2;
+  const size_t pairs = len / 2;
+  for (size_t k = 0; k < pairs; ++k) {
+    p[k] = static_cast<uint8_t>((static_cast<uint8_t>(codes[2 * k]) & 0x0f) |
+                                (static_cast<uint8_t>(codes[2 * k + 1]) << 4));
+  }
+  if (len % 2 != 0) p[pairs] = static_cast<uint8_t>(codes[len - 1]) & 0x0f;
+}
+
 LOCALSGD_KERNEL
 void EncodeBlocks(absl::Span<const float> values, DType dtype, char* out) {
   const size_t n = values.size();
@@ -116,18 +140,7 @@ void EncodeBlocks(absl::Span<const float> values, DType dtype, char* out) {
     const float scale =
         QuantizeBlock(values.data() + first, len, CodeMax(dtype), codes);
     std::memcpy(out + 4 * b, &scale, 4);
-    if (dtype == DType::kInt8Block) {
-      std::memcpy(codes_out + first, codes, len);
-    } else {
-      // kQuantBlock is even: a block's codes start on a byte.
-      uint8_t* p = reinterpret_cast<uint8_t*>(codes_out) + first / 2;
-      for (size_t i = 0; i < len; i += 2) {
-        const uint8_t lo = static_cast<uint8_t>(codes[i]) & 0x0f;
-        const uint8_t hi =
-            i + 1 < len ? static_cast<uint8_t>(codes[i + 1]) & 0x0f : 0;
-        p[i / 2] = static_cast<uint8_t>(lo | (hi << 4));
-      }
-    }
+    PutCodes(codes, len, dtype, codes_out, first);
   }
 }
 
@@ -671,21 +684,7 @@ void EncodeBlocksWithFeedback(const float* v, float* r, DType dtype, char* out,
       db[i] = dv;
       rb[i] = e[i] - dv;
     }
-    if (dtype == DType::kInt8Block) {
-      std::memcpy(codes_out + first, codes, len);
-    } else {
-      // kQuantBlock is even: a block's codes start on a byte.
-      uint8_t* p = reinterpret_cast<uint8_t*>(codes_out) + first / 2;
-      const size_t pairs = len / 2;
-      for (size_t k = 0; k < pairs; ++k) {
-        p[k] =
-            static_cast<uint8_t>((static_cast<uint8_t>(codes[2 * k]) & 0x0f) |
-                                 (static_cast<uint8_t>(codes[2 * k + 1]) << 4));
-      }
-      if (len % 2 != 0) {
-        p[pairs] = static_cast<uint8_t>(codes[len - 1]) & 0x0f;
-      }
-    }
+    PutCodes(codes, len, dtype, codes_out, first);
   }
 }
 
