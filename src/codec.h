@@ -165,6 +165,16 @@ void AddInPlace(absl::Span<float> acc, absl::Span<const float> values);
 void AddProgress(absl::Span<const float> base, absl::Span<const float> snapshot,
                  absl::Span<float> params);
 
+// The blockwise encoders (EncodeValues, EncodeValuesTo, EncodeWithFeedback
+// for kInt8Block and kInt4Block) run in AVX2 intrinsics where the CPU has
+// AVX2 and in portable loops elsewhere, bit for bit alike (tested), so
+// that members and coordinators on different CPUs compute the same bytes.
+enum class CodecKernels { kPortable, kAvx2 };
+CodecKernels ActiveCodecKernels();
+// Makes every thread use the portable kernels (true) or the CPU's best
+// (false, the default): for the tests and benchmarks that compare them.
+void ForcePortableCodecKernels(bool portable);
+
 // Replaces every value by the nearest value representable in `dtype`
 // (bfloat16: round to nearest even; float32: no-op).
 void RoundTripInPlace(absl::Span<float> values, DType dtype);

@@ -789,5 +789,101 @@ TEST(BlockCodeTest, EncodeWithFeedback_BitForBitItsParts) {
   }
 }
 
+// The AVX2 kernels give the portable loops' bytes and floats, bit for bit,
+// with and without error feedback: blocks of every kind (normal values,
+// values that scale to exactly +-k.5 and to the code limit, +-0 and -0
+// only, subnormals, values near the float32 limit, a NaN, an infinity),
+// whole blocks and a partial last one, and `decoded` in place of `values`.
+TEST(BlockCodeTest, Avx2KernelsMatchPortable_BitForBit) {
+  if (ActiveCodecKernels() != CodecKernels::kAvx2) {
+    GTEST_SKIP() << "this CPU has no AVX2: only the portable kernels run";
+  }
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  // Whole groups of eight blocks and a partial last block; a partial
+  // group; a single block.
+  for (size_t n : {size_t{64 * 24 + 37}, size_t{64 * 11}, size_t{64}}) {
+    std::vector<float> v(n), r(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t block = i / kQuantBlock;
+      const size_t j = i % kQuantBlock;
+      float x = normal(rng);
+      switch (block % 12) {
+        case 1:  // halves after scaling by 127 / 127 and 7 / 7: ties
+          x = j == 0 ? 127.0f
+                     : static_cast<float>(static_cast<int>(j) - 32) + 0.5f;
+          break;
+        case 2:
+          x = j % 2 ? -0.0f : 0.0f;
+          break;
+        case 3:
+          x *= 1e-41f;  // subnormal
+          break;
+        case 4:
+          x *= 3e38f;  // at the float32 limit: the scale saturates
+          break;
+        case 5:
+          if (j == 17) x = std::numeric_limits<float>::quiet_NaN();
+          break;
+        case 6:
+          if (j == 40) x = -std::numeric_limits<float>::infinity();
+          break;
+        case 7:
+          x = j == 3 ? -1.0f : x * 1e-9f;  // one large, the rest round to 0
+          break;
+        case 8:
+          x = -std::fabs(x);  // all negative
+          break;
+        default:
+          x *= std::ldexp(1.0f, static_cast<int>(block % 9) - 4);
+      }
+      v[i] = x;
+      r[i] = (block % 12 == 2) ? 0.0f : normal(rng) * 1e-3f;
+    }
+    for (DType dtype : {DType::kInt8Block, DType::kInt4Block}) {
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " n=", n,
+                                  in_place ? " in place" : ""));
+        struct Out {
+          std::string plain, fed;
+          std::vector<float> decoded, residual;
+        };
+        auto run = [&](bool portable) {
+          ForcePortableCodecKernels(portable);
+          Out o;
+          EncodeValues(v, dtype, &o.plain);
+          o.fed.assign(WireBytes(dtype, n), '\0');
+          o.residual = r;
+          std::vector<float> values = v;
+          o.decoded.assign(n, 0.0f);
+          EncodeWithFeedback(
+              values, absl::MakeSpan(o.residual), dtype, o.fed.data(),
+              in_place ? absl::MakeSpan(values) : absl::MakeSpan(o.decoded));
+          if (in_place) o.decoded = values;
+          ForcePortableCodecKernels(false);
+          return o;
+        };
+        const Out portable = run(true);
+        const Out avx2 = run(false);
+        EXPECT_EQ(avx2.plain, portable.plain);
+        EXPECT_EQ(avx2.fed, portable.fed);
+        EXPECT_EQ(
+            std::memcmp(avx2.decoded.data(), portable.decoded.data(), 4 * n),
+            0);
+        EXPECT_EQ(
+            std::memcmp(avx2.residual.data(), portable.residual.data(), 4 * n),
+            0);
+        // The ties were there to be rounded (not every block scaled to zero).
+        std::vector<float> decoded(n);
+        ASSERT_TRUE(
+            DecodeValues(portable.plain, dtype, absl::MakeSpan(decoded)).ok());
+        if (n > 2 * kQuantBlock) {
+          EXPECT_EQ(decoded[64 + 0], 127.0f);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace localsgd
