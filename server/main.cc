@@ -101,12 +101,15 @@ ABSL_FLAG(bool, keep_freed_memory, true,
           "reuse instead of returning it to the kernel (glibc mallopt; "
           "src/malloc_tuning.h): no page fault per 4 KiB moved. Peak memory "
           "is the same; memory freed after a peak is kept.");
-ABSL_FLAG(int32_t, stream_window_bytes, 0,
-          "HTTP/2 flow-control window per stream. 0: gRPC's window, grown by "
-          "bandwidth probing (rounds over 1 Gbit/s links 10-15% faster than "
-          "with a fixed window; on loopback ~100 MiB more per worker at 25M "
-          "fp32). > 0: fixed at this many bytes, which bounds the memory "
-          "each worker's stream may hold in the coordinator.");
+ABSL_FLAG(int32_t, stream_window_bytes, 8 << 20,
+          "HTTP/2 flow-control window per stream: what each worker's stream "
+          "may hold in the coordinator, so that its memory stays flat in the "
+          "number of workers. Fills a link of rate R when >= R x the round "
+          "trip (8 MiB: 1 Gbit/s up to 60 ms). 0: gRPC's window, grown by "
+          "bandwidth probing without bound: 7% faster rounds where one "
+          "coordinator's 1 Gbit/s link is the bottleneck of an fp32 job, "
+          "but 25-40 MiB more per worker at 25M where the coordinator falls "
+          "behind its links (docs/design.md \"Memory\").");
 ABSL_FLAG(uint32_t, shard_count, 1,
           "Sharded coordinators: the number of replicas that share every job "
           "(chunk i of a layout goes to replica i mod shard_count). Clients "

@@ -38,11 +38,12 @@ struct ServerOptions {
   // Largest gRPC message received or sent. Must hold a chunk:
   // chunk_elements * 4 bytes plus a few bytes of framing.
   int max_message_bytes = 17 << 20;
-  // HTTP/2 flow-control window per stream. 0: gRPC's default, a window
-  // grown by bandwidth probing (faster over real links: bench/README.md).
-  // > 0: fixed, which bounds what each worker can have in flight to the
-  // coordinator (memory flat in the number of workers).
-  int stream_window_bytes = 0;
+  // HTTP/2 flow-control window per stream. > 0: fixed, which bounds what
+  // each worker can have in flight to the coordinator (memory flat in the
+  // number of workers). 0: gRPC's window, grown by bandwidth probing,
+  // without bound where the coordinator falls behind its links
+  // (docs/design.md "Memory").
+  int stream_window_bytes = 8 << 20;
   // If set, jobs are checkpointed here (every new global state, in the
   // background) and restored from here on start, before serving.
   std::string state_dir;
