@@ -15,13 +15,20 @@
 // Before each round a worker overwrites its parameters with values that
 // depend on its rank and the round (outside the timed region), and after the
 // round it checks sampled elements against the expected mean, so a broken
-// average fails the run.
+// average fails the run, and the parent checks that every worker's whole
+// state has the same CRC32C after every round.
 //
 // With --fetch, after the rounds (the workers still members) the late joiner
 // joins and times Client::FetchState of the whole model --fetch_repeats times.
 //
 // With --coordinator_pid, the parent reads the coordinator's VmHWM (peak RSS)
-// from /proc once every child is done.
+// from /proc once every child is done, and its thread and descriptor
+// counts every 100 ms while they run (the largest are reported).
+//
+// With --status_poll_ms, one more child calls GetJobStatus on the (first)
+// coordinator every that many ms from the end of the warm-up round until
+// the last timed round ends, and the summary gives its latencies (what an
+// operator's `localsgdctl status` or dashboard sees while rounds run).
 //
 // With --worker_netns=PREFIX, worker r runs in network namespace PREFIX<r>
 // (bench/netns_scaleout.sh: one host per worker behind a rate-limited link).
@@ -29,15 +36,21 @@
 // Output: a human-readable summary on stderr and one line on stdout:
 //   RESULT world=.. params=.. wire=.. rounds=.. median_s=.. min_s=.. max_s=..
 //          bytes_sent=.. bytes_received=.. fetch_median_s=.. fetch_GBps=..
-//          coordinator_hwm_kib=..
+//          coordinator_hwm_kib=.. [coordinator_threads=.. coordinator_fds=..]
+//          [status_calls=.. status_p50_ms=..
+//          status_p99_ms=.. status_max_ms=.. status_failed=.., and the same
+//          with page_ for --status_page]
 // (bytes_* per worker per round, payload only). Exit status 0 on success, 1 on
 // any failure (a child's error, a wrong average, --timeout).
+#include <dirent.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,6 +74,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -69,6 +83,11 @@
 #include "client/background_sync.h"
 #include "client/client.h"
 #include "glog/logging.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "localsgd/v1/coordinator.grpc.pb.h"
+#include "src/crc32c.h"
 #include "src/layout.h"
 #include "src/malloc_tuning.h"
 #include "src/types.h"
@@ -91,8 +110,22 @@ ABSL_FLAG(bool, fetch, false,
           "After the rounds, time a late joiner's FetchState of the model.");
 ABSL_FLAG(int32_t, fetch_repeats, 3, "FetchState calls the late joiner times.");
 ABSL_FLAG(int64_t, coordinator_pid, 0,
-          "If > 0, report this process's VmHWM (peak RSS) at the end.");
+          "If > 0, report this process's VmHWM (peak RSS) at the end, and its "
+          "most threads and open descriptors while the workers ran.");
 ABSL_FLAG(std::string, job_id, "bench", "Job id.");
+ABSL_FLAG(int32_t, status_poll_ms, 0,
+          "If > 0, a child calls GetJobStatus every this many ms while the "
+          "timed rounds run (plaintext channel to the first coordinator) and "
+          "the summary gives the calls' latencies.");
+ABSL_FLAG(int32_t, worker_nice, 0,
+          "Workers (and the late joiner) run at this nice value (0..19): "
+          "with many workers on the coordinator's own machine, a higher one "
+          "leaves the coordinator and the status poller the CPU they would "
+          "have on a machine of their own.");
+ABSL_FLAG(std::string, status_page, "",
+          "With --status_poll_ms: also GET the status page's JSON "
+          "(http://HOST:PORT/api/v1/status, the coordinator's --http_listen) "
+          "each time, and give its latencies.");
 ABSL_FLAG(absl::Duration, timeout, absl::Minutes(15),
           "Whole-run limit; on expiry every child is killed and the run "
           "fails.");
@@ -196,6 +229,17 @@ struct Shared {
   // Per rank (< 64), the last timed round's phases (SyncOutcome): seconds
   // from the stream's start to its last write, first and last result chunk.
   double upload_s[64];
+  // --status_poll_ms: rank 0 sets warm once its warm-up round is done and
+  // done after its last timed round; the poller's latencies in between.
+  std::atomic<int> warm;
+  std::atomic<int> done;
+  static constexpr int kMaxStatusCalls = 16384;
+  double status_ms[kMaxStatusCalls];
+  int status_calls;
+  int status_errors;
+  double page_ms[kMaxStatusCalls];
+  int page_calls;
+  int page_errors;
   double first_result_s[64];
   double result_s[64];
   // Free-running mode, per rank (< 64): syncs whose contribution counted.
@@ -295,6 +339,12 @@ void Wait(pthread_barrier_t* barrier) { pthread_barrier_wait(barrier); }
   _exit(1);
 }
 
+// Where the workers' per-round state CRC32Cs are: after `times`.
+uint32_t* StateCrcs(const Config& config, double* times) {
+  return reinterpret_cast<uint32_t*>(
+      times + static_cast<size_t>(config.rounds + 1) * config.world);
+}
+
 // One worker process. Returns only by _exit.
 // A worker's start: its network namespace (if any), its client joined and
 // initialized with `params` (rank's values of round 0).
@@ -349,6 +399,8 @@ std::unique_ptr<Client> StartWorker(const Config& config, int rank,
     }
     times[r * config.world + rank] =
         std::chrono::duration<double>(t1 - t0).count();
+    if (rank == 0 && r == 0) shared->warm.store(1);
+    if (rank == 0 && r == config.rounds) shared->done.store(1);
     if (!outcome->contributed || outcome->late ||
         outcome->contributors != static_cast<uint32_t>(config.world)) {
       Fail(shared, who,
@@ -367,6 +419,10 @@ std::unique_ptr<Client> StartWorker(const Config& config, int rank,
                              r, i, params[i], want));
       }
     }
+    // The whole state's CRC32C, which the parent compares across workers.
+    StateCrcs(config, times)[r * config.world + rank] = Crc32c(
+        0, absl::string_view(reinterpret_cast<const char*>(params.data()),
+                             params.size() * sizeof(float)));
     if (rank == 0) {
       shared->bytes_sent = outcome->bytes_sent;
       shared->bytes_received = outcome->bytes_received;
@@ -441,6 +497,8 @@ std::unique_ptr<Client> StartWorker(const Config& config, int rank,
     times[r * config.world + rank] =
         std::chrono::duration<double>(now - round_start).count();
     round_start = now;
+    if (rank == 0 && r == 0) shared->warm.store(1);
+    if (rank == 0 && r == config.rounds) shared->done.store(1);
   }
   if (background.in_flight()) count(background.Finish(absl::MakeSpan(params)));
   if (rank < 64) shared->counted[rank] = counted;
@@ -452,6 +510,84 @@ std::unique_ptr<Client> StartWorker(const Config& config, int rank,
 }
 
 // The late joiner. Returns only by _exit.
+// One GET of http://host:port/api/v1/status over a plain socket (HTTP/1.0:
+// the server closes when done). Whether a 200 came back.
+bool GetStatusPage(const std::string& host_port) {
+  const std::vector<std::string> parts = absl::StrSplit(host_port, ':');
+  if (parts.size() != 2) return false;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(parts[0].c_str(), parts[1].c_str(), &hints, &found) != 0) {
+    return false;
+  }
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool connected =
+      fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0;
+  freeaddrinfo(found);
+  if (!connected) {
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  const std::string request = absl::StrCat(
+      "GET /api/v1/status HTTP/1.0\r\nHost: ", host_port, "\r\n\r\n");
+  bool ok = write(fd, request.data(), request.size()) ==
+            static_cast<ssize_t>(request.size());
+  std::string response;
+  char buffer[65536];
+  for (ssize_t got; ok && (got = read(fd, buffer, sizeof(buffer))) > 0;) {
+    response.append(buffer, static_cast<size_t>(got));
+  }
+  close(fd);
+  return ok && absl::StartsWith(response, "HTTP/1.") &&
+         response.find(" 200 ") != std::string::npos;
+}
+
+// --status_poll_ms: GetJobStatus (and the status page) every that many ms
+// from the end of rank 0's warm-up round to the end of its last round.
+[[noreturn]] void RunStatusPoller(const Config& config, Shared* shared) {
+  const auto every =
+      std::chrono::milliseconds(absl::GetFlag(FLAGS_status_poll_ms));
+  const std::string page = absl::GetFlag(FLAGS_status_page);
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      config.addresses[0], grpc::InsecureChannelCredentials()));
+  while (!shared->warm.load() && !shared->failed.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto ms_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  while (!shared->done.load() && !shared->failed.load()) {
+    v1::GetJobStatusRequest request;
+    request.set_job_id(config.job_id);
+    v1::GetJobStatusResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    auto t0 = Clock::now();
+    const bool ok = stub->GetJobStatus(&context, request, &response).ok();
+    const double ms = ms_since(t0);
+    if (!ok) {
+      ++shared->status_errors;
+    } else if (shared->status_calls < Shared::kMaxStatusCalls) {
+      shared->status_ms[shared->status_calls++] = ms;
+    }
+    if (!page.empty()) {
+      t0 = Clock::now();
+      const bool page_ok = GetStatusPage(page);
+      const double page_ms = ms_since(t0);
+      if (!page_ok) {
+        ++shared->page_errors;
+      } else if (shared->page_calls < Shared::kMaxStatusCalls) {
+        shared->page_ms[shared->page_calls++] = page_ms;
+      }
+    }
+    std::this_thread::sleep_for(every);
+  }
+  _exit(0);
+}
+
 [[noreturn]] void RunFetcher(const Config& config, Shared* shared) {
   const std::string who = "late joiner";
   Wait(&shared->all);  // the workers' rounds are done
@@ -499,20 +635,35 @@ std::unique_ptr<Client> StartWorker(const Config& config, int rank,
 }
 
 // VmHWM of `pid` in KiB, or -1.
-int64_t PeakRssKib(int64_t pid) {
+// The number in the line of /proc/PID/status that starts with `key`, or -1.
+int64_t ProcStatus(int64_t pid, absl::string_view key) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
-      int64_t kib = -1;
+    if (absl::StartsWith(line, key)) {
+      int64_t value = -1;
       std::string digits;
       for (char c : line) {
         if (c >= '0' && c <= '9') digits += c;
       }
-      if (absl::SimpleAtoi(digits, &kib)) return kib;
+      if (absl::SimpleAtoi(digits, &value)) return value;
     }
   }
   return -1;
+}
+
+int64_t PeakRssKib(int64_t pid) { return ProcStatus(pid, "VmHWM:"); }
+
+// The process's open file descriptors, or -1.
+int64_t OpenFds(int64_t pid) {
+  DIR* dir = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (dir == nullptr) return -1;
+  int64_t n = 0;
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n;
 }
 
 double Median(std::vector<double> v) {
@@ -532,9 +683,12 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
     return 2;
   }
   const int children = config.world + (config.fetch ? 1 : 0);
+  const bool poll = absl::GetFlag(FLAGS_status_poll_ms) > 0;
   const size_t times_count =
       static_cast<size_t>(config.rounds + 1) * config.world;
-  const size_t bytes = sizeof(Shared) + times_count * sizeof(double);
+  // times, then each round's CRC32C of each worker's state (barrier mode).
+  const size_t bytes = sizeof(Shared) + times_count * sizeof(double) +
+                       times_count * sizeof(uint32_t);
   void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) {
@@ -555,7 +709,7 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
   std::fflush(nullptr);
   const pid_t parent = getpid();
   std::vector<pid_t> pids;
-  for (int c = 0; c < children; ++c) {
+  for (int c = 0; c < children + (poll ? 1 : 0); ++c) {
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror("sync_bench: fork");
@@ -566,12 +720,18 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);
       if (!verbose) FLAGS_minloglevel = 1;  // warnings and errors only
+      if (c < children && absl::GetFlag(FLAGS_worker_nice) > 0 &&
+          nice(absl::GetFlag(FLAGS_worker_nice)) == -1 && errno != 0) {
+        std::perror("sync_bench: nice");
+        _exit(1);
+      }
       if (c < config.world) {
         if (absl::GetFlag(FLAGS_compute_ms) > 0) {
           RunComputeWorker(config, c, shared, times);
         }
         RunWorker(config, c, shared, times);
       }
+      if (c == children) RunStatusPoller(config, shared);
       RunFetcher(config, shared);
     }
     pids.push_back(pid);
@@ -580,7 +740,11 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
   // Wait for every child; a failure or the timeout kills the rest (they may
   // be blocked at a barrier the failed one will never reach).
   const auto deadline = Clock::now() + absl::ToChronoSeconds(timeout);
-  int alive = children;
+  int alive = children + (poll ? 1 : 0);
+  // The coordinator's most threads and open descriptors while the children
+  // run, sampled every 100 ms.
+  int64_t max_threads = -1, max_fds = -1;
+  auto next_sample = Clock::now();
   bool ok = true;
   std::string why;
   while (alive > 0) {
@@ -607,9 +771,30 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
       }
       break;
     }
+    if (coordinator_pid > 0 && Clock::now() >= next_sample) {
+      max_threads =
+          std::max(max_threads, ProcStatus(coordinator_pid, "Threads:"));
+      max_fds = std::max(max_fds, OpenFds(coordinator_pid));
+      next_sample = Clock::now() + std::chrono::milliseconds(100);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   const int64_t hwm = coordinator_pid > 0 ? PeakRssKib(coordinator_pid) : -1;
+  if (ok && absl::GetFlag(FLAGS_compute_ms) <= 0) {
+    // Every worker holds the same state after every round, bit for bit.
+    const uint32_t* crcs = StateCrcs(config, times);
+    for (int r = 0; ok && r <= config.rounds; ++r) {
+      for (int w = 1; ok && w < config.world; ++w) {
+        if (crcs[r * config.world + w] != crcs[r * config.world]) {
+          ok = false;
+          why = absl::StrFormat(
+              "after round %d worker %d's state (CRC32C %08x) differs from "
+              "worker 0's (%08x)",
+              r, w, crcs[r * config.world + w], crcs[r * config.world]);
+        }
+      }
+    }
+  }
   if (!ok) {
     std::fprintf(stderr, "sync_bench: FAILED: %s\n", why.c_str());
     return 1;
@@ -695,18 +880,55 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
                  model_wire_bytes / 1e6, fetch_median, fetch_gbps);
   }
   if (hwm >= 0) {
-    std::fprintf(stderr, "sync_bench: coordinator %lld peak RSS %.1f MiB\n",
-                 static_cast<long long>(coordinator_pid), hwm / 1024.0);
+    std::fprintf(stderr,
+                 "sync_bench: coordinator %lld peak RSS %.1f MiB, at most %lld "
+                 "threads and %lld open descriptors\n",
+                 static_cast<long long>(coordinator_pid), hwm / 1024.0,
+                 static_cast<long long>(max_threads),
+                 static_cast<long long>(max_fds));
   }
   std::printf(
       "RESULT world=%d params=%lld wire=%s rounds=%d median_s=%.6f "
       "min_s=%.6f max_s=%.6f bytes_sent=%llu bytes_received=%llu "
-      "fetch_median_s=%.6f fetch_GBps=%.4f coordinator_hwm_kib=%lld\n",
+      "fetch_median_s=%.6f fetch_GBps=%.4f coordinator_hwm_kib=%lld",
       config.world, static_cast<long long>(config.params),
       std::string(DTypeName(config.wire)).c_str(), config.rounds, median, min,
       max, static_cast<unsigned long long>(shared->bytes_sent),
       static_cast<unsigned long long>(shared->bytes_received), fetch_median,
       fetch_gbps, static_cast<long long>(hwm));
+  if (coordinator_pid > 0) {
+    std::printf(" coordinator_threads=%lld coordinator_fds=%lld",
+                static_cast<long long>(max_threads),
+                static_cast<long long>(max_fds));
+  }
+  if (poll) {
+    // Latencies of the polls: calls, p50, p99, max (ms), and the failures.
+    auto report = [](const char* what, double* ms, int calls, int errors) {
+      std::vector<double> v(ms, ms + calls);
+      std::sort(v.begin(), v.end());
+      auto at = [&](double q) {
+        if (v.empty()) return 0.0;
+        const size_t i = static_cast<size_t>(std::ceil(q * v.size()));
+        return v[std::min(v.size() - 1, i == 0 ? 0 : i - 1)];
+      };
+      std::fprintf(stderr,
+                   "sync_bench: %s while rounds ran: %d calls, p50 %.1f ms, "
+                   "p99 %.1f ms, max %.1f ms, %d failed\n",
+                   what, calls, at(0.5), at(0.99), v.empty() ? 0.0 : v.back(),
+                   errors);
+      std::printf(
+          " %s_calls=%d %s_p50_ms=%.2f %s_p99_ms=%.2f %s_max_ms=%.2f "
+          "%s_failed=%d",
+          what, calls, what, at(0.5), what, at(0.99), what,
+          v.empty() ? 0.0 : v.back(), what, errors);
+    };
+    report("status", shared->status_ms, shared->status_calls,
+           shared->status_errors);
+    if (!absl::GetFlag(FLAGS_status_page).empty()) {
+      report("page", shared->page_ms, shared->page_calls, shared->page_errors);
+    }
+  }
+  std::printf("\n");
   return 0;
 }
 

@@ -31,6 +31,8 @@
 #   WORLDS ["2 4 8"]  MILLIONS ["10 25"]  WIRES ["float32 bfloat16"]
 #   RSS_WORLDS ["4 8 16 32"]  RSS_MILLIONS [25]  RSS_ROUNDS [2]
 #   PEER [1]            0: skip the peer (its columns show "-")
+#   PEER_MAX_WORLD [64] the peer runs only up to this WORLD (a process of
+#                       PyTorch per rank: 256 of them do not fit in 24 GiB)
 #   PEER_SCRIPT [<repo>/../shared/bench/peer_accelerate_localsgd.py]
 #   FETCH [1]           0: no late-joiner fetch measurement
 #   REDUCER [1]         0: skip the reducer benchmark
@@ -69,6 +71,7 @@ WIRES=${WIRES:-float32 bfloat16}
 RSS_MILLIONS=${RSS_MILLIONS:-25}
 RSS_ROUNDS=${RSS_ROUNDS:-2}
 PEER=${PEER:-1}
+PEER_MAX_WORLD=${PEER_MAX_WORLD:-64}
 PEER_SCRIPT=${PEER_SCRIPT:-$REPO/../shared/bench/peer_accelerate_localsgd.py}
 FETCH=${FETCH:-1}
 REDUCER=${REDUCER:-1}
@@ -272,7 +275,7 @@ fi
 # --- 3. the grid ---------------------------------------------------------------
 for world in $WORLDS; do
   for millions in $MILLIONS; do
-    if ((PEER)); then run_peer "$world" "$millions"; fi
+    if ((PEER && world <= PEER_MAX_WORLD)); then run_peer "$world" "$millions"; fi
     for wire in $WIRES; do
       run_ours grid "$world" "$millions" "$wire" "$ROUNDS" "$FETCH"
     done
