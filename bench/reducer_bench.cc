@@ -23,6 +23,10 @@
 //    256Ki and 1Mi the 17 bytes each element moves come from L3 and memory. The
 //    *Portable twins run the portable loops instead of the AVX2 kernels
 //    (what a CPU without AVX2 gets; same bytes).
+//  - EncodeDelta{Int8,Int4}: a member's upload, params - anchor encoded with
+//    feedback in one pass (EncodeDeltaWithFeedback: 17 bytes moved per
+//    element), and *TwoSteps, the SubtractTo + EncodeWithFeedback it
+//    replaces (29 bytes); items/s.
 //  - Crc32c (every chunk, both sides, src/crc32c.h) and its table-driven
 //    fallback Crc32cPortable: the fp32 chunk's bytes.
 //  - Memcpy/<bytes>: the same bytes copied between two reused buffers; the
@@ -129,6 +133,45 @@ void BM_EncodeFeedbackPortable(benchmark::State& state) {
   BM_EncodeFeedback<kWire>(state);
   ForcePortableCodecKernels(false);
 }
+// A member's upload of a delta: params - anchor encoded with feedback, in
+// one pass (EncodeDeltaWithFeedback) or in the two steps it replaces
+// (SubtractTo into a buffer, then EncodeWithFeedback).
+template <DType kWire, bool kOnePass>
+void BM_EncodeDelta(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  const std::vector<float> anchor = Values(n);
+  std::vector<float> params = anchor;
+  for (size_t i = 0; i < n; ++i) params[i] += 1e-3f * anchor[(i * 7) % n];
+  std::vector<float> residual(n, 0.0f), delta(n), decoded(n);
+  std::string out(WireBytes(kWire, n), '\0');
+  for (auto _ : state) {
+    if (kOnePass) {
+      EncodeDeltaWithFeedback(params, anchor, absl::MakeSpan(residual), kWire,
+                              out.data());
+    } else {
+      SubtractTo(params, anchor, reinterpret_cast<char*>(delta.data()));
+      EncodeWithFeedback(delta, absl::MakeSpan(residual), kWire, out.data(),
+                         absl::MakeSpan(decoded));
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) *
+                          state.range(0));
+}
+void BM_EncodeDeltaInt8(benchmark::State& state) {
+  BM_EncodeDelta<DType::kInt8Block, true>(state);
+}
+void BM_EncodeDeltaInt8TwoSteps(benchmark::State& state) {
+  BM_EncodeDelta<DType::kInt8Block, false>(state);
+}
+void BM_EncodeDeltaInt4(benchmark::State& state) {
+  BM_EncodeDelta<DType::kInt4Block, true>(state);
+}
+void BM_EncodeDeltaInt4TwoSteps(benchmark::State& state) {
+  BM_EncodeDelta<DType::kInt4Block, false>(state);
+}
+
 void BM_EncodeFeedbackBf16(benchmark::State& state) {
   BM_EncodeFeedback<DType::kBFloat16>(state);
 }
@@ -244,6 +287,10 @@ BENCHMARK(BM_AccumulateInt4Weighted)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_EncodeFeedbackBf16)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_EncodeFeedbackInt8)->Arg(k64K)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_EncodeFeedbackInt4)->Arg(k64K)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_EncodeDeltaInt8)->Arg(k64K)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_EncodeDeltaInt8TwoSteps)->Arg(k64K)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_EncodeDeltaInt4)->Arg(k64K)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_EncodeDeltaInt4TwoSteps)->Arg(k64K)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_EncodeFeedbackInt8Portable)->Arg(k64K)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_EncodeFeedbackInt4Portable)->Arg(k64K)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_FinalizeFp32)->Arg(k256K)->Arg(k1M);

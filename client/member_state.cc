@@ -86,15 +86,19 @@ void MemberState::EncodeDelta(uint32_t c, absl::Span<const float> params,
     SubtractTo(params, anchor, out);
     return;
   }
+  const absl::Span<float> residual =
+      residual_next_.empty() ? absl::Span<float>()
+                             : absl::MakeSpan(residual_next_)
+                                   .subspan(local_.Offset(c), params.size());
+  if (IsBlockDType(wire_) && !residual.empty()) {
+    // The delta and its encoding in one pass, nothing kept but the residual.
+    EncodeDeltaWithFeedback(params, anchor, residual, wire_, out);
+    return;
+  }
   delta_.resize(params.size());
   SubtractTo(params, anchor, reinterpret_cast<char*>(delta_.data()));
   decoded_.resize(params.size());
-  EncodeWithFeedback(delta_,
-                     residual_next_.empty()
-                         ? absl::Span<float>()
-                         : absl::MakeSpan(residual_next_)
-                               .subspan(local_.Offset(c), params.size()),
-                     wire_, out, absl::MakeSpan(decoded_));
+  EncodeWithFeedback(delta_, residual, wire_, out, absl::MakeSpan(decoded_));
 }
 
 absl::Span<float> MemberState::ResultSlice(uint32_t j) {

@@ -163,20 +163,26 @@ __attribute__((always_inline))
 #endif
 inline void
 EncodeBlockWithFeedback(const float* v, float* r, DType dtype, char* out,
-                        char* codes_out, float* d, size_t b, size_t len) {
+                        char* codes_out, float* d, size_t b, size_t len,
+                        const float* a = nullptr) {
   const size_t first = b * kQuantBlock;
   float e[kQuantBlock];
   int8_t codes[kQuantBlock];
   const float* vb = v + first;
   float* rb = r + first;
-  float* db = d + first;
-  for (size_t i = 0; i < len; ++i) e[i] = vb[i] + rb[i];
+  if (a != nullptr) {
+    // The delta v - a (SubtractTo's float32 difference), then + r.
+    const float* ab = a + first;
+    for (size_t i = 0; i < len; ++i) e[i] = (vb[i] - ab[i]) + rb[i];
+  } else {
+    for (size_t i = 0; i < len; ++i) e[i] = vb[i] + rb[i];
+  }
   const float scale = QuantizeBlock(e, len, CodeMax(dtype), codes);
   std::memcpy(out + 4 * b, &scale, 4);
   const float s = 1.0f * scale;  // DecodeBlocksImpl's weight * scale
   for (size_t i = 0; i < len; ++i) {
     const float dv = s * static_cast<float>(codes[i]);
-    db[i] = dv;
+    if (d != nullptr) d[first + i] = dv;
     rb[i] = e[i] - dv;
   }
   PutCodes(codes, len, dtype, codes_out, first);
@@ -201,17 +207,38 @@ EncodeBlockWithFeedback(const float* v, float* r, DType dtype, char* out,
 //    portable code adds +0.5 to -0.0 where this adds -0.5: both truncate
 //    to the code 0, and everything else follows from the code).
 static_assert(kQuantBlock == 64, "the AVX2 kernels hold a block in 8 x 8");
+// What a block's values e are: v; v + r (error feedback: the decoded
+// values go to d, what they lost to r); (v - a) + r (a delta against a,
+// with feedback, nothing decoded kept).
+enum class Source { kValues, kFeedback, kDelta };
 constexpr size_t kGroupBlocks = 8;  // blocks whose scales share a division
+
+// Eight values e of a block from element `at` (see Source).
+template <Source kSource>
+__attribute__((target("avx2"))) inline __m256 LoadAvx2(const float* v,
+                                                       const float* a,
+                                                       const float* r,
+                                                       size_t at) {
+  __m256 e = _mm256_loadu_ps(v + at);
+  if (kSource == Source::kDelta) {
+    e = _mm256_sub_ps(e, _mm256_loadu_ps(a + at));
+  }
+  if (kSource != Source::kValues) {
+    e = _mm256_add_ps(e, _mm256_loadu_ps(r + at));
+  }
+  return e;
+}
 
 // The codes of the block at v (+ r with feedback; finite, scaled by
 // `inv`, the reciprocal of its scale `s`) at `codes_out` (int8: 64 bytes;
 // int4: 32), and with feedback what they decode to in d and the residual
 // e - decoded in r. One register of values at a time, start to end (so
 // that d may be v).
-template <bool kFeedback>
+template <Source kSource>
 __attribute__((target("avx2"))) inline void QuantizeBlockAvx2(
-    const float* v, float* r, __m256 inv, __m256 s, DType dtype,
+    const float* v, const float* a, float* r, __m256 inv, __m256 s, DType dtype,
     char* codes_out, float* d) {
+  constexpr bool kFeedback = kSource != Source::kValues;
   const float max_code = static_cast<float>(CodeMax(dtype));
   const __m256 lim = _mm256_set1_ps(max_code);
   const __m256 neg_lim = _mm256_set1_ps(-max_code);
@@ -225,15 +252,14 @@ __attribute__((target("avx2"))) inline void QuantizeBlockAvx2(
     __m256i q[4];
     for (int k = 0; k < 4; ++k) {
       const int at = 32 * h + 8 * k;
-      __m256 e = _mm256_loadu_ps(v + at);
-      if (kFeedback) e = _mm256_add_ps(e, _mm256_loadu_ps(r + at));
+      const __m256 e = LoadAvx2<kSource>(v, a, r, at);
       __m256 x = _mm256_mul_ps(e, inv);
       x = _mm256_min_ps(_mm256_max_ps(x, neg_lim), lim);
       x = _mm256_add_ps(x, _mm256_or_ps(_mm256_and_ps(x, sign), half));
       q[k] = _mm256_cvttps_epi32(x);
       if (kFeedback) {
         const __m256 decoded = _mm256_mul_ps(s, _mm256_cvtepi32_ps(q[k]));
-        _mm256_storeu_ps(d + at, decoded);
+        if (kSource == Source::kFeedback) _mm256_storeu_ps(d + at, decoded);
         _mm256_storeu_ps(r + at, _mm256_sub_ps(e, decoded));
       }
     }
@@ -277,12 +303,10 @@ __attribute__((target("avx2"))) inline __m256i PairMaxAvx2(__m256i a,
 // The `count` (1..8) whole blocks from block `first_block`: their scales from
 // one division for all, the codes and (with feedback) decoded values and
 // residuals of every block but those the portable code takes.
-template <bool kFeedback>
-__attribute__((target("avx2"))) void EncodeGroupAvx2(const float* v, float* r,
-                                                     DType dtype, char* out,
-                                                     char* codes_out, float* d,
-                                                     size_t first_block,
-                                                     size_t count) {
+template <Source kSource>
+__attribute__((target("avx2"))) void EncodeGroupAvx2(
+    const float* v, const float* a, float* r, DType dtype, char* out,
+    char* codes_out, float* d, size_t first_block, size_t count) {
   // The bits of each block's largest |e|, lane j for block j.
   const __m256i abs_bits = _mm256_set1_epi32(0x7fffffff);
   __m256i m[kGroupBlocks];
@@ -291,8 +315,7 @@ __attribute__((target("avx2"))) void EncodeGroupAvx2(const float* v, float* r,
     if (j >= count) continue;
     const size_t first = (first_block + j) * kQuantBlock;
     for (size_t k = 0; k < kQuantBlock; k += 8) {
-      __m256 e = _mm256_loadu_ps(v + first + k);
-      if (kFeedback) e = _mm256_add_ps(e, _mm256_loadu_ps(r + first + k));
+      const __m256 e = LoadAvx2<kSource>(v, a, r, first + k);
       m[j] = _mm256_max_epi32(
           m[j], _mm256_and_si256(_mm256_castps_si256(e), abs_bits));
     }
@@ -328,8 +351,9 @@ __attribute__((target("avx2"))) void EncodeGroupAvx2(const float* v, float* r,
     const size_t b = first_block + j;
     const size_t first = b * kQuantBlock;
     if (special >> j & 1u) {
-      if (kFeedback) {
-        EncodeBlockWithFeedback(v, r, dtype, out, codes_out, d, b, kQuantBlock);
+      if (kSource != Source::kValues) {
+        EncodeBlockWithFeedback(v, r, dtype, out, codes_out, d, b, kQuantBlock,
+                                a);
       } else {
         int8_t codes[kQuantBlock];
         const float s =
@@ -340,31 +364,34 @@ __attribute__((target("avx2"))) void EncodeGroupAvx2(const float* v, float* r,
       continue;
     }
     std::memcpy(out + 4 * b, &scales[j], 4);
-    QuantizeBlockAvx2<kFeedback>(
-        v + first, kFeedback ? r + first : nullptr,
-        _mm256_broadcast_ss(&invs[j]), _mm256_broadcast_ss(&scales[j]), dtype,
+    QuantizeBlockAvx2<kSource>(
+        v + first, a == nullptr ? nullptr : a + first,
+        r == nullptr ? nullptr : r + first, _mm256_broadcast_ss(&invs[j]),
+        _mm256_broadcast_ss(&scales[j]), dtype,
         codes_out + (dtype == DType::kInt8Block ? first : first / 2),
-        kFeedback ? d + first : nullptr);
+        d == nullptr ? nullptr : d + first);
   }
 }
 
-// The n values' payload; with feedback (r non-null) also d and r as
-// EncodeBlocksWithFeedbackPortable writes them.
-template <bool kFeedback>
-__attribute__((target("avx2"))) void EncodeBlocksAvx2(const float* v, float* r,
+// The n values' payload; with feedback also r (and d for kFeedback) as
+// the portable code writes them.
+template <Source kSource>
+__attribute__((target("avx2"))) void EncodeBlocksAvx2(const float* v,
+                                                      const float* a, float* r,
                                                       DType dtype, char* out,
                                                       float* d, size_t n) {
   const size_t blocks = NumBlocks(n);
   const size_t whole = n / kQuantBlock;
   char* codes_out = out + 4 * blocks;
   for (size_t b = 0; b < whole; b += kGroupBlocks) {
-    EncodeGroupAvx2<kFeedback>(v, r, dtype, out, codes_out, d, b,
-                               std::min(kGroupBlocks, whole - b));
+    EncodeGroupAvx2<kSource>(v, a, r, dtype, out, codes_out, d, b,
+                             std::min(kGroupBlocks, whole - b));
   }
   if (whole == blocks) return;
   const size_t first = whole * kQuantBlock;
-  if (kFeedback) {
-    EncodeBlockWithFeedback(v, r, dtype, out, codes_out, d, whole, n - first);
+  if (kSource != Source::kValues) {
+    EncodeBlockWithFeedback(v, r, dtype, out, codes_out, d, whole, n - first,
+                            a);
   } else {
     int8_t codes[kQuantBlock];
     const float s = QuantizeBlock(v + first, n - first, CodeMax(dtype), codes);
@@ -395,8 +422,8 @@ void EncodeBlocksPortable(absl::Span<const float> values, DType dtype,
 void EncodeBlocks(absl::Span<const float> values, DType dtype, char* out) {
 #if LOCALSGD_AVX2_KERNELS
   if (UseAvx2()) {
-    EncodeBlocksAvx2<false>(values.data(), nullptr, dtype, out, nullptr,
-                            values.size());
+    EncodeBlocksAvx2<Source::kValues>(values.data(), nullptr, nullptr, dtype,
+                                      out, nullptr, values.size());
     return;
   }
 #endif
@@ -929,7 +956,7 @@ void EncodeBlocksWithFeedback(const float* v, float* r, DType dtype, char* out,
                               float* d, size_t n) {
 #if LOCALSGD_AVX2_KERNELS
   if (UseAvx2()) {
-    EncodeBlocksAvx2<true>(v, r, dtype, out, d, n);
+    EncodeBlocksAvx2<Source::kFeedback>(v, nullptr, r, dtype, out, d, n);
     return;
   }
 #endif
@@ -974,6 +1001,37 @@ void EncodeWithFeedback(absl::Span<const float> values,
       r[first + i] = e[i] - d[first + i];
     }
   }
+}
+
+namespace {
+
+LOCALSGD_KERNEL
+void EncodeBlocksDeltaPortable(const float* p, const float* a, float* r,
+                               DType dtype, char* out, size_t n) {
+  const size_t blocks = NumBlocks(n);
+  char* codes_out = out + 4 * blocks;
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t len = std::min(kQuantBlock, n - b * kQuantBlock);
+    EncodeBlockWithFeedback(p, r, dtype, out, codes_out, nullptr, b, len, a);
+  }
+}
+
+}  // namespace
+
+void EncodeDeltaWithFeedback(absl::Span<const float> params,
+                             absl::Span<const float> anchor,
+                             absl::Span<float> residual, DType dtype,
+                             char* out) {
+  const size_t n = params.size();
+#if LOCALSGD_AVX2_KERNELS
+  if (UseAvx2()) {
+    EncodeBlocksAvx2<Source::kDelta>(params.data(), anchor.data(),
+                                     residual.data(), dtype, out, nullptr, n);
+    return;
+  }
+#endif
+  EncodeBlocksDeltaPortable(params.data(), anchor.data(), residual.data(),
+                            dtype, out, n);
 }
 
 CodecKernels ActiveCodecKernels() {

@@ -104,6 +104,16 @@ void EncodeWithFeedback(absl::Span<const float> values,
                         absl::Span<float> residual, DType dtype, char* out,
                         absl::Span<float> decoded);
 
+// EncodeWithFeedback of the delta params - anchor in a blockwise dtype
+// (kInt8Block, kInt4Block) with a residual, in one pass and without the
+// delta or its decoding in memory: bit for bit SubtractTo(params, anchor)
+// then EncodeWithFeedback of that delta (a member's upload). All spans
+// hold n values; `out` holds WireBytes(dtype, n) bytes.
+void EncodeDeltaWithFeedback(absl::Span<const float> params,
+                             absl::Span<const float> anchor,
+                             absl::Span<float> residual, DType dtype,
+                             char* out);
+
 // out[i] = base[i] + value(data, i) for every i, in one pass: a delta
 // decoded onto the state it is against, bit for bit base + DecodeValues.
 // `out` may be `base`. INVALID_ARGUMENT, changing nothing, if `data` does

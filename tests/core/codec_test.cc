@@ -885,5 +885,55 @@ TEST(BlockCodeTest, Avx2KernelsMatchPortable_BitForBit) {
   }
 }
 
+// A member's upload in one pass: the delta params - anchor encoded with
+// feedback gives SubtractTo then EncodeWithFeedback's bytes and residual,
+// bit for bit, with either set of kernels: blocks of every kind (a NaN, an
+// infinity minus itself, zeros, subnormal and huge deltas), whole groups
+// of blocks, a partial group and a partial last block.
+TEST(BlockCodeTest, EncodeDeltaWithFeedback_BitForBitSubtractThenEncode) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (DType dtype : {DType::kInt8Block, DType::kInt4Block}) {
+    for (size_t n : {size_t{64 * 19 + 9}, size_t{64 * 8}, size_t{5}}) {
+      std::vector<float> params(n), anchor(n), r(n);
+      for (size_t i = 0; i < n; ++i) {
+        const size_t block = i / kQuantBlock;
+        anchor[i] = normal(rng);
+        const float step = block % 6 == 1   ? 1e-41f
+                           : block % 6 == 2 ? 1e30f
+                           : block % 6 == 3 ? 0.0f
+                                            : 1e-3f;
+        params[i] = anchor[i] + normal(rng) * step;
+        r[i] = block % 6 == 3 ? 0.0f : normal(rng) * 1e-4f;
+      }
+      if (n > 6 * kQuantBlock) {
+        params[4 * kQuantBlock + 2] = std::numeric_limits<float>::quiet_NaN();
+        params[5 * kQuantBlock + 7] = std::numeric_limits<float>::infinity();
+        anchor[5 * kQuantBlock + 7] = std::numeric_limits<float>::infinity();
+      }
+      for (bool portable : {true, false}) {
+        if (!portable && ActiveCodecKernels() != CodecKernels::kAvx2) continue;
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " n=", n,
+                                  portable ? " portable" : " avx2"));
+        ForcePortableCodecKernels(portable);
+        // The two steps.
+        std::vector<float> delta(n), decoded(n), want_residual = r;
+        SubtractTo(params, anchor, reinterpret_cast<char*>(delta.data()));
+        std::string want(WireBytes(dtype, n), '\0');
+        EncodeWithFeedback(delta, absl::MakeSpan(want_residual), dtype,
+                           want.data(), absl::MakeSpan(decoded));
+        // The one pass.
+        std::vector<float> residual = r;
+        std::string got(WireBytes(dtype, n), '\0');
+        EncodeDeltaWithFeedback(params, anchor, absl::MakeSpan(residual), dtype,
+                                got.data());
+        ForcePortableCodecKernels(false);
+        EXPECT_EQ(got, want);
+        EXPECT_EQ(std::memcmp(residual.data(), want_residual.data(), 4 * n), 0);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace localsgd
