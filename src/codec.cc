@@ -648,12 +648,28 @@ float MaxAbs(absl::string_view data, DType dtype) {
     }
     return max;
   }
+  // Eight lanes (a max is exact in any order, so the loop vectorizes
+  // without reassociating a reduction), then across them. A NaN is passed
+  // over, as by std::max(max, NaN).
+  constexpr size_t kLanes = 8;
+  float lanes[kLanes] = {};
   const size_t n = data.size() / 4;
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t k = 0; k < kLanes; ++k) {
+      float v;
+      std::memcpy(&v, p + 4 * (i + k), 4);
+      const float a = std::fabs(v);
+      lanes[k] = a > lanes[k] ? a : lanes[k];
+    }
+  }
+  for (; i < n; ++i) {
     float v;
     std::memcpy(&v, p + 4 * i, 4);
-    max = std::max(max, std::fabs(v));
+    const float a = std::fabs(v);
+    lanes[0] = a > lanes[0] ? a : lanes[0];
   }
+  for (size_t k = 0; k < kLanes; ++k) max = lanes[k] > max ? lanes[k] : max;
   return max;
 }
 

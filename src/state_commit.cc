@@ -34,17 +34,19 @@ std::unique_ptr<AveragingRule> RuleFor(const JobSettings& settings) {
   return *std::move(rule);
 }
 
+// Float32 values as the bytes of a float32 payload, for the codec's
+// vectorized scans (FirstNonFinite, MaxAbs).
+absl::string_view BytesOf(absl::Span<const float> values) {
+  return absl::string_view(reinterpret_cast<const char*>(values.data()),
+                           values.size() * sizeof(float));
+}
+
 bool AllFinite(absl::Span<const float> values) {
-  for (float v : values) {
-    if (!std::isfinite(v)) return false;
-  }
-  return true;
+  return FirstNonFinite(BytesOf(values), DType::kFloat32) < 0;
 }
 
 float MaxAbsOf(absl::Span<const float> values) {
-  float max = 0.0f;
-  for (float v : values) max = std::max(max, std::fabs(v));
-  return max;
+  return MaxAbs(BytesOf(values), DType::kFloat32);
 }
 
 float MaxAbsOf(const std::vector<float>& from, size_t offset, size_t len) {
