@@ -170,6 +170,7 @@ EncodeBlockWithFeedback(const float* v, float* r, DType dtype, char* out,
   int8_t codes[kQuantBlock];
   const float* vb = v + first;
   float* rb = r + first;
+  // Two copies of each loop, not a test inside one: they vectorize.
   if (a != nullptr) {
     // The delta v - a (SubtractTo's float32 difference), then + r.
     const float* ab = a + first;
@@ -180,10 +181,17 @@ EncodeBlockWithFeedback(const float* v, float* r, DType dtype, char* out,
   const float scale = QuantizeBlock(e, len, CodeMax(dtype), codes);
   std::memcpy(out + 4 * b, &scale, 4);
   const float s = 1.0f * scale;  // DecodeBlocksImpl's weight * scale
-  for (size_t i = 0; i < len; ++i) {
-    const float dv = s * static_cast<float>(codes[i]);
-    if (d != nullptr) d[first + i] = dv;
-    rb[i] = e[i] - dv;
+  if (d != nullptr) {
+    float* db = d + first;
+    for (size_t i = 0; i < len; ++i) {
+      const float dv = s * static_cast<float>(codes[i]);
+      db[i] = dv;
+      rb[i] = e[i] - dv;
+    }
+  } else {
+    for (size_t i = 0; i < len; ++i) {
+      rb[i] = e[i] - s * static_cast<float>(codes[i]);
+    }
   }
   PutCodes(codes, len, dtype, codes_out, first);
 }
