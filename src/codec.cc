@@ -336,10 +336,13 @@ __attribute__((target("avx2"))) void EncodeGroupAvx2(
       _mm256_max_epi32(_mm256_permute2x128_si256(m0123, m4567, 0x20),
                        _mm256_permute2x128_si256(m0123, m4567, 0x31));
   // Blocks the portable code takes: Inf or NaN (bits above float max), all
-  // zeros, beyond `count`.
+  // zeros, beyond `count`. Zero by a float compare, as the portable code
+  // finds it: where the thread treats subnormals as zero (DAZ), a block of
+  // subnormals is all zeros to both.
   const __m256i special_lanes = _mm256_or_si256(
       _mm256_cmpgt_epi32(max_bits, _mm256_set1_epi32(0x7f7fffff)),
-      _mm256_cmpeq_epi32(max_bits, _mm256_setzero_si256()));
+      _mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(max_bits),
+                                        _mm256_setzero_ps(), _CMP_EQ_OQ)));
   const unsigned special = static_cast<unsigned>(_mm256_movemask_ps(
                                _mm256_castsi256_ps(special_lanes))) |
                            (0xffu << count & 0xffu);
