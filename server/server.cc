@@ -202,11 +202,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   if (options.stream_window_bytes > 0) {
-    // A fixed window, no bandwidth-delay probe: on loopback the probe lets
-    // every worker park ~100 MiB in the coordinator (peak RSS 912 MiB at 4
-    // workers x 100 MB against 430 MiB with a fixed 4 MiB window), but
-    // over 1 Gbit/s links rounds with it are 10-15% faster at no memory
-    // cost (docs/design.md "Memory"), hence the default 0.
+    // A fixed window, no bandwidth-delay probe: the probe grows the window
+    // with the link's bandwidth, not with how fast the coordinator reads,
+    // so where its CPU is the bottleneck every worker parks 25-40 MiB in
+    // it (25M fp32); a fixed window keeps memory flat in the workers
+    // (docs/design.md "Memory"), hence the default 8 MiB.
     builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
                                options.stream_window_bytes);
