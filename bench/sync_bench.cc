@@ -51,6 +51,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -509,7 +510,6 @@ std::unique_ptr<Client> StartWorker(const Config& config, int rank,
   _exit(0);
 }
 
-// The late joiner. Returns only by _exit.
 // One GET of http://host:port/api/v1/status over a plain socket (HTTP/1.0:
 // the server closes when done). Whether a 200 came back.
 bool GetStatusPage(const std::string& host_port) {
@@ -523,8 +523,13 @@ bool GetStatusPage(const std::string& host_port) {
     return false;
   }
   const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // A page that never answers fails the call, not the run.
+  const timeval timeout{5, 0};
   const bool connected =
-      fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0;
+      fd >= 0 &&
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout)) == 0 &&
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout)) == 0 &&
+      connect(fd, found->ai_addr, found->ai_addrlen) == 0;
   freeaddrinfo(found);
   if (!connected) {
     if (fd >= 0) close(fd);
@@ -588,6 +593,7 @@ bool GetStatusPage(const std::string& host_port) {
   _exit(0);
 }
 
+// The late joiner. Returns only by _exit.
 [[noreturn]] void RunFetcher(const Config& config, Shared* shared) {
   const std::string who = "late joiner";
   Wait(&shared->all);  // the workers' rounds are done
@@ -720,8 +726,10 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);
       if (!verbose) FLAGS_minloglevel = 1;  // warnings and errors only
+      // nice() may return -1 on success: errno tells.
       if (c < children && absl::GetFlag(FLAGS_worker_nice) > 0 &&
-          nice(absl::GetFlag(FLAGS_worker_nice)) == -1 && errno != 0) {
+          (errno = 0, nice(absl::GetFlag(FLAGS_worker_nice))) == -1 &&
+          errno != 0) {
         std::perror("sync_bench: nice");
         _exit(1);
       }
