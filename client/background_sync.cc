@@ -25,6 +25,7 @@ BackgroundSync::~BackgroundSync() {
 
 void BackgroundSync::Loop() {
   while (true) {
+    SyncWork said;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
@@ -35,16 +36,18 @@ void BackgroundSync::Loop() {
       // A sync in flight finishes before the thread stops (the destructor
       // waits for it).
       if (!work_) return;
+      said = said_;
     }
     absl::StatusOr<SyncOutcome> outcome =
-        client_->Sync(absl::MakeSpan(buffer_));
+        client_->Sync(absl::MakeSpan(buffer_), said);
     absl::MutexLock lock(&mu_);
     work_ = false;
     result_ = std::move(outcome);
   }
 }
 
-absl::Status BackgroundSync::Start(absl::Span<const float> params) {
+absl::Status BackgroundSync::Start(absl::Span<const float> params,
+                                   SyncWork work) {
   if (in_flight_) {
     return absl::FailedPreconditionError(
         "BackgroundSync::Start with a sync in flight; Finish it first");
@@ -59,6 +62,7 @@ absl::Status BackgroundSync::Start(absl::Span<const float> params) {
   in_flight_ = true;
   absl::MutexLock lock(&mu_);
   result_.reset();
+  said_ = work;
   work_ = true;
   return absl::OkStatus();
 }

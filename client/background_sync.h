@@ -53,7 +53,8 @@ class BackgroundSync {
   // Copies `params` (the snapshot) and starts client->Sync of them on the
   // sync thread. FAILED_PRECONDITION if a sync is in flight (Finish it
   // first); INVALID_ARGUMENT if the size is not the client's.
-  absl::Status Start(absl::Span<const float> params);
+  // `work`: as Client::Sync's.
+  absl::Status Start(absl::Span<const float> params, SyncWork work = {});
 
   // Whether a sync was started and not yet finished.
   bool in_flight() const { return in_flight_; }
@@ -85,6 +86,8 @@ class BackgroundSync {
 
   mutable absl::Mutex mu_;
   bool work_ ABSL_GUARDED_BY(mu_) = false;
+  // What the sync in flight says of its contribution.
+  SyncWork said_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<absl::StatusOr<SyncOutcome>> result_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

@@ -312,7 +312,8 @@ absl::StatusOr<RoundId> Client::FetchState(absl::Span<float> params) {
   return state_round();
 }
 
-absl::StatusOr<SyncOutcome> Client::Sync(absl::Span<float> params) {
+absl::StatusOr<SyncOutcome> Client::Sync(absl::Span<float> params,
+                                         SyncWork work) {
   if (!joined_) return absl::FailedPreconditionError("Sync before Join");
   if (params.size() != info_.num_elements) {
     return absl::InvalidArgumentError(
@@ -325,7 +326,7 @@ absl::StatusOr<SyncOutcome> Client::Sync(absl::Span<float> params) {
   if (absl::Status s = ForEachReplica([&](Replica& r) -> absl::Status {
         const size_t i =
             std::find(index.begin(), index.end(), &r) - index.begin();
-        absl::StatusOr<SyncOutcome> o = r.Sync(layout_, params);
+        absl::StatusOr<SyncOutcome> o = r.Sync(layout_, params, work);
         if (!o.ok()) return o.status();
         outcomes[i] = *o;
         return absl::OkStatus();
@@ -353,6 +354,13 @@ absl::StatusOr<SyncOutcome> Client::Sync(absl::Span<float> params) {
         std::max(all.first_result_time, o.first_result_time);
     all.result_time = std::max(all.result_time, o.result_time);
     all.paced_writes += o.paced_writes;
+    all.staleness = std::max(all.staleness, o.staleness);
+    // Shards' budgets differ only by their own learning: the fewest.
+    if (o.local_steps_budget > 0 &&
+        (all.local_steps_budget == 0 ||
+         o.local_steps_budget < all.local_steps_budget)) {
+      all.local_steps_budget = o.local_steps_budget;
+    }
   }
   return all;
 }

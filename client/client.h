@@ -189,7 +189,12 @@ class Client {
   //    newer than the one `params` was trained from;
   //  - otherwise (it missed rounds) adopts the job's state (FetchState).
   // Requires Initialize.
-  absl::StatusOr<SyncOutcome> Sync(absl::Span<float> params);
+  //
+  // `work.local_steps` (>= 0): the local steps `params` hold since the
+  // state they were trained from; the coordinator counts them by fate
+  // (merged or thrown away: the job's goodput). -1: not said.
+  absl::StatusOr<SyncOutcome> Sync(absl::Span<float> params,
+                                   SyncWork work = {});
 
   // Ends membership at once and stops heartbeats. Idempotent.
   absl::Status Leave();

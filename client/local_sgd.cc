@@ -400,6 +400,8 @@ absl::Status LocalSGD::Step() {
   StepState state;
   state.steps = static_cast<uint64_t>(steps_);
   state.local_sgd_steps = static_cast<uint64_t>(options_.local_sgd_steps);
+  state.since_sync = static_cast<uint64_t>(steps_ - contributed_at_);
+  state.budget = last_outcome_.local_steps_budget;
   state.overlap = options_.overlap;
   state.node_group = params_->group != nullptr;
   state.in_flight = background_ != nullptr && background_->in_flight();
@@ -429,8 +431,11 @@ absl::Status LocalSGD::StartBackgroundSync() {
   }
   if (absl::Status s = ToHost(); !s.ok()) return s;
   background_start_ = std::chrono::steady_clock::now();
-  return background_->Start(
-      absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_));
+  absl::Status started = background_->Start(
+      absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_),
+      SyncWork{steps_ - contributed_at_});
+  if (started.ok()) contributed_at_ = steps_;
+  return started;
 }
 
 absl::Status LocalSGD::MergeBackgroundSync() {
@@ -589,7 +594,9 @@ void LocalSGD::MergeAndStartRound(bool start_next, SyncPoint& point) {
     }
     background_start_ = std::chrono::steady_clock::now();
     status = background_->Start(
-        absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_));
+        absl::MakeConstSpan(params_->host.data_ptr<float>(), num_elements_),
+        SyncWork{steps_ - contributed_at_});
+    if (status.ok()) contributed_at_ = steps_;
   }
   // What is in flight now, whatever failed: a round this sync point could
   // not finish (an error before Finish) is still the sync thread's, and
@@ -686,8 +693,10 @@ void LocalSGD::SyncWithCoordinator(SyncAttempt& sync) {
   if (status.ok()) status = ToHost();
   if (status.ok()) {
     sync.outcome = client_->Sync(
-        absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_));
+        absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_),
+        SyncWork{steps_ - contributed_at_});
     status = sync.outcome.status();
+    if (status.ok()) contributed_at_ = steps_;
   }
   if (status.ok()) status = FromHost("averaged");
   if ((absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) &&

@@ -316,6 +316,9 @@ class LocalSGD {
   uint64_t num_elements_ = 0;
 
   int64_t steps_ = 0;
+  // steps_ when the last contribution was handed to the coordinator: what
+  // the next one holds is steps_ - contributed_at_ (SyncWork).
+  int64_t contributed_at_ = 0;
   int64_t num_syncs_ = 0;
   int64_t num_skipped_syncs_ = 0;
   bool last_sync_skipped_ = false;

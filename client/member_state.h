@@ -47,6 +47,9 @@ struct SyncPlan {
   // the Sync succeeds (a re-seed's caller decides later). Parameter jobs
   // always write their result into the parameters.
   bool result_to_params = true;
+  // The local steps the contribution holds (SyncHeader.local_steps; -1:
+  // not said).
+  int64_t local_steps = -1;
 };
 
 class MemberState {

@@ -285,9 +285,11 @@ absl::Status Replica::FetchAttempt(Connection& connection, const Layout& layout,
 }
 
 absl::StatusOr<SyncOutcome> Replica::Sync(const Layout& layout,
-                                          absl::Span<float> params) {
+                                          absl::Span<float> params,
+                                          SyncWork work) {
   SyncPlan plan;
   plan.round = member_.state_round() + 1;
+  plan.local_steps = work.local_steps;
   absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, plan, params);
   // The coordinator forgot the member or the job, or is behind it
   // (rejoin_policy.h): joining again mends it. Again if the member is
@@ -297,7 +299,7 @@ absl::StatusOr<SyncOutcome> Replica::Sync(const Layout& layout,
     for (int rejoins = 1;; ++rejoins) {
       LOG(WARNING) << "job " << options_.job_id << " at " << address() << ": "
                    << outcome.status().message() << "; joining again";
-      outcome = Rejoin(layout, params);
+      outcome = Rejoin(layout, params, work);
       if (!absl::IsNotFound(outcome.status()) ||
           rejoins == kMaxRejoinsPerSync) {
         break;
@@ -308,7 +310,8 @@ absl::StatusOr<SyncOutcome> Replica::Sync(const Layout& layout,
 }
 
 absl::StatusOr<SyncOutcome> Replica::Rejoin(const Layout& layout,
-                                            absl::Span<float> params) {
+                                            absl::Span<float> params,
+                                            SyncWork work) {
   const RoundId trained_from = member_.state_round();
   const uint32_t last_contributors = member_.last_contributors();
   const ShardSpec shard = info_.shard;
@@ -336,6 +339,7 @@ absl::StatusOr<SyncOutcome> Replica::Rejoin(const Layout& layout,
       }
       SyncPlan plan;
       plan.round = decision.round;
+      plan.local_steps = work.local_steps;
       outcome = SyncRound(layout, plan, params);
       break;
     }

@@ -57,8 +57,10 @@ class Replica {
   absl::StatusOr<RoundId> FetchState(const Layout& layout,
                                      absl::Span<float> params);
   // Client::Sync for this replica's chunks, re-joining if needed.
+  // `work`: what the contribution says of itself (SyncHeader).
   absl::StatusOr<SyncOutcome> Sync(const Layout& layout,
-                                   absl::Span<float> params);
+                                   absl::Span<float> params,
+                                   SyncWork work = {});
   // Ends the membership; stops heartbeats.
   absl::Status Leave();
 
@@ -66,7 +68,7 @@ class Replica {
   absl::Status CheckJoinInfo(const JoinInfo& info, uint64_t total,
                              const ShardSpec* expect_shard) const;
   absl::StatusOr<SyncOutcome> Rejoin(const Layout& layout,
-                                     absl::Span<float> params);
+                                     absl::Span<float> params, SyncWork work);
   absl::StatusOr<SyncOutcome> ReseedThenContribute(const Layout& layout,
                                                    SeedOrigin origin,
                                                    absl::Span<float> params);

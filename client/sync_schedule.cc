@@ -3,7 +3,9 @@
 namespace localsgd {
 
 StepAction DecideStep(const StepState& s) {
-  const bool due = s.steps % s.local_sgd_steps == 0;
+  const bool due = s.budget > 0 && !s.node_group
+                       ? s.since_sync >= s.budget
+                       : s.steps % s.local_sgd_steps == 0;
   if (!s.overlap) return due ? StepAction::kSync : StepAction::kNone;
   if (s.node_group) return due ? StepAction::kNodeSyncPoint : StepAction::kNone;
   if (due) {

@@ -3,9 +3,11 @@
 // it through the binding: localsgd._localsgd.decide_step). Pure: no clock,
 // no I/O, no LibTorch.
 //
-// `due`: this step is a sync point (steps % local_sgd_steps == 0, counting
-// this step). `in_flight`: a background sync (overlap) has not been merged;
-// `ready`: its result has arrived.
+// `due`: this step is a sync point: steps % local_sgd_steps == 0, counting
+// this step; or, with a step budget from the coordinator (`budget` > 0,
+// JobSettings.step_budget adaptive; not in node groups, whose ranks sync
+// in lockstep), since_sync >= budget. `in_flight`: a background sync (overlap)
+// has not been merged; `ready`: its result has arrived.
 //
 //   overlap  node group  due  in flight  ready  action
 //   no       any         no   -          -      kNone
@@ -40,6 +42,10 @@ enum class StepAction {
 struct StepState {
   uint64_t steps = 0;            // optimizer steps so far, this one counted
   uint64_t local_sgd_steps = 1;  // K (>= 1)
+  // Steps since the last contribution (this one counted), and the
+  // coordinator's budget for the next (0: none, sync every K).
+  uint64_t since_sync = 0;
+  uint64_t budget = 0;
   bool overlap = false;
   bool node_group = false;
   bool in_flight = false;

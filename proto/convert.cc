@@ -35,6 +35,32 @@ absl::StatusOr<DeadlineMode> DeadlineModeFromProto(int value) {
   }
 }
 
+absl::StatusOr<StepBudget> StepBudgetFromProto(int value) {
+  switch (value) {
+    case v1::STEP_BUDGET_UNSPECIFIED:
+      return StepBudget::kUnspecified;
+    case v1::STEP_BUDGET_FIXED:
+      return StepBudget::kFixed;
+    case v1::STEP_BUDGET_ADAPTIVE:
+      return StepBudget::kAdaptive;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("settings.step_budget has unknown value ", value));
+  }
+}
+
+v1::StepBudget StepBudgetToProto(StepBudget budget) {
+  switch (budget) {
+    case StepBudget::kFixed:
+      return v1::STEP_BUDGET_FIXED;
+    case StepBudget::kAdaptive:
+      return v1::STEP_BUDGET_ADAPTIVE;
+    case StepBudget::kUnspecified:
+      break;
+  }
+  return v1::STEP_BUDGET_UNSPECIFIED;
+}
+
 absl::StatusOr<MeanEncoding> MeanEncodingFromProto(int value) {
   switch (value) {
     case v1::MEAN_ENCODING_UNSPECIFIED:
@@ -251,6 +277,12 @@ absl::StatusOr<JobSettings> SettingsFromProto(const v1::JobSettings& proto) {
       MeanEncodingFromProto(proto.mean_encoding());
   if (!mean_encoding.ok()) return mean_encoding.status();
   settings.mean_encoding = *mean_encoding;
+  settings.max_staleness = proto.max_staleness();
+  absl::StatusOr<StepBudget> budget = StepBudgetFromProto(proto.step_budget());
+  if (!budget.ok()) return budget.status();
+  settings.step_budget = *budget;
+  settings.min_local_steps = proto.min_local_steps();
+  settings.max_local_steps = proto.max_local_steps();
   return settings;
 }
 
@@ -268,6 +300,10 @@ void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto) {
   proto->set_outlier_ratio(settings.outlier_ratio);
   proto->set_deadline_mode(DeadlineModeToProto(settings.deadline_mode));
   proto->set_mean_encoding(MeanEncodingToProto(settings.mean_encoding));
+  proto->set_max_staleness(settings.max_staleness);
+  proto->set_step_budget(StepBudgetToProto(settings.step_budget));
+  proto->set_min_local_steps(settings.min_local_steps);
+  proto->set_max_local_steps(settings.max_local_steps);
 }
 
 absl::StatusOr<MemberId> ParseMemberId(const std::string& hex) {
@@ -333,6 +369,8 @@ void RoundOutcomeToProto(const RoundOutcome& outcome, v1::SyncResult* proto) {
   proto->set_contributor_weight(outcome.contributor_weight);
   proto->set_state_id(outcome.state_id);
   proto->set_epoch(outcome.epoch);
+  proto->set_staleness(outcome.staleness);
+  proto->set_local_steps_budget(outcome.local_steps_budget);
 }
 
 RoundOutcome RoundOutcomeFromProto(const v1::SyncResult& proto) {
@@ -344,6 +382,8 @@ RoundOutcome RoundOutcomeFromProto(const v1::SyncResult& proto) {
   outcome.contributor_weight = proto.contributor_weight();
   outcome.state_id = proto.state_id();
   outcome.epoch = proto.epoch();
+  outcome.staleness = proto.staleness();
+  outcome.local_steps_budget = proto.local_steps_budget();
   return outcome;
 }
 

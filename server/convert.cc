@@ -44,6 +44,12 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
     p->set_idle_ms(static_cast<uint64_t>(
         std::max<int64_t>(0, absl::ToInt64Milliseconds(now - m.last_seen))));
     p->set_first_round(m.first_round);
+    if (m.work.known()) {
+      p->set_steps_per_second(m.work.steps_per_second());
+      p->set_upload_ms(static_cast<uint64_t>(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(m.work.upload()))));
+    }
+    p->set_local_steps_budget(m.budget);
   }
   proto->set_has_state(s.has_state);
   proto->set_state_round(s.state_round);
@@ -67,9 +73,31 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
   proto->set_learned_patient_deadline_ms(static_cast<uint64_t>(
       absl::ToInt64Milliseconds(s.learned_deadline.patient)));
   for (const auto& n : s.stragglers) proto->add_stragglers(n);
+  StepCountsToProto(s.steps, proto->mutable_steps());
+  proto->set_goodput(s.steps.goodput());
   for (const RoundRecord& r : s.recent_rounds) {
     RoundRecordToProto(r, proto->add_recent_rounds());
   }
+}
+
+void StepCountsToProto(const StepCounts& c, v1::StepCounts* p) {
+  p->set_merged(c.merged);
+  p->set_merged_stale(c.merged_stale);
+  p->set_late(c.late);
+  p->set_refused(c.refused);
+  p->set_gone(c.gone);
+  p->set_timed_out(c.timed_out);
+}
+
+StepCounts StepCountsFromProto(const v1::StepCounts& p) {
+  StepCounts c;
+  c.merged = p.merged();
+  c.merged_stale = p.merged_stale();
+  c.late = p.late();
+  c.refused = p.refused();
+  c.gone = p.gone();
+  c.timed_out = p.timed_out();
+  return c;
 }
 
 void RoundRecordToProto(const RoundRecord& r, v1::RoundStatus* p) {
@@ -84,6 +112,9 @@ void RoundRecordToProto(const RoundRecord& r, v1::RoundStatus* p) {
   p->set_duration_ms(static_cast<uint64_t>(
       std::max<int64_t>(0, absl::ToInt64Milliseconds(r.closed - r.opened))));
   p->set_closed_unix_ms(absl::ToUnixMillis(r.closed));
+  if (r.steps.merged + r.steps.discarded() > 0) {
+    StepCountsToProto(r.steps, p->mutable_steps());
+  }
 }
 
 RoundRecord RoundRecordFromProto(const v1::RoundStatus& p) {
@@ -110,6 +141,7 @@ RoundRecord RoundRecordFromProto(const v1::RoundStatus& p) {
   }
   r.closed = absl::FromUnixMillis(p.closed_unix_ms());
   r.opened = r.closed - absl::Milliseconds(p.duration_ms());
+  r.steps = StepCountsFromProto(p.steps());
   // Names are sorted (RoundState::Close); a hostile record need not be.
   for (std::vector<std::string>* names :
        {&r.participants, &r.contributors, &r.dropped, &r.timed_out, &r.rejected,

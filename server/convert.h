@@ -21,6 +21,8 @@ void JobStatusToProto(const JobStatusSnapshot& status, absl::Time now,
 // A closed round's record, both ways (status; replication). From proto:
 // names sorted; contributor ids and weight are not carried.
 void RoundRecordToProto(const RoundRecord& record, v1::RoundStatus* proto);
+void StepCountsToProto(const StepCounts& counts, v1::StepCounts* proto);
+StepCounts StepCountsFromProto(const v1::StepCounts& proto);
 RoundRecord RoundRecordFromProto(const v1::RoundStatus& proto);
 
 // A Join request as the core takes it, for a caller bound to `principal`

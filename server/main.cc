@@ -94,6 +94,8 @@ LOCALSGD_SETTING_FLAG(outer_momentum);
 LOCALSGD_SETTING_FLAG(deadline_mode);
 LOCALSGD_SETTING_FLAG(outlier_ratio);
 LOCALSGD_SETTING_FLAG(mean_encoding);
+LOCALSGD_SETTING_FLAG(max_staleness);
+LOCALSGD_SETTING_FLAG(step_budget);
 #undef LOCALSGD_SETTING_FLAG
 
 ABSL_FLAG(bool, keep_freed_memory, true,

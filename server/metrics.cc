@@ -138,6 +138,13 @@ Metrics::Metrics()
                 .Help("Syncs for a round that had closed already (the "
                       "member adopts the latest result)")
                 .Register(*registry_)),
+      local_steps_(prometheus::BuildCounter()
+                       .Name("localsgd_local_steps_total")
+                       .Help("Local steps of the contributions that said "
+                             "them, by fate: merged (merged_stale of them "
+                             "stale), or thrown away late, refused, gone or "
+                             "timed_out")
+                       .Register(*registry_)),
       refused_contributions_(
           prometheus::BuildCounter()
               .Name("localsgd_rejected_contributions_total")
@@ -250,6 +257,11 @@ void Metrics::TouchJob(absl::string_view job_id) {
         {{"job_id", std::string(job_id)}, {"reason", std::string(reason)}});
   }
   round_duration_.Add(job, RoundDurationBuckets());
+  for (absl::string_view fate :
+       {"merged", "merged_stale", "late", "refused", "gone", "timed_out"}) {
+    local_steps_.Add(
+        {{"job_id", std::string(job_id)}, {"fate", std::string(fate)}});
+  }
   for (auto* family : {&contributions_, &dropped_, &timed_out_, &late_,
                        &refused_contributions_, &lease_expiries_,
                        &bytes_received_, &bytes_sent_}) {
@@ -282,6 +294,24 @@ void Metrics::RoundClosed(const RoundClosedEvent& event) {
   contributions_.Add({{"job_id", event.job_id}}).Increment(event.contributors);
   dropped_.Add({{"job_id", event.job_id}}).Increment(event.dropped);
   timed_out_.Add({{"job_id", event.job_id}}).Increment(event.timed_out);
+  const StepCounts& steps = event.steps;
+  for (const auto& [fate, n] :
+       {std::pair<const char*, uint64_t>{"merged", steps.merged},
+        {"merged_stale", steps.merged_stale},
+        {"late", steps.late},
+        {"refused", steps.refused},
+        {"gone", steps.gone},
+        {"timed_out", steps.timed_out}}) {
+    if (n == 0) continue;
+    local_steps_.Add({{"job_id", event.job_id}, {"fate", fate}})
+        .Increment(static_cast<double>(n));
+  }
+}
+
+void Metrics::LateSteps(absl::string_view job_id, uint64_t steps) {
+  TouchJob(job_id);
+  local_steps_.Add({{"job_id", std::string(job_id)}, {"fate", "late"}})
+      .Increment(static_cast<double>(steps));
 }
 
 void Metrics::LeaseExpired(absl::string_view job_id,

@@ -22,6 +22,12 @@
 //                                         round closed without (deadline)
 //   jobs_removed_total{reason}            jobs removed: idle (--job_idle_ttl)
 //   late_contributions_total{job_id}      Syncs for rounds already closed
+//   local_steps_total{job_id,fate}        local steps of contributions that
+//                                         said them (SyncHeader.local_steps):
+//                                         fate merged, merged_stale (also in
+//                                         merged), late, refused, gone,
+//                                         timed_out; goodput = merged / all
+//                                         but merged_stale
 //   rejected_contributions_total{job_id}  contributions refused mid-stream
 //                                         (non-finite drop, would overflow)
 //   lease_expiries_total{job_id}          members dropped for their lease
@@ -99,6 +105,7 @@ class Metrics final : public CoordinatorObserver {
   void LeaseExpired(absl::string_view job_id,
                     absl::string_view member_name) override;
   void LateContribution(absl::string_view job_id, RoundId round) override;
+  void LateSteps(absl::string_view job_id, uint64_t steps) override;
   void ContributionRejected(absl::string_view job_id) override;
   void JobRemoved(absl::string_view job_id, absl::string_view reason) override;
 
@@ -122,6 +129,7 @@ class Metrics final : public CoordinatorObserver {
   prometheus::Family<prometheus::Counter>& timed_out_;
   prometheus::Family<prometheus::Counter>& jobs_removed_;
   prometheus::Family<prometheus::Counter>& late_;
+  prometheus::Family<prometheus::Counter>& local_steps_;
   prometheus::Family<prometheus::Counter>& refused_contributions_;
   prometheus::Family<prometheus::Counter>& lease_expiries_;
   prometheus::Family<prometheus::Counter>& bytes_received_;

@@ -173,7 +173,10 @@ void SyncServerStream::OnHeader(const v1::SyncHeader& header) {
         },
         SeedOrigin{header.seed_round(), header.seed_contributors(),
                    header.seed_state_id()},
-        header.anchor_state_id(), std::move(on_final));
+        header.anchor_state_id(), std::move(on_final),
+        SyncWork{header.has_local_steps()
+                     ? static_cast<int64_t>(header.local_steps())
+                     : -1});
     absl::MutexLock lock(&mu_);
     if (!session.ok()) {
       callback_pending_ = false;

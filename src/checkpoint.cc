@@ -136,6 +136,23 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values,
     return absl::StrCat("outlier ratio ", c.settings.outlier_ratio,
                         " is out of range");
   }
+  if (c.settings.max_staleness != kMaxStalenessOff &&
+      c.settings.max_staleness != 0 &&
+      !(c.settings.max_staleness >= 1 &&
+        c.settings.max_staleness <= kMaxStalenessLimit)) {
+    return absl::StrCat("max staleness ", c.settings.max_staleness);
+  }
+  if (c.settings.step_budget != StepBudget::kFixed &&
+      c.settings.step_budget != StepBudget::kAdaptive &&
+      c.settings.step_budget != StepBudget::kUnspecified) {
+    return absl::StrCat("unknown step budget ",
+                        static_cast<int>(c.settings.step_budget));
+  }
+  if (c.settings.min_local_steps > kMaxLocalSteps ||
+      c.settings.max_local_steps > kMaxLocalSteps) {
+    return absl::StrCat("local step bounds ", c.settings.min_local_steps, ", ",
+                        c.settings.max_local_steps);
+  }
   if (c.settings.mean_encoding != MeanEncoding::kFloat32 &&
       c.settings.mean_encoding != MeanEncoding::kWire) {
     return absl::StrCat("unknown mean encoding ",
@@ -200,6 +217,12 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values,
   std::memcpy(&bits, &c.settings.outlier_ratio, 4);
   PutU32(&h, bits);
   PutU32(&h, static_cast<uint32_t>(c.settings.mean_encoding));
+  PutU32(&h, static_cast<uint32_t>(c.settings.max_staleness));
+  PutU32(&h, static_cast<uint32_t>(c.settings.step_budget));
+  PutU32(&h, c.settings.min_local_steps);
+  PutU32(&h, c.settings.max_local_steps);
+  PutU32(&h, static_cast<uint32_t>(c.ancestors.size()));
+  for (uint64_t id : c.ancestors) PutU64(&h, id);
   PutU64(&h, num_values);
   PutU64(&h, num_momentum);
   PutU64(&h, num_residual);
@@ -502,6 +525,30 @@ absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
     uint32_t encoding;
     if (!r.U32(&encoding)) return Malformed(r, "mean encoding");
     c->settings.mean_encoding = static_cast<MeanEncoding>(encoding);
+  }
+  c->settings.max_staleness = kMaxStalenessOff;
+  c->settings.step_budget = StepBudget::kFixed;
+  if (version >= 8) {
+    uint32_t staleness;
+    uint32_t budget;
+    uint32_t count;
+    if (!r.U32(&staleness)) return Malformed(r, "max staleness");
+    c->settings.max_staleness = static_cast<int32_t>(staleness);
+    if (!r.U32(&budget) || !r.U32(&c->settings.min_local_steps) ||
+        !r.U32(&c->settings.max_local_steps)) {
+      return Malformed(r, "step budget");
+    }
+    c->settings.step_budget = static_cast<StepBudget>(budget);
+    if (!r.U32(&count)) return Malformed(r, "ancestor count");
+    if (count > static_cast<uint32_t>(kMaxStalenessLimit)) {
+      return absl::DataLossError(absl::StrCat("malformed header: ", count,
+                                              " ancestor ids; at most ",
+                                              kMaxStalenessLimit));
+    }
+    c->ancestors.resize(count);
+    for (uint64_t& id : c->ancestors) {
+      if (!r.U64(&id)) return Malformed(r, "ancestor ids");
+    }
   }
   ArrayCounts counts;
   if (!r.U64(&counts.values)) return Malformed(r, "values count");

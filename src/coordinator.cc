@@ -154,7 +154,7 @@ absl::Status Coordinator::Restore() {
         checkpointer_.get(), options_.observer, options_.replicator);
     job->RestoreState(c.round, std::move(c.values), c.state_id,
                       std::move(c.momentum), std::move(c.residual),
-                      std::move(c.mean_residual));
+                      std::move(c.mean_residual), std::move(c.ancestors));
     LOG(INFO) << "restored job " << c.job_id << " at round " << c.round << " ("
               << *n << " elements) from " << options_.checkpoint_store->dir();
     jobs_.emplace(c.job_id, std::move(job));

@@ -47,7 +47,11 @@ struct CoordinatorOptions {
                                /*outer_momentum=*/0.9f,
                                /*deadline_mode=*/DeadlineMode::kFixed,
                                /*outlier_ratio=*/10.0f,
-                               /*mean_encoding=*/MeanEncoding::kFloat32};
+                               /*mean_encoding=*/MeanEncoding::kFloat32,
+                               /*max_staleness=*/kMaxStalenessOff,
+                               /*step_budget=*/StepBudget::kFixed,
+                               /*min_local_steps=*/0,
+                               /*max_local_steps=*/0};
   // The chunks this coordinator owns when several replicas share the jobs
   // (chunk i of a layout goes to replica i mod shard.count). A job's state
   // here holds only those chunks, back to back.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -66,11 +67,13 @@ void Job::RestoreState(RoundId round, std::vector<float> values) {
 
 void Job::RestoreState(RoundId round, std::vector<float> values, uint64_t id,
                        std::vector<float> momentum, std::vector<float> residual,
-                       std::vector<float> mean_residual) {
+                       std::vector<float> mean_residual,
+                       std::vector<uint64_t> ancestors) {
   absl::MutexLock lock(&mu_);
   members_.ResetEmptySince(clock_->Now());
   commit_.Restore(round, std::move(values), id, std::move(momentum),
-                  std::move(residual), std::move(mean_residual));
+                  std::move(residual), std::move(mean_residual),
+                  std::move(ancestors));
   released_state_ = commit_.shared_state();
   state_ticket_ = 0;
   // The members are not checkpointed: give them one lease to come back, so
@@ -192,7 +195,7 @@ absl::StatusOr<RoundId> Job::Heartbeat(const MemberId& member) {
 
 absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
     const MemberId& member, RoundId round, SyncCallback done, SeedOrigin origin,
-    uint64_t anchor, FinalChunksCallback on_final) {
+    uint64_t anchor, FinalChunksCallback on_final, SyncWork work) {
   const absl::Time now = clock_->Now();
   Deferred deferred;
   std::unique_ptr<SyncSession> session;
@@ -205,6 +208,12 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
                                          pseudo_gradients());
         !s.ok()) {
       return s;
+    }
+    if (work.local_steps > static_cast<int64_t>(kMaxLocalSteps)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Sync header of member ", info->name, " of job '", id_,
+                       "' for round ", round, " says local_steps ",
+                       work.local_steps, "; at most ", kMaxLocalSteps));
     }
     if (round == 0) {
       if (commit_.state() == nullptr && seed_ == nullptr && draining_) {
@@ -224,21 +233,45 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
     } else if (round <= commit_.state()->round ||
                (pseudo_gradients() && anchor != commit_.state()->id)) {
       // Late; or, in a pseudo-gradient job, a delta against another state
-      // than the job's: never averaged, the member adopts.
-      if (round == commit_.state()->round + 1) {
-        LOG(WARNING) << "job " << id_ << ": " << info->name
-                     << " contributes to round " << round
-                     << " against another state than the job's round "
-                     << commit_.state()->round << "; it adopts the job's state";
+      // than the job's: merged if it is stale within max_staleness,
+      // otherwise never averaged, and the member adopts.
+      const int staleness = commit_.Staleness(anchor);
+      const RoundId state_round = commit_.state()->round;
+      // For the round after its anchor, and not a retry of a contribution
+      // that was counted (a delta of one anchor is merged once).
+      const bool stale =
+          pseudo_gradients() && staleness >= 1 &&
+          round + static_cast<RoundId>(staleness) == state_round + 1;
+      if (stale && info->stale_anchor == anchor) {
+        if (info->stale_counted) {
+          session =
+              AnswerCountedStaleLocked(*info, round, std::move(done), deferred);
+        }
+      } else if (stale && round > info->last_counted_round) {
+        if (open_ == nullptr && draining_) {
+          return Draining("opens no new round");
+        }
+        session =
+            BeginStaleLocked(*info, anchor, static_cast<uint32_t>(staleness),
+                             work.local_steps, done, now, deferred);
       }
-      session =
-          BeginLateLocked(*info, round, anchor, std::move(done), deferred);
+      if (session == nullptr) {
+        if (round == state_round + 1) {
+          LOG(WARNING) << "job " << id_ << ": " << info->name
+                       << " contributes to round " << round
+                       << " against another state than the job's round "
+                       << state_round << "; it adopts the job's state";
+        }
+        session = BeginLateLocked(*info, round, anchor, work.local_steps,
+                                  std::move(done), deferred);
+      }
     } else if (round == commit_.state()->round + 1) {
       if (open_ == nullptr && draining_) {
         return Draining("opens no new round");
       }
-      session = BeginRoundLocked(*info, round, std::move(done),
-                                 std::move(on_final), now, deferred);
+      session =
+          BeginRoundLocked(*info, round, std::move(done), std::move(on_final),
+                           work.local_steps, now, deferred);
     } else {
       return absl::FailedPreconditionError(absl::StrCat(
           "member ", info->name, " syncs for round ", round, " but job '", id_,
@@ -249,6 +282,53 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
   }
   RunDeferred(deferred);
   return session;
+}
+
+std::unique_ptr<SyncSession> Job::BeginStaleLocked(
+    const MemberInfo& member, uint64_t anchor, uint32_t staleness,
+    int64_t steps, SyncCallback& done, absl::Time now, Deferred& deferred) {
+  const RoundId next = commit_.state()->round + 1;
+  if (open_ == nullptr) {
+    // Only a member that takes part in the next round opens it.
+    if (member.first_round > next) return nullptr;
+    OpenRoundLocked(next, now);
+  }
+  // Its staleness as of the open round's previous state, which is the
+  // job's current one.
+  if (!open_->round.BeginContribution(member.id, steps, anchor, staleness,
+                                      StepWeight(steps, settings_), now)) {
+    return nullptr;
+  }
+  const Participant* p = open_->round.Find(member.id);
+  LOG(INFO) << "job " << id_ << ": " << member.name << "'s delta against round "
+            << next - 1 - staleness << " (" << staleness
+            << " rounds stale) goes into round " << next << " with weight "
+            << p->weight;
+  const uint64_t waiter_id = next_waiter_id_++;
+  Waiter waiter{member.id, std::move(done), /*participant=*/true, nullptr};
+  waiter.staleness = staleness;
+  open_->waiters.emplace(waiter_id, std::move(waiter));
+  return NewSession(member.id, open_->round.id(),
+                    p->complete() ? SyncSession::Role::kAdopt
+                                  : SyncSession::Role::kContribute,
+                    waiter_id);
+}
+
+std::unique_ptr<SyncSession> Job::AnswerCountedStaleLocked(
+    const MemberInfo& member, RoundId round, SyncCallback done,
+    Deferred& deferred) {
+  SyncResult result = LatestResult(history_, commit_.shared_state(), member.id,
+                                   commit_.state()->round, 0, member.name);
+  result.local_steps_budget =
+      HandResultLocked(member.id, clock_->Now(), WorkMediansLocked());
+  result.contributed = true;
+  result.late = false;
+  result.delta = false;
+  ReleaseLocked(
+      state_ticket_,
+      [done = std::move(done), result = std::move(result)] { done(result); },
+      deferred);
+  return NewSession(member.id, round, SyncSession::Role::kAdopt, 0);
 }
 
 std::unique_ptr<SyncSession> Job::NewSession(const MemberId& member,
@@ -265,11 +345,13 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
                                                   SyncCallback done,
                                                   Deferred& deferred) {
   if (commit_.state() != nullptr) {
+    SyncResult result = LatestResult(history_, commit_.shared_state(),
+                                     member.id, 0, 0, member.name);
+    result.local_steps_budget =
+        HandResultLocked(member.id, clock_->Now(), WorkMediansLocked());
     ReleaseLocked(
         state_ticket_,
-        [done = std::move(done),
-         result = LatestResult(history_, commit_.shared_state(), member.id, 0,
-                               0, member.name)] { done(result); },
+        [done = std::move(done), result = std::move(result)] { done(result); },
         deferred);
     return NewSession(member.id, 0, SyncSession::Role::kAdopt, 0);
   }
@@ -289,21 +371,24 @@ std::unique_ptr<SyncSession> Job::BeginSeedLocked(const MemberInfo& member,
       owner ? SyncSession::Role::kSeed : SyncSession::Role::kAdopt, waiter_id);
 }
 
-std::unique_ptr<SyncSession> Job::BeginLateLocked(const MemberInfo& member,
-                                                  RoundId round,
-                                                  uint64_t anchor,
-                                                  SyncCallback done,
-                                                  Deferred& deferred) {
+std::unique_ptr<SyncSession> Job::BeginLateLocked(
+    const MemberInfo& member, RoundId round, uint64_t anchor, int64_t steps,
+    SyncCallback done, Deferred& deferred) {
   // A straggler (or a retry after its round closed): adopt the latest.
   SyncResult result = LatestResult(history_, commit_.shared_state(), member.id,
                                    round, anchor, member.name);
+  result.local_steps_budget =
+      HandResultLocked(member.id, clock_->Now(), WorkMediansLocked());
   if (!result.contributed) {
-    history_.MarkLate(round, member.name);
+    const uint64_t late_steps = steps > 0 ? static_cast<uint64_t>(steps) : 0;
+    history_.MarkLate(round, member.name, late_steps);
+    steps_.late += late_steps;
     LOG(INFO) << "job " << id_ << ": " << member.name << " is late for round "
               << round << "; adopts round " << commit_.state()->round;
     if (observer_ != nullptr) {
-      deferred.push_back([observer = observer_, id = id_, round] {
+      deferred.push_back([observer = observer_, id = id_, round, late_steps] {
         observer->LateContribution(id, round);
+        if (late_steps > 0) observer->LateSteps(id, late_steps);
       });
     }
   }
@@ -316,9 +401,14 @@ std::unique_ptr<SyncSession> Job::BeginLateLocked(const MemberInfo& member,
 
 std::unique_ptr<SyncSession> Job::BeginRoundLocked(
     const MemberInfo& member, RoundId round, SyncCallback done,
-    FinalChunksCallback on_final, absl::Time now, Deferred& deferred) {
+    FinalChunksCallback on_final, int64_t steps, absl::Time now,
+    Deferred& deferred) {
   if (open_ == nullptr) OpenRoundLocked(round, now);
   const bool participant = open_->round.Find(member.id) != nullptr;
+  if (participant) {
+    open_->round.BeginContribution(member.id, steps, 0, 0,
+                                   StepWeight(steps, settings_), now);
+  }
   const uint64_t waiter_id = next_waiter_id_++;
   if (on_final != nullptr && open_->next != nullptr) {
     // Chunks released before this stream came (a retry, an adopting
@@ -707,11 +797,23 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                     "it anew from the next round";
   }
   for (const MemberId& id : closure.contributed) {
-    members_.CountRound(id, /*contributed=*/true);
+    members_.CountRound(id, /*contributed=*/true, round->round.id());
   }
   for (const MemberId& id : closure.timed_out) {
     members_.CountRound(id, /*contributed=*/false);
   }
+  for (const RoundClosure::Stale& st : closure.stale) {
+    members_.NoteStale(st.member, st.anchor, st.counted);
+  }
+  if (adaptive_budgets()) {
+    for (const RoundClosure::Work& w : closure.work) {
+      MemberInfo* m = members_.Mutable(w.member);
+      // Its compute began when it was handed its last result.
+      if (m == nullptr || m->result_at == absl::InfinitePast()) continue;
+      m->work.Add(w.steps, w.began - m->result_at, w.completed - w.began);
+    }
+  }
+  steps_.Add(closure.record.steps);
   pacing_.Closed(closure);
   CommitLocked(std::move(closure.record), std::move(state),
                std::move(round->waiters), closure.refused, deferred);
@@ -894,6 +996,8 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
                        Waiters waiters,
                        const absl::flat_hash_set<MemberId>& refused,
                        Deferred& deferred) {
+  const absl::Time now = clock_->Now();
+  const WorkMedians medians = WorkMediansLocked();
   const uint64_t previous_id = commit_.state_id();
   std::shared_ptr<const StateSnapshot> committed =
       commit_.Commit(std::move(state), record.round);
@@ -931,16 +1035,54 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
         deferred);
   }
   for (auto& [wid, w] : waiters) {
+    SyncResult result = CommittedResult(record, committed, w.member,
+                                        refused.contains(w.member));
+    result.local_steps_budget = HandResultLocked(w.member, now, medians);
+    if (w.staleness > 0) {
+      // Its anchor is older than the state this round's delta applies to.
+      result.delta = false;
+      if (result.contributed) result.staleness = w.staleness;
+    }
     ReleaseLocked(
         state_ticket_,
-        [done = std::move(w.done),
-         result = CommittedResult(record, committed, w.member,
-                                  refused.contains(w.member))] {
+        [done = std::move(w.done), result = std::move(result)] {
           done(result);
         },
         deferred);
   }
   history_.Add(std::move(record));
+}
+
+Job::WorkMedians Job::WorkMediansLocked() const {
+  WorkMedians medians;
+  if (!adaptive_budgets()) return medians;
+  std::vector<double> rates;
+  std::vector<double> uploads;
+  for (const MemberInfo* other :
+       members_.TakingPartIn(std::numeric_limits<RoundId>::max())) {
+    if (!other->work.known()) continue;
+    rates.push_back(other->work.steps_per_second());
+    uploads.push_back(absl::ToDoubleSeconds(other->work.upload()));
+  }
+  medians.steps_per_second = Median(rates);
+  medians.upload = absl::Seconds(Median(uploads));
+  return medians;
+}
+
+uint32_t Job::HandResultLocked(const MemberId& member, absl::Time now,
+                               const WorkMedians& medians) {
+  MemberInfo* m = members_.Mutable(member);
+  if (m == nullptr) return 0;
+  m->result_at = now;
+  m->budget = 0;
+  if (!adaptive_budgets() || !m->work.known() ||
+      !(medians.steps_per_second > 0)) {
+    return 0;
+  }
+  m->budget = StepBudgetFor(m->work.steps_per_second(), m->work.upload(),
+                            medians.steps_per_second, medians.upload,
+                            settings_.local_sgd_steps, BudgetBounds(settings_));
+  return m->budget;
 }
 
 void Job::ReportCommitLocked(const RoundRecord& record, Deferred& deferred) {
@@ -978,6 +1120,8 @@ absl::StatusOr<std::shared_ptr<const StateSnapshot>> Job::GetState(
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", id_, "' has no global state yet; the first member seeds it"));
   }
+  // Its compute starts from this state (step budgets).
+  if (MemberInfo* m = members_.Mutable(member)) m->result_at = now;
   if (replicator_ != nullptr) {
     // The newest state its standbys have: one a member may hold.
     if (released_state_ == nullptr) {
@@ -1285,7 +1429,8 @@ absl::Status Job::ImportReplica(const JobReplica& replica) {
       !st.ok()) {
     return st;
   }
-  commit_.Restore(s.round, s.values, s.id, s.momentum, s.residual);
+  commit_.Restore(s.round, s.values, s.id, s.momentum, s.residual, {},
+                  s.ancestors);
   members_.Restore(replica.members, clock_->Now());
   for (auto it = replica.recent_rounds.rbegin();
        it != replica.recent_rounds.rend(); ++it) {
@@ -1384,6 +1529,7 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
                       s, &guard_);
   }
   s.recent_rounds = history_.Recent(max_rounds);
+  s.steps = steps_;
   if (settings_.deadline_mode == DeadlineMode::kAdaptive) {
     s.learned_deadline = pacing_.learned();
     s.stragglers = Stragglers(s.members);

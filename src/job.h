@@ -90,6 +90,7 @@
 #include "src/state_commit.h"
 #include "src/sync_session.h"
 #include "src/types.h"
+#include "src/work.h"
 
 namespace localsgd {
 
@@ -129,10 +130,12 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The same with the state's id and a pseudo-gradient job's momentum,
   // residual and mean residual (each empty or of num_elements; id 0: a new
-  // one).
+  // one), and the ids of the states before it (newest first; see
+  // StateSnapshot::ancestors).
   void RestoreState(RoundId round, std::vector<float> values, uint64_t id,
                     std::vector<float> momentum, std::vector<float> residual,
-                    std::vector<float> mean_residual = {})
+                    std::vector<float> mean_residual = {},
+                    std::vector<uint64_t> ancestors = {})
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // A standby's job follows its primary's (src/replicator.h): applies the
@@ -206,8 +209,25 @@ class Job : public std::enable_shared_from_this<Job> {
   // Pseudo-gradient jobs: `anchor` is the id of the state the member's
   // delta was taken against (INVALID_ARGUMENT if 0 for a round >= 1). A
   // member whose anchor is not the job's current state is late: it adopts
-  // the current state, and its delta is never averaged. A seed's chunks are
-  // float32 whatever the wire dtype.
+  // the current state, and its delta is never averaged, unless the job
+  // takes stale contributions ("Stale contributions" below). A seed's
+  // chunks are float32 whatever the wire dtype.
+  //
+  // Stale contributions (settings.max_staleness = S >= 1): a Sync for the
+  // round after its anchor, whose anchor is the state s rounds before the
+  // job's current one (1 <= s <= S; the job keeps the ids of the last S
+  // states), is a contribution to the open round (opened for it if none
+  // is; the job's next round): its member must be a participant of it that
+  // has not contributed yet, and counts with weight w / (1 + s). Its
+  // result carries the round's new state whole (delta false) with
+  // contributed true and its staleness. A retry of a stale contribution
+  // that was counted gets the current state, contributed; one that gave a
+  // round chunks without being counted whole adopts (never merged twice).
+  // Any other delta against another state adopts as late.
+  //
+  // `work`: what the Sync says of its contribution (its local steps,
+  // counted by fate in the round's record and the job's totals;
+  // INVALID_ARGUMENT above kMaxLocalSteps).
   //
   // `origin` (round 0 only): what the seed continues. A re-seed
   // (origin.round > 0) makes the state round origin.round, so that numbering
@@ -233,7 +253,8 @@ class Job : public std::enable_shared_from_this<Job> {
   absl::StatusOr<std::unique_ptr<SyncSession>> BeginSync(
       const MemberId& member, RoundId round, SyncCallback done,
       SeedOrigin origin = {}, uint64_t anchor = 0,
-      FinalChunksCallback on_final = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+      FinalChunksCallback on_final = nullptr, SyncWork work = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The current state. NOT_FOUND (member), FAILED_PRECONDITION (no state).
   absl::StatusOr<std::shared_ptr<const StateSnapshot>> GetState(
@@ -282,6 +303,9 @@ class Job : public std::enable_shared_from_this<Job> {
     SyncCallback done;
     bool participant = false;
     FinalChunksCallback on_final;  // may be null
+    // A stale contribution's (its anchor that many rounds old): it gets
+    // the new state whole.
+    uint32_t staleness = 0;
   };
   using Waiters = absl::flat_hash_map<uint64_t, Waiter>;
   // The open round: its participants, sums and finality (RoundState), the
@@ -338,15 +362,28 @@ class Job : public std::enable_shared_from_this<Job> {
                                                SyncCallback done,
                                                Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `steps`: the local steps the late delta held (-1: not said).
   std::unique_ptr<SyncSession> BeginLateLocked(const MemberInfo& member,
                                                RoundId round, uint64_t anchor,
-                                               SyncCallback done,
+                                               int64_t steps, SyncCallback done,
                                                Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<SyncSession> BeginRoundLocked(
       const MemberInfo& member, RoundId round, SyncCallback done,
-      FinalChunksCallback on_final, absl::Time now, Deferred& deferred)
+      FinalChunksCallback on_final, int64_t steps, absl::Time now,
+      Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stale contribution (see BeginSync): merged into the open round
+  // (opened if none is) if its member can still give it; null otherwise
+  // (the caller answers it as late). `staleness` >= 1.
+  std::unique_ptr<SyncSession> BeginStaleLocked(
+      const MemberInfo& member, uint64_t anchor, uint32_t staleness,
+      int64_t steps, SyncCallback& done, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer to a retry of a stale contribution that was counted: the
+  // current state, whole, contributed.
+  std::unique_ptr<SyncSession> AnswerCountedStaleLocked(
+      const MemberInfo& member, RoundId round, SyncCallback done,
+      Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<SyncSession> NewSession(const MemberId& member, RoundId round,
                                           SyncSession::Role role,
                                           uint64_t waiter_id);
@@ -442,6 +479,22 @@ class Job : public std::enable_shared_from_this<Job> {
                     Waiters waiters,
                     const absl::flat_hash_set<MemberId>& refused,
                     Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `member` is handed a result at `now` (its compute starts): the local
+  // steps it is to make before its next contribution with adaptive step
+  // budgets (src/work.h; 0: K, or nothing learned yet), kept for status.
+  // `medians`: WorkMediansLocked, the members' median step rate and upload.
+  struct WorkMedians {
+    double steps_per_second = 0;
+    absl::Duration upload;
+  };
+  WorkMedians WorkMediansLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t HandResultLocked(const MemberId& member, absl::Time now,
+                            const WorkMedians& medians)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool adaptive_budgets() const {
+    return settings_.step_budget == StepBudget::kAdaptive &&
+           settings_.local_sgd_steps > 0;
+  }
   // The log line and the observer's event of a commit.
   void ReportCommitLocked(const RoundRecord& record, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -529,6 +582,8 @@ class Job : public std::enable_shared_from_this<Job> {
   bool reseeded_ ABSL_GUARDED_BY(mu_) = false;
   // The records of the recent closed rounds, for status and late arrivals.
   RoundHistory history_ ABSL_GUARDED_BY(mu_);
+  // The local steps of every contribution so far, by fate.
+  StepCounts steps_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t round_serial_ ABSL_GUARDED_BY(mu_) = 0;
   // With a replicator: the ticket of the update that made the current

@@ -21,9 +21,11 @@ const RoundRecord* RoundHistory::Find(RoundId round) const {
   return nullptr;
 }
 
-void RoundHistory::MarkLate(RoundId round, const std::string& name) {
+void RoundHistory::MarkLate(RoundId round, const std::string& name,
+                            uint64_t steps) {
   for (RoundRecord& record : records_) {
     if (record.round != round) continue;
+    record.steps.late += steps;
     if (std::find(record.late.begin(), record.late.end(), name) ==
         record.late.end()) {
       record.late.push_back(name);
@@ -168,6 +170,7 @@ RoundClosedEvent ClosedEvent(absl::string_view job_id,
   event.contributors = static_cast<uint32_t>(record.contributors.size());
   event.dropped = static_cast<uint32_t>(record.dropped.size());
   event.timed_out = static_cast<uint32_t>(record.timed_out.size());
+  event.steps = record.steps;
   return event;
 }
 

@@ -36,9 +36,10 @@ class RoundHistory {
   void Add(RoundRecord record);
   // The most recent record of `round`; null if none is kept.
   const RoundRecord* Find(RoundId round) const;
-  // Notes that member `name` came late for `round` (once; names sorted).
+  // Notes that member `name` came late for `round` (once; names sorted)
+  // with a delta of `steps` local steps (added to the record's late steps).
   // Nothing if no record of `round` is kept.
-  void MarkLate(RoundId round, const std::string& name);
+  void MarkLate(RoundId round, const std::string& name, uint64_t steps = 0);
   // The most recent `max` records, most recent first.
   std::vector<RoundRecord> Recent(uint32_t max) const;
 

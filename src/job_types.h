@@ -20,6 +20,7 @@
 #include "src/layout.h"
 #include "src/round.h"
 #include "src/types.h"
+#include "src/work.h"
 
 namespace localsgd {
 
@@ -61,6 +62,10 @@ struct StateSnapshot {
   // A primary's own: a standby does not get it and holds zeros, so a
   // failover drops it. Checkpointed with the values.
   std::vector<float> mean_residual;
+  // Pseudo-gradient jobs: the ids of the states this one followed from,
+  // newest first (the previous state's id first), as many as the job's
+  // max_staleness; empty after a seed. How stale a delta is.
+  std::vector<uint64_t> ancestors;
 };
 
 // What a Sync resolves to: how the round ended for the member, and the
@@ -94,6 +99,19 @@ struct MemberInfo {
   // to, at most kStragglerMisses (the adaptive deadline's persistent
   // stragglers, src/round.h).
   uint32_t missed_rounds = 0;
+  // Step budgets (StepBudget::kAdaptive): its recent step rates and upload
+  // times, when it was last handed a result (its compute starts then),
+  // and the budget that result said (0: K).
+  WorkHistory work;
+  absl::Time result_at = absl::InfinitePast();
+  uint32_t budget = 0;
+  // The last round that counted its contribution (0: none yet).
+  RoundId last_counted_round = 0;
+  // Stale contributions: the anchor of its last stale contribution that
+  // gave the open round a chunk, and whether that contribution counted (a
+  // retry of it must not be merged again).
+  uint64_t stale_anchor = 0;
+  bool stale_counted = false;
   // The credentials the member joined with (JoinRequestParams::principal);
   // later calls naming the member must present the same. Not secret.
   std::string principal;
@@ -121,6 +139,9 @@ struct RoundRecord {
   double contributor_weight = 0;
   // Ids of the contributors, to answer a contributor whose result it is.
   absl::flat_hash_set<MemberId> contributor_ids;
+  // The local steps of its participants' contributions by fate (those its
+  // members reported; late: of Syncs for it that came after it closed).
+  StepCounts steps;
   // Applied from a primary (Job::ApplyReplicated): its ids are the
   // primary's, and members that join the promoted standby get new ones; a
   // contributor is then known by its name.
@@ -147,6 +168,9 @@ struct JobStatusSnapshot {
   // as persistent stragglers (sorted).
   LearnedDeadline learned_deadline;
   std::vector<std::string> stragglers;
+  // The local steps of every contribution this coordinator saw, by fate,
+  // since it took the job (created, restored or promoted).
+  StepCounts steps;
 };
 
 struct JoinRequestParams {

@@ -158,6 +158,11 @@ const MemberInfo* Membership::Get(const MemberId& member) const {
   return it == members_.end() ? nullptr : &it->second;
 }
 
+MemberInfo* Membership::Mutable(const MemberId& member) {
+  auto it = members_.find(member);
+  return it == members_.end() ? nullptr : &it->second;
+}
+
 bool Membership::Remove(const MemberId& member, absl::string_view why,
                         absl::Time now) {
   auto it = members_.find(member);
@@ -186,15 +191,27 @@ std::vector<const MemberInfo*> Membership::TakingPartIn(RoundId round) const {
   return out;
 }
 
-void Membership::CountRound(const MemberId& member, bool contributed) {
+void Membership::CountRound(const MemberId& member, bool contributed,
+                            RoundId round) {
   auto it = members_.find(member);
   if (it == members_.end()) return;
+  if (contributed && round > it->second.last_counted_round) {
+    it->second.last_counted_round = round;
+  }
   uint32_t& missed = it->second.missed_rounds;
   if (contributed) {
     if (missed > 0) --missed;
   } else if (missed < kStragglerMisses) {
     ++missed;
   }
+}
+
+void Membership::NoteStale(const MemberId& member, uint64_t anchor,
+                           bool counted) {
+  auto it = members_.find(member);
+  if (it == members_.end()) return;
+  it->second.stale_anchor = anchor;
+  it->second.stale_counted = counted;
 }
 
 absl::Status Membership::CheckPrincipal(const MemberId& member,

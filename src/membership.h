@@ -68,6 +68,9 @@ class Membership {
   MemberInfo* Renew(const MemberId& member, absl::Time now);
   // The member as it is, lease or not; null if it is not a member.
   const MemberInfo* Get(const MemberId& member) const;
+  // The same, to change what the job learns of it (MemberInfo::work,
+  // result_at, budget); null if unknown.
+  MemberInfo* Mutable(const MemberId& member);
 
   // Removes `member` (`why` goes to the log); returns whether it was one.
   // The job is empty since `now` if it was the last.
@@ -82,7 +85,11 @@ class Membership {
   // A round closed: a participant that contributed missed one round fewer
   // (down to 0); one that timed out one more (up to kStragglerMisses).
   // Unknown members are skipped.
-  void CountRound(const MemberId& member, bool contributed);
+  // (`round`: the round, when it contributed; MemberInfo::last_counted_round)
+  void CountRound(const MemberId& member, bool contributed, RoundId round = 0);
+  // A stale contribution of `member` against `anchor` gave a round chunks
+  // (`counted`: the round counted it whole); see MemberInfo::stale_anchor.
+  void NoteStale(const MemberId& member, uint64_t anchor, bool counted);
 
   // PERMISSION_DENIED if `member` is bound to credentials other than
   // `principal`; OK otherwise (also for an unknown member).

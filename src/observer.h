@@ -30,6 +30,8 @@ struct RoundClosedEvent {
   // Participants still members when the round closed without their
   // complete contribution (the deadline, or the job stopping).
   uint32_t timed_out = 0;
+  // The local steps of its participants' contributions, by fate.
+  StepCounts steps;
 };
 
 // Told of events as they happen. The core calls it after releasing its locks,
@@ -52,6 +54,9 @@ class CoordinatorObserver {
   // straggler): it adopts the latest result and its parameters are not
   // counted.
   virtual void LateContribution(absl::string_view job_id, RoundId round) {}
+  // The local steps such a late Sync's delta held (thrown away; only when
+  // it said them).
+  virtual void LateSteps(absl::string_view job_id, uint64_t steps) {}
   // A contribution refused mid-stream (a non-finite value under the drop
   // policy, or a delta that would overflow the state).
   virtual void ContributionRejected(absl::string_view job_id) {}

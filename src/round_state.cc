@@ -64,6 +64,37 @@ const Participant* RoundState::Find(const MemberId& member) const {
   return it == participants_.end() ? nullptr : &it->second;
 }
 
+bool RoundState::BeginContribution(const MemberId& member, int64_t steps,
+                                   uint64_t anchor, uint32_t staleness,
+                                   double weight_factor, absl::Time now) {
+  auto it = participants_.find(member);
+  if (it == participants_.end() || it->second.gone) return false;
+  Participant& p = it->second;
+  if (p.received > 0 || p.began) {
+    // A retry: the same contribution again, or nothing.
+    if (p.anchor != (staleness > 0 ? anchor : 0)) return false;
+    if (steps >= 0) p.steps = steps;
+    return true;
+  }
+  p.began = true;
+  p.began_at = now;
+  p.steps = steps;
+  const float before = p.weight;
+  if (staleness > 0) {
+    p.anchor = anchor;
+    p.staleness = staleness;
+  }
+  if (staleness > 0 || weight_factor != 1.0) {
+    p.weight = static_cast<float>(static_cast<double>(p.weight) *
+                                  weight_factor / (1.0 + staleness));
+  }
+  // Nothing it gives is summed yet, and no chunk is final from the sums
+  // (it has not given any): a lower weight keeps the scale bound, a higher
+  // one refits it.
+  if (p.weight > before) FitScale();
+  return true;
+}
+
 bool RoundState::MarkGone(const MemberId& member, absl::string_view rejected) {
   auto it = participants_.find(member);
   if (it == participants_.end() || it->second.complete()) return false;
@@ -146,14 +177,28 @@ RoundClosure RoundState::Close(CloseReason reason, absl::Time now) const {
   record.closed = now;
   for (const auto& [id, p] : participants_) {
     record.participants.push_back(p.name);
+    const uint64_t steps = p.began && p.steps > 0 ? p.steps : 0;
+    if (p.anchor != 0 && p.received > 0) {
+      out.stale.push_back({id, p.anchor, p.complete()});
+    }
     if (p.complete()) {
+      if (p.began && p.staleness == 0 && steps > 0) {
+        out.work.push_back({id, steps, p.began_at, p.completed});
+      }
+      record.steps.merged += steps;
+      if (p.staleness > 0) record.steps.merged_stale += steps;
       record.contributors.push_back(p.name);
       record.contributor_ids.insert(id);
       record.contributor_weight += p.weight;
       out.contributed.push_back(id);
-      if (adaptive_) out.lags.emplace_back(p.name, p.completed - opened_);
+      // A stale contribution's lag says when its member came back, not how
+      // long the round's work takes.
+      if (adaptive_ && p.staleness == 0) {
+        out.lags.emplace_back(p.name, p.completed - opened_);
+      }
     } else if (p.gone) {
       record.dropped.push_back(p.name);
+      (p.nonfinite ? record.steps.refused : record.steps.gone) += steps;
       if (p.nonfinite) {
         out.refused.insert(id);
         record.rejected.push_back(absl::StrCat(p.name, ": ", p.rejected));
@@ -161,6 +206,9 @@ RoundClosure RoundState::Close(CloseReason reason, absl::Time now) const {
     } else {
       record.timed_out.push_back(p.name);
       out.timed_out.push_back(id);
+      // One that had not begun says its steps when its Sync comes (late,
+      // or merged stale into a later round).
+      record.steps.timed_out += steps;
     }
   }
   for (std::vector<std::string>* names :

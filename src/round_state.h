@@ -49,6 +49,22 @@ struct RoundClosure {
   // Adaptive deadlines only: each contributor's completion lag (its last
   // chunk since the round opened), in participant order.
   std::vector<std::pair<std::string, absl::Duration>> lags;
+  // Stale contributions that gave the round a chunk: the member, its
+  // anchor, and whether the round counted it (complete).
+  struct Stale {
+    MemberId member;
+    uint64_t anchor = 0;
+    bool counted = false;
+  };
+  std::vector<Stale> stale;
+  // Fresh complete contributions that said their steps: for step budgets.
+  struct Work {
+    MemberId member;
+    uint64_t steps = 0;
+    absl::Time began;
+    absl::Time completed;
+  };
+  std::vector<Work> work;
 };
 
 class RoundState {
@@ -82,6 +98,17 @@ class RoundState {
             absl::Time now);
 
   const Participant* Find(const MemberId& member) const;
+  // A Sync of participant `member` begins: it holds `steps` local steps
+  // (-1: not said). A stale one (`staleness` > 0: its delta is against a
+  // state that many rounds older than the round's previous one, `anchor`)
+  // counts with its weight divided by (1 + staleness). Returns false (and
+  // changes nothing) unless `member` is a participant that is not gone and
+  // has given nothing yet, or has given chunks against that same anchor.
+  // Its weight is also multiplied by `weight_factor` (step budgets: its
+  // steps / K; the sums' scale refit if it grew). `now`: when it began.
+  bool BeginContribution(const MemberId& member, int64_t steps, uint64_t anchor,
+                         uint32_t staleness, double weight_factor,
+                         absl::Time now);
   // If `member` is a participant that has not given every chunk, marks it
   // gone (it gives nothing more; its chunks so far stay counted; with a
   // `rejected` reason, its contribution was refused: a non-finite value or

@@ -1,5 +1,6 @@
 #include "src/settings.h"
 
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -59,6 +60,25 @@ std::string OutlierRatioText(float ratio) {
   return ratio == kOutlierGuardOff ? "off" : absl::StrCat(ratio);
 }
 
+// The largest staleness merged: a number, or "off" (kMaxStalenessOff).
+absl::Status ParseMaxStaleness(absl::string_view text, int32_t& out) {
+  if (text == "off") {
+    out = kMaxStalenessOff;
+    return absl::OkStatus();
+  }
+  int32_t n;
+  if (absl::SimpleAtoi(text, &n) && n >= 1 && n <= kMaxStalenessLimit) {
+    out = n;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "must be in [1, ", kMaxStalenessLimit, "] or off; got '", text, "'"));
+}
+
+std::string MaxStalenessText(int32_t n) {
+  return n == kMaxStalenessOff ? "off" : absl::StrCat(n);
+}
+
 absl::Status ParseFloat(absl::string_view text, float& out) {
   if (absl::SimpleAtof(text, &out)) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -80,6 +100,8 @@ constexpr Choice<Contribution> kContributions[] = {
     {"parameters", Contribution::kParameters}};
 constexpr Choice<MeanEncoding> kMeanEncodings[] = {
     {"float32", MeanEncoding::kFloat32}, {"wire", MeanEncoding::kWire}};
+constexpr Choice<StepBudget> kStepBudgets[] = {
+    {"fixed", StepBudget::kFixed}, {"adaptive", StepBudget::kAdaptive}};
 constexpr Choice<DeadlineMode> kDeadlineModes[] = {
     {"fixed", DeadlineMode::kFixed}, {"adaptive", DeadlineMode::kAdaptive}};
 
@@ -251,6 +273,58 @@ const JobSettingSpec kSpecs[] = {
      },
      LOCALSGD_CHOICE_TEXT(mean_encoding, kMeanEncodings, MeanEncodingName),
      [](JobSettings& s) { s.mean_encoding = MeanEncoding::kWire; }},
+    {"max_staleness", "max_staleness", "off",
+     "Default for new jobs of pseudo-gradients of how many rounds old a "
+     "member's anchor may be for its delta to be merged into the open round "
+     "(weighted by 1/(1+staleness)) instead of thrown away; in [1, 64], or "
+     "off (docs/design.md \"Stale contributions\").",
+     LOCALSGD_SETTING(max_staleness, 0),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat("merges deltas at most ",
+                           MaxStalenessText(job.max_staleness),
+                           " rounds stale; member asks for ",
+                           MaxStalenessText(asked.max_staleness));
+     },
+     [](const JobSettings& s) { return MaxStalenessText(s.max_staleness); },
+     [](absl::string_view text, JobSettings& s) {
+       return ParseMaxStaleness(text, s.max_staleness);
+     },
+     [](JobSettings& s) { s.max_staleness = 3; }},
+    {"step_budget", "step_budget", "fixed",
+     "Default for new jobs of how many local steps members make between "
+     "contributions: fixed (K each) or adaptive (the coordinator learns each "
+     "member's step rate and upload time and hands it the steps to make so "
+     "that contributions arrive together, weighing each by its steps; "
+     "docs/design.md \"Step budgets\").",
+     LOCALSGD_SETTING(step_budget, StepBudget::kUnspecified),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat("uses step budget ", StepBudgetName(job.step_budget),
+                           "; member asks for ",
+                           StepBudgetName(asked.step_budget));
+     },
+     LOCALSGD_CHOICE_TEXT(step_budget, kStepBudgets, StepBudgetName),
+     [](JobSettings& s) { s.step_budget = StepBudget::kAdaptive; }},
+    {"min_local_steps", nullptr, "",
+     "The fewest local steps an adaptive step budget says (0: max(1, K / "
+     "4)).",
+     LOCALSGD_SETTING(min_local_steps, 0u),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat("budgets at least ", job.min_local_steps,
+                           " local steps; member asks for ",
+                           asked.min_local_steps);
+     },
+     LOCALSGD_NUMBER_TEXT(min_local_steps, ParseNumber),
+     [](JobSettings& s) { s.min_local_steps = 2; }},
+    {"max_local_steps", nullptr, "",
+     "The most local steps an adaptive step budget says (0: 4 K).",
+     LOCALSGD_SETTING(max_local_steps, 0u),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat("budgets at most ", job.max_local_steps,
+                           " local steps; member asks for ",
+                           asked.max_local_steps);
+     },
+     LOCALSGD_NUMBER_TEXT(max_local_steps, ParseNumber),
+     [](JobSettings& s) { s.max_local_steps = 40; }},
 };
 
 #undef LOCALSGD_SETTING
@@ -261,8 +335,8 @@ const JobSettingSpec kSpecs[] = {
 // one its row in kSpecs (and see settings.h for the other layers).
 [[maybe_unused]] void EveryFieldHasARow(const JobSettings& s) {
   [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11,
-                                f12] = s;
-  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 12,
+                                f12, f13, f14, f15, f16] = s;
+  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 16,
                 "one row of kSpecs per field of JobSettings");
 }
 
@@ -315,6 +389,34 @@ absl::Status ValidateSetFields(const JobSettings& s,
         what, "outlier_ratio ", s.outlier_ratio, " is out of range; use [",
         kMinOutlierRatio, ", ", kMaxOutlierRatio, "], or ", kOutlierGuardOff,
         " for no outlier guard"));
+  }
+  if (s.max_staleness != 0 && s.max_staleness != kMaxStalenessOff &&
+      !(s.max_staleness >= 1 && s.max_staleness <= kMaxStalenessLimit)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "max_staleness ", s.max_staleness,
+                     " is out of range; use [1, ", kMaxStalenessLimit, "], or ",
+                     kMaxStalenessOff, " for no stale contributions"));
+  }
+  if (s.step_budget != StepBudget::kUnspecified &&
+      s.step_budget != StepBudget::kFixed &&
+      s.step_budget != StepBudget::kAdaptive) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "step budget ", static_cast<int>(s.step_budget),
+                     " is not supported; use fixed or adaptive"));
+  }
+  for (const auto& [name, n] :
+       {std::pair<const char*, uint32_t>{"min_local_steps", s.min_local_steps},
+        {"max_local_steps", s.max_local_steps}}) {
+    if (n > kMaxLocalSteps) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, name, " ", n, " is out of range; at most ", kMaxLocalSteps));
+    }
+  }
+  if (s.min_local_steps != 0 && s.max_local_steps != 0 &&
+      s.min_local_steps > s.max_local_steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "min_local_steps ", s.min_local_steps,
+                     " exceeds max_local_steps ", s.max_local_steps));
   }
   if (s.rendezvous_members > limits.max_members) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -77,7 +77,8 @@ uint64_t StateCommit::NewStateId() {
 void StateCommit::Restore(RoundId round, std::vector<float> values, uint64_t id,
                           std::vector<float> momentum,
                           std::vector<float> residual,
-                          std::vector<float> mean_residual) {
+                          std::vector<float> mean_residual,
+                          std::vector<uint64_t> ancestors) {
   auto state = std::make_shared<StateSnapshot>();
   state->round = round;
   state->values = std::move(values);
@@ -85,8 +86,28 @@ void StateCommit::Restore(RoundId round, std::vector<float> values, uint64_t id,
   state->momentum = std::move(momentum);
   state->residual = std::move(residual);
   state->mean_residual = std::move(mean_residual);
+  state->ancestors = std::move(ancestors);
+  if (state->ancestors.size() > MaxAncestors()) {
+    state->ancestors.resize(MaxAncestors());
+  }
   state_ = std::move(state);
   magnitudes_.clear();
+}
+
+size_t StateCommit::MaxAncestors() const {
+  return settings_.contribution == Contribution::kPseudoGradients &&
+                 settings_.max_staleness > 0
+             ? static_cast<size_t>(settings_.max_staleness)
+             : 0;
+}
+
+int StateCommit::Staleness(uint64_t id) const {
+  if (state_ == nullptr || id == 0) return -1;
+  if (id == state_->id) return 0;
+  for (size_t i = 0; i < state_->ancestors.size(); ++i) {
+    if (state_->ancestors[i] == id) return static_cast<int>(i + 1);
+  }
+  return -1;
 }
 
 std::vector<float> StateCommit::TakeBuffer() {
@@ -334,6 +355,15 @@ std::shared_ptr<const StateSnapshot> StateCommit::Commit(
     std::shared_ptr<StateSnapshot> state, RoundId round) {
   state->round = round;
   if (state->id == 0) state->id = NewStateId();
+  state->ancestors.clear();
+  if (state_ != nullptr && state->previous_id != 0 &&
+      state->previous_id == state_->id && MaxAncestors() > 0) {
+    state->ancestors.push_back(state_->id);
+    for (uint64_t id : state_->ancestors) {
+      if (state->ancestors.size() >= MaxAncestors()) break;
+      state->ancestors.push_back(id);
+    }
+  }
   std::shared_ptr<StateSnapshot> old = std::move(state_);
   state_ = state;
   magnitudes_.clear();

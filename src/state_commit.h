@@ -66,7 +66,14 @@ class StateCommit {
   // residual and mean residual empty or of num_elements) the current one.
   void Restore(RoundId round, std::vector<float> values, uint64_t id,
                std::vector<float> momentum, std::vector<float> residual,
-               std::vector<float> mean_residual = {});
+               std::vector<float> mean_residual = {},
+               std::vector<uint64_t> ancestors = {});
+
+  // How many rounds older than the current state the state `id` is: 0 for
+  // the current one, s for its s-th ancestor (at most the job's
+  // max_staleness are kept); -1 if it is none of them (older, of another
+  // lineage, or never issued).
+  int Staleness(uint64_t id) const;
 
   // Whether the rule is applied to the mean as the wire encodes it (mean
   // encoding wire, a lossy wire dtype): then a chunk's mean travels to
@@ -136,9 +143,10 @@ class StateCommit {
   absl::Status CheckHeadroom(uint32_t c, float max_abs);
 
   // Makes `state` the current one as the state of `round` (a new id if it
-  // has none), and recycles the old one's buffers, or, if someone else
-  // still reads it, keeps it aside to recycle once no one does (at most
-  // kRetired states; an older one is left to its readers). Returns it.
+  // has none; its ancestors: the current state and its ancestors if it
+  // follows from it, else none), and recycles the old one's buffers, or, if
+  // someone else still reads it, keeps it aside to recycle once no one does (at
+  // most kRetired states; an older one is left to its readers). Returns it.
   std::shared_ptr<const StateSnapshot> Commit(
       std::shared_ptr<StateSnapshot> state, RoundId round);
 
@@ -149,6 +157,8 @@ class StateCommit {
   void Harvest(StateSnapshot& old);
   // Harvests the states kept aside that no one reads any more.
   void HarvestRetired();
+  // How many ancestors a state keeps: the job's max_staleness (0 off).
+  size_t MaxAncestors() const;
   static constexpr size_t kRetired = 1;
 
   const JobSettings settings_;

@@ -55,6 +55,18 @@ absl::string_view DeadlineModeName(DeadlineMode mode) {
   return "unspecified";
 }
 
+absl::string_view StepBudgetName(StepBudget budget) {
+  switch (budget) {
+    case StepBudget::kFixed:
+      return "fixed";
+    case StepBudget::kAdaptive:
+      return "adaptive";
+    case StepBudget::kUnspecified:
+      break;
+  }
+  return "unspecified";
+}
+
 absl::string_view MeanEncodingName(MeanEncoding encoding) {
   switch (encoding) {
     case MeanEncoding::kFloat32:

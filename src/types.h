@@ -102,6 +102,16 @@ enum class DeadlineMode : int {
 // "fixed", "adaptive"; "unspecified" for kUnspecified.
 absl::string_view DeadlineModeName(DeadlineMode mode);
 
+// How many local steps members make between contributions; see
+// localsgd.v1.StepBudget.
+enum class StepBudget : int {
+  kUnspecified = 0,
+  kFixed = 1,
+  kAdaptive = 2,
+};
+// "fixed", "adaptive"; "unspecified" for kUnspecified.
+absl::string_view StepBudgetName(StepBudget budget);
+
 // What a pseudo-gradient job's rule is applied to; see
 // localsgd.v1.MeanEncoding.
 enum class MeanEncoding : int {
@@ -147,7 +157,25 @@ struct JobSettings {
   // the chunk's recent ones is refused. 0: unset; kOutlierGuardOff: off.
   float outlier_ratio = 0;
   MeanEncoding mean_encoding = MeanEncoding::kUnspecified;
+  // Pseudo-gradient jobs: a delta against a state at most this many rounds
+  // older than the job's is merged into the open round, discounted by its
+  // staleness, instead of being thrown away (docs/design.md "Stale
+  // contributions"). 0: unset (in a job's settings, as from a peer that
+  // predates it: off); kMaxStalenessOff: off (only deltas against the
+  // current state count); else in [1, kMaxStalenessLimit].
+  int32_t max_staleness = 0;
+  // Per-member step budgets (StepBudget::kAdaptive: the coordinator hands
+  // each member the local steps to make, and weighs contributions by their
+  // steps) and their bounds (0: max(1, K / 4) and 4 K).
+  StepBudget step_budget = StepBudget::kUnspecified;
+  uint32_t min_local_steps = 0;
+  uint32_t max_local_steps = 0;
 };
+
+// JobSettings.max_staleness's value for "no stale contributions", and the
+// largest staleness a job may accept.
+inline constexpr int32_t kMaxStalenessOff = -1;
+inline constexpr int32_t kMaxStalenessLimit = 64;
 
 // JobSettings.outlier_ratio's value for "no outlier guard", and the range of
 // the others.
@@ -230,6 +258,55 @@ struct RoundOutcome {
   // The epoch of the primary that answered (SyncResult.epoch); 0 without
   // an election.
   uint64_t epoch = 0;
+  // Pseudo-gradient jobs with stale contributions: how many rounds older
+  // than the job's state the member's anchor was when its delta was merged
+  // (0: it was current, or nothing was merged).
+  uint32_t staleness = 0;
+  // StepBudget::kAdaptive: the local steps to make before the next
+  // contribution (0: K).
+  uint32_t local_steps_budget = 0;
+};
+
+// The most local steps one contribution may say it holds
+// (SyncHeader.local_steps): far beyond any real K.
+inline constexpr uint32_t kMaxLocalSteps = 1u << 20;
+
+// What a member's Sync says of its contribution besides its round and
+// anchor (SyncHeader.local_steps).
+struct SyncWork {
+  // The local steps its delta holds; -1: not said.
+  int64_t local_steps = -1;
+};
+
+// Local steps by their fate (localsgd.v1.StepCounts): those whose effect
+// entered the global state and those thrown away, and why.
+struct StepCounts {
+  // Entered the state: in a round's mean, and of those, merged stale.
+  uint64_t merged = 0;
+  uint64_t merged_stale = 0;
+  // Thrown away: the delta came after its round closed (too stale, or
+  // stale contributions off), was refused (a non-finite value, the
+  // finite-state guard, the outlier guard), its member went away before
+  // it was complete, or its round closed at a deadline before it was.
+  uint64_t late = 0;
+  uint64_t refused = 0;
+  uint64_t gone = 0;
+  uint64_t timed_out = 0;
+
+  uint64_t discarded() const { return late + refused + gone + timed_out; }
+  // merged / (merged + discarded); 1 when nothing was counted.
+  double goodput() const {
+    const uint64_t all = merged + discarded();
+    return all == 0 ? 1.0 : static_cast<double>(merged) / all;
+  }
+  void Add(const StepCounts& o) {
+    merged += o.merged;
+    merged_stale += o.merged_stale;
+    late += o.late;
+    refused += o.refused;
+    gone += o.gone;
+    timed_out += o.timed_out;
+  }
 };
 
 // The largest round a re-seed may name (Job::BeginSync): far beyond any

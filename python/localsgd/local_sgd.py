@@ -268,6 +268,15 @@ class LocalSGD:
         a standby coordinator then replicates at the cost of one member's
         download; docs/design.md); LOCALSGD_MEAN_ENCODING ("": the
         coordinator's default).
+    max_staleness: "off" or 1 to 64 (the job's: how many rounds old a
+        delta's anchor may be for it to be merged, weighed by
+        1/(1 + staleness), instead of thrown away); LOCALSGD_MAX_STALENESS
+        ("": the coordinator's default, off).
+    step_budget: "fixed" or "adaptive" (the job's: with adaptive the
+        coordinator hands each member the local steps to make so that
+        contributions arrive together, and step() syncs when they are made;
+        local_sgd_steps stays a member of median speed's);
+        LOCALSGD_STEP_BUDGET ("": the coordinator's default, fixed).
     tls_ca, tls_server_name: the CA of the coordinator's certificate and
         the name to check in it; LOCALSGD_TLS_CA, LOCALSGD_TLS_SERVER_NAME.
     tls_cert, tls_key: this member's certificate and key (mutual TLS);
@@ -308,7 +317,8 @@ class LocalSGD:
                  token_file=None, process_group=None,
                  keep_training_when_unavailable=True, rpc_timeout=30.0,
                  sync_timeout=1800.0, max_retry_time=60.0, client=None,
-                 overlap=False, deadline_mode=None, mean_encoding=None):
+                 overlap=False, deadline_mode=None, mean_encoding=None,
+                 max_staleness=None, step_budget=None):
         if accelerator is None and model is not None and \
                 not isinstance(model, torch.nn.Module) and \
                 isinstance(coordinator, torch.nn.Module):
@@ -341,6 +351,8 @@ class LocalSGD:
         self.enabled = bool(enabled)
         self.keep_training_when_unavailable = keep_training_when_unavailable
         self.num_steps = 0
+        # num_steps when the last contribution went to the coordinator.
+        self._contributed_at = 0
         self.num_syncs = 0
         self.num_skipped_syncs = 0
         self.sync_seconds_total = 0.0
@@ -417,7 +429,9 @@ class LocalSGD:
                         sync_timeout=sync_timeout,
                         max_retry_time=max_retry_time,
                         deadline_mode=deadline_mode,
-                        mean_encoding=mean_encoding)
+                        mean_encoding=mean_encoding,
+                        max_staleness=max_staleness,
+                        step_budget=step_budget)
                 self._client = client
                 self._client.join(layout)
                 self._flatten_into(self._host)
@@ -440,7 +454,7 @@ class LocalSGD:
                      wire_dtype, averaging, outer_lr, outer_momentum,
                      member_name, tls_ca, tls_cert, tls_key, tls_server_name,
                      token, token_file, deadline_mode, mean_encoding,
-                     **rest):
+                     max_staleness, step_budget, **rest):
         """The leader's Client, from the arguments and, for those not
         given, the environment (see the class's documentation)."""
         if not coordinator and not replicas:
@@ -487,6 +501,9 @@ class LocalSGD:
             token_file=pick(token_file, "LOCALSGD_JOB_TOKEN_FILE", ""),
             deadline_mode=pick(deadline_mode, "LOCALSGD_DEADLINE_MODE", ""),
             mean_encoding=pick(mean_encoding, "LOCALSGD_MEAN_ENCODING", ""),
+            max_staleness=str(pick(max_staleness, "LOCALSGD_MAX_STALENESS",
+                                   "")),
+            step_budget=pick(step_budget, "LOCALSGD_STEP_BUDGET", ""),
             **rest)
 
     @property
@@ -533,12 +550,14 @@ class LocalSGD:
         action = decide_step(
             self.num_steps, self.local_sgd_steps, bool(self.overlap),
             self._group is not None, in_flight,
-            bool(in_flight and self._client.sync_ready))
+            bool(in_flight and self._client.sync_ready),
+            since_sync=self._steps_since_contribution(),
+            budget=self._budget())
         if action in ("merge", "merge_then_start"):
             self._merge()
         if action in ("start", "merge_then_start"):
             self._flatten_into(self._host)
-            self._client.start_sync(self._host_np)
+            self._start_sync()
         elif action == "node_sync_point":
             self._node_sync_point(start_next=True)
         elif action == "sync":
@@ -647,7 +666,7 @@ class LocalSGD:
                     if outcome is not None and self._node is not self._host:
                         self._node.copy_(self._host)
                     if start_next:
-                        self._client.start_sync(self._host_np)
+                        self._start_sync()
                 except Exception as e:  # noqa: B902 - shared, re-raised
                     kind, error = _FAILED, e
                 # What is in flight now, whatever failed (every rank must
@@ -679,6 +698,23 @@ class LocalSGD:
                          f"process of the node died?): {e}") from e
         self._node.div_(self._size)
 
+    def _steps_since_contribution(self):
+        """The local steps the next contribution holds (SyncHeader
+        local_steps: the coordinator counts them for the job's goodput)."""
+        return max(0, self.num_steps - self._contributed_at)
+
+    def _budget(self):
+        """The coordinator's step budget for the next contribution (adaptive
+        step budgets; 0: every local_sgd_steps)."""
+        last = self.last_outcome
+        return int(last.get("local_steps_budget", 0)) if last else 0
+
+    def _start_sync(self):
+        """start_sync of self._host, saying the local steps it holds."""
+        self._client.start_sync(
+            self._host_np, local_steps=self._steps_since_contribution())
+        self._contributed_at = self.num_steps
+
     def _count(self, outcome):
         """A successful sync's outcome (the leader's, or a member's own)."""
         self.num_syncs += 1
@@ -690,7 +726,9 @@ class LocalSGD:
         """The leader's sync into self._host; the outcome, or None when
         skipped (coordinator unreachable)."""
         try:
-            outcome = self._client.sync(self._host_np)
+            outcome = self._client.sync(
+                self._host_np, local_steps=self._steps_since_contribution())
+            self._contributed_at = self.num_steps
         except Error as e:
             if self.keep_training_when_unavailable and \
                     e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):

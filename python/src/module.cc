@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -126,6 +127,28 @@ absl::Span<float> SpanOf(py::buffer_info& info) {
                            static_cast<size_t>(info.size));
 }
 
+// local_steps= of sync and start_sync: None (not said) or a whole number
+// in [0, kMaxLocalSteps].
+SyncWork WorkOf(const py::object& local_steps, const char* where) {
+  SyncWork work;
+  if (local_steps.is_none()) return work;
+  if (!py::isinstance<py::int_>(local_steps) ||
+      py::isinstance<py::bool_>(local_steps)) {
+    throw py::value_error(absl::StrCat(
+        where, ": local_steps=", std::string(py::repr(local_steps)),
+        ": must be a whole number of local steps (an int) or None"));
+  }
+  // Through a Python int compare: any size, no overflow.
+  if (local_steps.attr("__lt__")(0).cast<bool>() ||
+      local_steps.attr("__gt__")(kMaxLocalSteps).cast<bool>()) {
+    throw py::value_error(absl::StrCat(
+        where, ": local_steps=", std::string(py::repr(local_steps)),
+        ": must be in [0, ", kMaxLocalSteps, "]"));
+  }
+  work.local_steps = local_steps.cast<int64_t>();
+  return work;
+}
+
 py::dict OutcomeDict(const SyncOutcome& o) {
   py::dict d;
   d["round"] = o.round;
@@ -136,6 +159,8 @@ py::dict OutcomeDict(const SyncOutcome& o) {
   d["bytes_sent"] = o.bytes_sent;
   d["bytes_received"] = o.bytes_received;
   d["rejoined"] = o.rejoined;
+  d["staleness"] = o.staleness;
+  d["local_steps_budget"] = o.local_steps_budget;
   return d;
 }
 
@@ -196,8 +221,9 @@ class PyClient {
     OkOrRaise(status);
   }
 
-  py::dict Sync(const py::buffer& buffer) {
+  py::dict Sync(const py::buffer& buffer, const py::object& local_steps) {
     py::buffer_info info = Params(buffer, NumElements(), "sync");
+    const SyncWork work = WorkOf(local_steps, "sync");
     absl::StatusOr<SyncOutcome> outcome;
     {
       py::gil_scoped_release release;
@@ -205,15 +231,16 @@ class PyClient {
       if (absl::Status s = Idle(); !s.ok()) {
         outcome = s;
       } else {
-        outcome = client_->Sync(SpanOf(info));
+        outcome = client_->Sync(SpanOf(info), work);
       }
     }
     return OutcomeDict(ValueOrRaise(std::move(outcome)));
   }
 
   // Sync that overlaps training (client/background_sync.h).
-  void StartSync(const py::buffer& buffer) {
+  void StartSync(const py::buffer& buffer, const py::object& local_steps) {
     py::buffer_info info = Params(buffer, NumElements(), "start_sync");
+    const SyncWork work = WorkOf(local_steps, "start_sync");
     absl::Status status;
     {
       py::gil_scoped_release release;
@@ -223,7 +250,7 @@ class PyClient {
         if (background_ == nullptr) {
           background_ = std::make_unique<BackgroundSync>(client_.get());
         }
-        status = background_->Start(SpanOf(info));
+        status = background_->Start(SpanOf(info), work);
       }
     }
     OkOrRaise(status);
@@ -408,7 +435,8 @@ ClientOptions MakeOptions(
     const std::string& tls_server_name, const std::string& token,
     const std::string& token_file, double rpc_timeout, double sync_timeout,
     double max_retry_time, const std::string& deadline_mode,
-    const std::string& mean_encoding) {
+    const std::string& mean_encoding, const std::string& max_staleness,
+    const std::string& step_budget) {
   ClientOptions o;
   o.target = target;
   o.job_id = job;
@@ -452,6 +480,24 @@ ClientOptions MakeOptions(
           : Choose<MeanEncoding>("mean_encoding", mean_encoding,
                                  {{"float32", MeanEncoding::kFloat32},
                                   {"wire", MeanEncoding::kWire}});
+  if (max_staleness == "off") {
+    o.settings.max_staleness = kMaxStalenessOff;
+  } else if (!max_staleness.empty()) {
+    int32_t n = 0;
+    if (!absl::SimpleAtoi(max_staleness, &n) || n < 1 ||
+        n > kMaxStalenessLimit) {
+      throw py::value_error(absl::StrCat("max_staleness='", max_staleness,
+                                         "': must be 'off' or 1 to ",
+                                         kMaxStalenessLimit));
+    }
+    o.settings.max_staleness = n;
+  }
+  o.settings.step_budget =
+      step_budget.empty()
+          ? StepBudget::kUnspecified
+          : Choose<StepBudget>("step_budget", step_budget,
+                               {{"fixed", StepBudget::kFixed},
+                                {"adaptive", StepBudget::kAdaptive}});
   o.security.tls_ca_file = tls_ca;
   o.security.tls_cert_file = tls_cert;
   o.security.tls_key_file = tls_key;
@@ -491,7 +537,8 @@ PYBIND11_MODULE(_localsgd, m) {
   m.def(
       "decide_step",
       [](uint64_t steps, uint64_t local_sgd_steps, bool overlap,
-         bool node_group, bool in_flight, bool ready) {
+         bool node_group, bool in_flight, bool ready, uint64_t since_sync,
+         uint64_t budget) {
         if (local_sgd_steps < 1) {
           throw py::value_error("decide_step: local_sgd_steps must be >= 1");
         }
@@ -502,12 +549,17 @@ PYBIND11_MODULE(_localsgd, m) {
         state.node_group = node_group;
         state.in_flight = in_flight;
         state.ready = ready;
+        state.since_sync = since_sync;
+        state.budget = budget;
         return std::string(
             localsgd::StepActionName(localsgd::DecideStep(state)));
       },
       py::arg("steps"), py::arg("local_sgd_steps"), py::arg("overlap"),
       py::arg("node_group"), py::arg("in_flight"), py::arg("ready"),
-      "What LocalSGD does at this optimizer step (steps counted with it): "
+      py::arg("since_sync") = 0, py::arg("budget") = 0,
+      "What LocalSGD does at this optimizer step (steps counted with it; "
+      "since_sync: steps since the last contribution, budget: the "
+      "coordinator's step budget, 0 for none): "
       "'none', 'sync', 'node_sync_point', 'merge', 'start' or "
       "'merge_then_start' (the table of client/sync_schedule.h).");
 
@@ -552,13 +604,16 @@ localsgd.Error (.code: the gRPC status code name, .message).
                        const std::string& token, const std::string& token_file,
                        double rpc_timeout, double sync_timeout,
                        double max_retry_time, const std::string& deadline_mode,
-                       const std::string& mean_encoding) {
+                       const std::string& mean_encoding,
+                       const std::string& max_staleness,
+                       const std::string& step_budget) {
              return std::make_unique<PyClient>(localsgd::python::MakeOptions(
                  target, job, member_name, weight, replicas, local_sgd_steps,
                  wire_dtype, averaging, outer_lr, outer_momentum, contribution,
                  chunk_elements, rendezvous, tls_ca, tls_cert, tls_key,
                  tls_server_name, token, token_file, rpc_timeout, sync_timeout,
-                 max_retry_time, deadline_mode, mean_encoding));
+                 max_retry_time, deadline_mode, mean_encoding, max_staleness,
+                 step_budget));
            }),
            py::kw_only(), py::arg("target"), py::arg("job"),
            py::arg("member_name") = "", py::arg("weight") = 1.0,
@@ -573,7 +628,8 @@ localsgd.Error (.code: the gRPC status code name, .message).
            py::arg("token") = "", py::arg("token_file") = "",
            py::arg("rpc_timeout") = 30.0, py::arg("sync_timeout") = 1800.0,
            py::arg("max_retry_time") = 60.0, py::arg("deadline_mode") = "",
-           py::arg("mean_encoding") = "")
+           py::arg("mean_encoding") = "", py::arg("max_staleness") = "",
+           py::arg("step_budget") = "")
       .def("join", &PyClient::Join, py::arg("tensors"),
            "Joins the job with the layout [(name, shape, dtype), ...] "
            "(dtype: float32, bfloat16, float16, float64) and starts "
@@ -582,11 +638,16 @@ localsgd.Error (.code: the gRPC status code name, .message).
            "Seeds the job with params, or overwrites params with the job's "
            "state if it has one.")
       .def("sync", &PyClient::Sync, py::arg("params"),
+           py::arg("local_steps") = py::none(),
            "Contributes params to the next round and overwrites them with "
            "its result; returns the outcome as a dict (round, contributed, "
            "late, contributors, contributor_weight, bytes_sent, "
-           "bytes_received, rejoined).")
+           "bytes_received, rejoined, staleness). local_steps: the local "
+           "steps params hold since the state they were trained from (an "
+           "int in [0, 2^20]; counted by fate for the job's goodput), or "
+           "None.")
       .def("start_sync", &PyClient::StartSync, py::arg("params"),
+           py::arg("local_steps") = py::none(),
            "Copies params and syncs them with the job's next round on a "
            "thread of its own; the client takes no other call until "
            "finish_sync.")

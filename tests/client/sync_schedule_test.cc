@@ -74,6 +74,33 @@ TEST(SyncScheduleTest, EveryKthStepSyncs_ExactlySo) {
   EXPECT_EQ(syncs, 8);
 }
 
+// With a budget from the coordinator a member syncs once it made that many
+// steps since its last contribution, K or not; node groups keep K.
+TEST(SyncScheduleTest, BudgetReplacesKOutsideNodeGroups) {
+  StepState state;
+  state.local_sgd_steps = 8;
+  state.budget = 3;
+  int syncs = 0;
+  state.since_sync = 0;
+  for (state.steps = 1; state.steps <= 24; ++state.steps) {
+    ++state.since_sync;
+    if (DecideStep(state) == StepAction::kSync) {
+      ++syncs;
+      EXPECT_EQ(state.since_sync, 3u);
+      state.since_sync = 0;
+    }
+  }
+  EXPECT_EQ(syncs, 8);
+  state.overlap = true;
+  state.node_group = true;
+  state.steps = 3;
+  state.since_sync = 3;
+  EXPECT_EQ(DecideStep(state), StepAction::kNone);
+  state.steps = 8;
+  state.since_sync = 1;
+  EXPECT_EQ(DecideStep(state), StepAction::kNodeSyncPoint);
+}
+
 TEST(SyncScheduleTest, ActionNames) {
   EXPECT_EQ(StepActionName(StepAction::kNone), "none");
   EXPECT_EQ(StepActionName(StepAction::kMergeThenStart), "merge_then_start");

@@ -340,6 +340,14 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
   if (version >= 7) {
     header.U32(static_cast<uint32_t>(c.settings.mean_encoding));
   }
+  if (version >= 8) {
+    header.U32(static_cast<uint32_t>(c.settings.max_staleness));
+    header.U32(static_cast<uint32_t>(c.settings.step_budget));
+    header.U32(c.settings.min_local_steps);
+    header.U32(c.settings.max_local_steps);
+    header.U32(static_cast<uint32_t>(c.ancestors.size()));
+    for (uint64_t id : c.ancestors) header.U64(id);
+  }
   header.U64(3);
   if (version >= 3) {
     header.U64(c.momentum.size());
@@ -381,7 +389,7 @@ JobCheckpoint FormatCheckpoint() {
 
 TEST(CheckpointFormatTest, Encode_MatchesTheDocumentedFormat) {
   const JobCheckpoint c = FormatCheckpoint();
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 7));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, kCheckpointFormatVersion));
 }
 
 // Version 3: a pseudo-gradient job keeps its state id, its outer
@@ -392,7 +400,7 @@ TEST(CheckpointFormatTest, PseudoGradientJob_KeepsMomentumResidualAndStateId) {
   c.state_id = 0x0123456789abcdefull;
   c.momentum = {0.5f, -0.25f, 1e-30f};
   c.residual = {-1e-3f, 0.0f, 2e-3f};
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 7));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, kCheckpointFormatVersion));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSame(*back, c);
@@ -422,7 +430,7 @@ TEST(CheckpointFormatTest, DeadlineMode_KeptAndVersion3ReadsAsFixed) {
 TEST(CheckpointFormatTest, Epoch_KeptAndVersion4ReadsAsZero) {
   JobCheckpoint c = FormatCheckpoint();
   c.epoch = 0x1122334455ull;
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 7));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, kCheckpointFormatVersion));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->epoch, c.epoch);
@@ -437,7 +445,7 @@ TEST(CheckpointFormatTest, OutlierRatio_KeptAndVersion5ReadsAsOff) {
   JobCheckpoint c = FormatCheckpoint();
   c.settings = NesterovSettings();
   c.settings.outlier_ratio = 7.5f;
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 7));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, kCheckpointFormatVersion));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->settings.outlier_ratio, 7.5f);
@@ -446,7 +454,9 @@ TEST(CheckpointFormatTest, OutlierRatio_KeptAndVersion5ReadsAsOff) {
   EXPECT_EQ(back->settings.outlier_ratio, kOutlierGuardOff);
   // Out of its range (a corrupt or hostile file): refused.
   c.settings.outlier_ratio = 1.0f;
-  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 7)).status().code(),
+  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, kCheckpointFormatVersion))
+                .status()
+                .code(),
             absl::StatusCode::kDataLoss);
 }
 
@@ -459,7 +469,7 @@ TEST(CheckpointFormatTest, MeanEncoding_KeptAndVersion6ReadsAsFloat32) {
   c.settings.mean_encoding = MeanEncoding::kWire;
   c.residual = {-1e-3f, 0.0f, 2e-3f};
   c.mean_residual = {4e-3f, -5e-3f, 0.0f};
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 7));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, kCheckpointFormatVersion));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->settings.mean_encoding, MeanEncoding::kWire);
@@ -471,11 +481,49 @@ TEST(CheckpointFormatTest, MeanEncoding_KeptAndVersion6ReadsAsFloat32) {
   EXPECT_TRUE(back->mean_residual.empty());
   // Neither 0 nor the values' count, or an unknown encoding: refused.
   c.mean_residual = {1.0f};
-  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 7)).status().code(),
+  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, kCheckpointFormatVersion))
+                .status()
+                .code(),
             absl::StatusCode::kDataLoss);
   c.mean_residual.clear();
   c.settings.mean_encoding = static_cast<MeanEncoding>(9);
-  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 7)).status().code(),
+  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, kCheckpointFormatVersion))
+                .status()
+                .code(),
+            absl::StatusCode::kDataLoss);
+}
+
+// Version 8: stale contributions' bound and the ids of the states before
+// the checkpointed one; version 7 files restore with them off and none.
+TEST(CheckpointFormatTest, MaxStaleness_KeptAndVersion7ReadsAsOff) {
+  JobCheckpoint c = FormatCheckpoint();
+  c.settings = NesterovSettings();
+  c.state_id = 0x0123456789abcdefull;
+  c.settings.max_staleness = 3;
+  c.settings.step_budget = StepBudget::kAdaptive;
+  c.settings.min_local_steps = 4;
+  c.settings.max_local_steps = 64;
+  c.ancestors = {0x1111ull, 0x2222ull, 0x3333ull};
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 8));
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->settings.max_staleness, 3);
+  EXPECT_EQ(back->settings.step_budget, StepBudget::kAdaptive);
+  EXPECT_EQ(back->settings.min_local_steps, 4u);
+  EXPECT_EQ(back->settings.max_local_steps, 64u);
+  EXPECT_EQ(back->ancestors, c.ancestors);
+  back = DecodeCheckpoint(ReferenceFile(c, 7));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->settings.max_staleness, kMaxStalenessOff);
+  EXPECT_EQ(back->settings.step_budget, StepBudget::kFixed);
+  EXPECT_TRUE(back->ancestors.empty());
+  // Out of range, or more ancestors than any job keeps: refused.
+  c.settings.max_staleness = kMaxStalenessLimit + 1;
+  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 8)).status().code(),
+            absl::StatusCode::kDataLoss);
+  c.settings.max_staleness = 3;
+  c.ancestors.assign(kMaxStalenessLimit + 1, 7);
+  EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 8)).status().code(),
             absl::StatusCode::kDataLoss);
 }
 

@@ -439,6 +439,8 @@ JobSettings Complete() {
   s.contribution = Contribution::kParameters;
   s.deadline_mode = DeadlineMode::kFixed;
   s.mean_encoding = MeanEncoding::kFloat32;
+  s.max_staleness = kMaxStalenessOff;
+  s.step_budget = StepBudget::kFixed;
   return s;
 }
 

@@ -217,15 +217,28 @@ def test_bad_inputs_raise_and_change_nothing(coordinator):
         p.sync(frozen)
     with pytest.raises(TypeError):
         p.sync("not a buffer")
+    # Local steps: a whole number in [0, 2^20] or None.
+    for steps in (-1, 2.5, "16", True, 2**20 + 1, 2**70):
+        with pytest.raises(ValueError, match="local_steps"):
+            p.sync(params, local_steps=steps)
+        with pytest.raises(ValueError, match="local_steps"):
+            p.start_sync(params, local_steps=steps)
+    with pytest.raises(ValueError, match="max_staleness"):
+        localsgd.Client(target=c.target, job="j", max_staleness="65")
+    with pytest.raises(ValueError, match="step_budget"):
+        localsgd.Client(target=c.target, job="j", step_budget="sometimes")
     with pytest.raises(localsgd.Error) as e:
         p.sync(np.full(N, np.nan, np.float32))  # the job rejects non-finite
     assert e.value.code == "INVALID_ARGUMENT"
     # None of it reached the job: the next round averages exactly.
     params[:] = 2.0
     q_params[:] = 6.0
-    outcomes = in_parallel(lambda: p.sync(params), lambda: q.sync(q_params))
+    outcomes = in_parallel(lambda: p.sync(params, local_steps=16),
+                           lambda: q.sync(q_params, local_steps=0))
     assert [o["round"] for o in outcomes] == [1, 1]
     assert np.all(params == 4.0) and np.all(q_params == 4.0)
+    assert [o["staleness"] for o in outcomes] == [0, 0]
+    assert [o["local_steps_budget"] for o in outcomes] == [0, 0]
     p.close()
     with pytest.raises(ValueError, match="closed"):
         p.sync(params)

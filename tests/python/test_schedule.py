@@ -42,6 +42,26 @@ def test_decide_step_follows_the_table(k):
             (k, overlap, node_group, due, in_flight, ready)
 
 
+def test_a_budget_replaces_k_except_in_node_groups():
+    # K = 16, budget 5: due once 5 steps were made since the last sync.
+    assert decide_step(7, 16, False, False, False, False,
+                       since_sync=4, budget=5) == "none"
+    assert decide_step(8, 16, False, False, False, False,
+                       since_sync=5, budget=5) == "sync"
+    assert decide_step(16, 16, False, False, False, False,
+                       since_sync=3, budget=5) == "none"
+    assert decide_step(9, 16, True, False, False, False,
+                       since_sync=6, budget=5) == "start"
+    # Node groups sync in lockstep every K steps.
+    assert decide_step(8, 16, True, True, False, False,
+                       since_sync=5, budget=5) == "none"
+    assert decide_step(16, 16, True, True, False, False,
+                       since_sync=3, budget=5) == "node_sync_point"
+    # No budget: every K.
+    assert decide_step(16, 16, False, False, False, False,
+                       since_sync=16, budget=0) == "sync"
+
+
 def test_every_rows_action_is_named():
     assert {row[5] for row in TABLE} == {
         "none", "sync", "node_sync_point", "merge", "start",
