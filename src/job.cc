@@ -292,6 +292,8 @@ std::unique_ptr<SyncSession> Job::BeginStaleLocked(
     // Only a member that takes part in the next round opens it.
     if (member.first_round > next) return nullptr;
     OpenRoundLocked(next, now);
+    // The members in step set the round's pace, not this one.
+    open_->round.HoldClock();
   }
   // Its staleness as of the open round's previous state, which is the
   // job's current one.
@@ -409,6 +411,8 @@ std::unique_ptr<SyncSession> Job::BeginRoundLocked(
     open_->round.BeginContribution(member.id, steps, 0, 0,
                                    StepWeight(steps, settings_), now);
   }
+  // A fresh contribution starts the clock of a round a stale one opened.
+  open_->round.StartClock(now);
   const uint64_t waiter_id = next_waiter_id_++;
   if (on_final != nullptr && open_->next != nullptr) {
     // Chunks released before this stream came (a retry, an adopting

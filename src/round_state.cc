@@ -16,6 +16,7 @@ RoundState::RoundState(RoundId id, absl::Time opened,
                        bool per_chunk_finality, bool adaptive)
     : id_(id),
       opened_(opened),
+      clock_(opened),
       num_chunks_(geometry.num_chunks()),
       adaptive_(adaptive),
       sums_(std::move(buffer), geometry) {
@@ -194,7 +195,7 @@ RoundClosure RoundState::Close(CloseReason reason, absl::Time now) const {
       // A stale contribution's lag says when its member came back, not how
       // long the round's work takes.
       if (adaptive_ && p.staleness == 0) {
-        out.lags.emplace_back(p.name, p.completed - opened_);
+        out.lags.emplace_back(p.name, p.completed - clock_);
       }
     } else if (p.gone) {
       record.dropped.push_back(p.name);
@@ -241,7 +242,7 @@ Gathering RoundPacing::gathering() const {
 
 CloseDecision RoundPacing::Decide(const RoundState& round,
                                   absl::Time now) const {
-  return DecideClose(round.participants(), round.opened(), gathering(), rules_,
+  return DecideClose(round.participants(), round.clock(), gathering(), rules_,
                      now, learned_);
 }
 

@@ -79,6 +79,17 @@ class RoundState {
 
   RoundId id() const { return id_; }
   absl::Time opened() const { return opened_; }
+  // What its deadline and its contributors' lags count from: when it
+  // opened, or, for a round a stale contribution opened (HoldClock), the
+  // first fresh contribution's start (StartClock); InfiniteFuture until
+  // then (no deadline closes it: it waits for the members that are in
+  // step, so that a stale member falls in step with them instead of
+  // imposing its own phase on the round).
+  absl::Time clock() const { return clock_; }
+  void HoldClock() { clock_ = absl::InfiniteFuture(); }
+  void StartClock(absl::Time now) {
+    if (clock_ == absl::InfiniteFuture()) clock_ = now;
+  }
   const Participants& participants() const { return participants_; }
   RoundAccumulator& sums() { return sums_; }
 
@@ -155,6 +166,7 @@ class RoundState {
 
   const RoundId id_;
   const absl::Time opened_;
+  absl::Time clock_;
   const uint32_t num_chunks_;
   const bool adaptive_;
   Participants participants_;

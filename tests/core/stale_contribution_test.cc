@@ -433,6 +433,39 @@ TEST_F(StaleContributionTest, LocalSteps_ZeroCountsAbsurdIsRefused) {
   EXPECT_DOUBLE_EQ(job_->Status(10).steps.goodput(), 1.0);
 }
 
+// A stale contribution that opens a round does not start its deadline: the
+// round waits for the members in step, and its deadline counts from the
+// first fresh contribution (else the stale member would set the round's
+// phase, and the others, arriving after its deadline, would all turn
+// stale in turn).
+TEST_F(StaleContributionTest, StaleOpensRound_DeadlineCountsFromFreshStart) {
+  MakeJob(StaleSettings(2));
+  const MemberId a = Join("a"), b = Join("b"), c = Join("c");
+  const uint64_t s0 = Seed(a, Filled(1.0f));
+  SyncCapture a1 = Send(a, 1, Filled(0.5f), s0);
+  PassDeadline();  // round 1: a alone
+  ASSERT_TRUE(a1.result().ok());
+  job_->Heartbeat(c);
+  SyncCapture from_b = Send(b, 1, Filled(2.0f), s0);  // opens round 2
+  ASSERT_TRUE(job_->Status(10).round_open);
+  EXPECT_EQ(job_->Status(10).open_round_decision.deadline,
+            absl::InfiniteFuture());
+  PassDeadline();
+  job_->Heartbeat(a);
+  job_->Heartbeat(c);
+  EXPECT_FALSE(from_b.fired()) << "no deadline before a fresh contribution";
+  SyncCapture from_a = Send(a, 2, Filled(1.0f), a1.result()->state_id);
+  EXPECT_FALSE(from_a.fired()) << "c is still awaited";
+  EXPECT_NE(job_->Status(10).open_round_decision.deadline,
+            absl::InfiniteFuture());
+  PassDeadline();  // counted from a's start: c times out
+  ASSERT_TRUE(from_a.result().ok());
+  ASSERT_TRUE(from_b.result().ok());
+  EXPECT_EQ(from_a.result()->contributors, 2u);
+  EXPECT_TRUE(from_b.result()->contributed);
+  EXPECT_EQ(from_b.result()->staleness, 1u);
+}
+
 // Adaptive step budgets: the coordinator learns each member's rate from its
 // steps and the time since its last result, hands each a budget so that
 // both take as long as a member of median speed making K, and weighs each

@@ -1125,5 +1125,88 @@ TEST(ElasticTest, Sync_CoordinatorRestartedWithStateDir_ResumesRoundNumbering) {
   std::filesystem::remove_all(dir);
 }
 
+// A stale delta over the wire: member b misses round 1 (its deadline closes
+// it with a alone), then contributes its delta against the seed; with
+// max_staleness 2 it is merged into round 2 with weight 1/2, b gets the new
+// state whole (contributed, staleness 1), and both hold the same state:
+// 3 + (1 * 1 + 0.5 * 6) / 1.5. The job's goodput counts every step.
+TEST(StaleContributionTest, OverTheWire_MergedAndEveryMemberHoldsTheState) {
+  constexpr size_t n = 300;
+  ServerOptions server_options = testkit::BaseServerOptions(128);
+  server_options.coordinator.policy.round_deadline = absl::Seconds(1);
+  auto server = testkit::StartServer(std::move(server_options));
+  const Layout layout = LayoutOfSizes({static_cast<int64_t>(n)});
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<float>> params(2, std::vector<float>(n, 1.0f));
+  for (int i = 0; i < 2; ++i) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", server->port());
+    options.job_id = "stale";
+    options.member_name = absl::StrCat("m", i);
+    options.settings.contribution = Contribution::kPseudoGradients;
+    options.settings.max_staleness = 2;
+    options.sync_timeout = absl::Seconds(20);
+    auto client = Client::Create(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    clients.push_back(*std::move(client));
+    ASSERT_TRUE(clients[i]->Join(layout).ok());
+    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
+  }
+  // Round 1: m0 alone, at the deadline.
+  for (float& v : params[0]) v += 2.0f;
+  absl::StatusOr<SyncOutcome> first =
+      clients[0]->Sync(absl::MakeSpan(params[0]), SyncWork{16});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->contributors, 1u);
+  // Round 2: m0 from round 1, m1 still from the seed.
+  for (float& v : params[0]) v += 1.0f;
+  for (float& v : params[1]) v += 6.0f;
+  std::vector<absl::StatusOr<SyncOutcome>> outcomes(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      outcomes[i] = clients[i]->Sync(absl::MakeSpan(params[i]), SyncWork{16});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(outcomes[i].ok()) << i << ": " << outcomes[i].status();
+    EXPECT_TRUE(outcomes[i]->contributed) << i;
+    EXPECT_EQ(outcomes[i]->round, 2u) << i;
+    EXPECT_EQ(outcomes[i]->contributors, 2u) << i;
+  }
+  EXPECT_EQ(outcomes[0]->staleness, 0u);
+  EXPECT_EQ(outcomes[1]->staleness, 1u);
+  EXPECT_EQ(params[0], params[1]);
+  EXPECT_NEAR(params[0][0], 3.0f + 4.0f / 1.5f, 1e-5f);
+  // Both go on from round 2's state.
+  for (int i = 0; i < 2; ++i) {
+    for (float& v : params[i]) v += 1.0f;
+    threads[i] = std::thread([&, i] {
+      outcomes[i] = clients[i]->Sync(absl::MakeSpan(params[i]), SyncWork{16});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(outcomes[i].ok()) << i << ": " << outcomes[i].status();
+    EXPECT_EQ(outcomes[i]->round, 3u);
+    EXPECT_EQ(outcomes[i]->staleness, 0u);
+  }
+  EXPECT_EQ(params[0], params[1]);
+  EXPECT_NEAR(params[0][0], 3.0f + 4.0f / 1.5f + 1.0f, 1e-5f);
+  v1::GetJobStatusRequest request;
+  request.set_job_id("stale");
+  v1::GetJobStatusResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(testkit::RawClient(testkit::Channel(*server))
+                  .stub()
+                  ->GetJobStatus(&context, request, &response)
+                  .ok());
+  ASSERT_EQ(response.jobs_size(), 1);
+  EXPECT_EQ(response.jobs(0).steps().merged(), 5u * 16u);
+  EXPECT_EQ(response.jobs(0).steps().merged_stale(), 16u);
+  EXPECT_DOUBLE_EQ(response.jobs(0).goodput(), 1.0);
+}
+
 }  // namespace
 }  // namespace localsgd
