@@ -304,6 +304,46 @@ std::vector<Row> Rows() {
        },
        grpc::StatusCode::INVALID_ARGUMENT,
        absl::StrCat("has ", 4 * kChunk, " bytes; expected ", 4 + kChunk)},
+      {"Join_MaxStalenessOutOfRange_InvalidArgument",
+       settings_join([](v1::JobSettings* s) { s->set_max_staleness(65); },
+                     "-stale"),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "max_staleness 65 is out of range; use [1, 64]"},
+      {"Join_MaxStalenessNegativeNotOff_InvalidArgument",
+       settings_join([](v1::JobSettings* s) { s->set_max_staleness(-2); },
+                     "-stale"),
+       grpc::StatusCode::INVALID_ARGUMENT, "max_staleness -2 is out of range"},
+      {"Join_UnknownStepBudget_InvalidArgument",
+       settings_join([](v1::JobSettings* s) {
+         s->set_step_budget(static_cast<v1::StepBudget>(7));
+       }),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "settings.step_budget has unknown value 7"},
+      {"Join_MinLocalStepsAboveMax_InvalidArgument",
+       settings_join(
+           [](v1::JobSettings* s) {
+             s->set_min_local_steps(9);
+             s->set_max_local_steps(8);
+           },
+           "-bounds"),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "min_local_steps 9 exceeds max_local_steps 8"},
+      {"Join_MaxLocalStepsAbsurd_InvalidArgument",
+       settings_join(
+           [](v1::JobSettings* s) { s->set_max_local_steps(1u << 21); },
+           "-bounds"),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "max_local_steps 2097152 is out of range; at most 1048576"},
+      {"Sync_LocalStepsAbsurd_InvalidArgument",
+       [](Env& env) {
+         v1::SyncHeader h = Header(env, 2);
+         h.set_local_steps(kMaxLocalSteps + 1);
+         return SyncChunks(env, h, AllInt8Chunks());
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "says local_steps 1048577; at most 1048576"},
+      // An anchor the job never issued (a stale one, with or without
+      // max_staleness): adopted, never averaged.
       {"Sync_DeltaAgainstAnotherAnchor_AdoptsTheStateNotAveraged",
        [](Env& env) {
          v1::SyncHeader h = Header(env, 2);

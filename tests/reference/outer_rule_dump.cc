@@ -1,5 +1,7 @@
 // Runs a pseudo-gradient job of the core (src/job.h) with an outer rule
-// over rounds in which members join and leave, and prints, one JSON object
+// over rounds in which members join and leave and one member's delta comes
+// three rounds stale (max_staleness 3: it counts with its weight / 4; the
+// weight printed is the one it counted with), and prints, one JSON object
 // per line, the seed state and every round's weighted contributions and the
 // state the coordinator arrived at: the input of outer_rule_check.py, which
 // replays the rounds with torch.optim.SGD and compares.
@@ -41,12 +43,15 @@ int Run(const std::string& rule, float lr, float mu) {
                                : AveragingMode::kOuterNesterov;
   s.outer_lr = lr;
   s.outer_momentum = mu;
+  s.max_staleness = 3;
   FakeClock clock;
+  JobPolicy policy;
+  policy.round_deadline = absl::Seconds(5);
   auto job = std::make_shared<Job>(
       "reference",
       MakeLayout({TensorSpec{
           "w", {static_cast<int64_t>(kElements)}, DType::kFloat32}}),
-      kElements, s, JobPolicy(), &clock);
+      kElements, s, policy, &clock);
   auto join = [&](const std::string& name, double weight) {
     JoinRequestParams p;
     p.member_name = name;
@@ -91,6 +96,10 @@ int Run(const std::string& rule, float lr, float mu) {
   std::printf("{");
   PrintArray("seed", state->values);
   std::printf("}\n");
+  // The state of each round, for a's stale delta: a sits out rounds 3 to 5
+  // (they close at their deadline without it) and in round 6 sends its
+  // delta against round 2's state, for round 3: three rounds stale.
+  std::vector<std::shared_ptr<const StateSnapshot>> states = {state};
   for (RoundId r = 1; r <= 8; ++r) {
     if (r == 3) members.push_back({"c", 0.5, join("c", 0.5)});  // joins
     if (r == 6) {                                               // b leaves
@@ -99,19 +108,37 @@ int Run(const std::string& rule, float lr, float mu) {
     }
     std::shared_ptr<const StateSnapshot> next;
     std::printf("{\"round\": %d, \"contributions\": [", static_cast<int>(r));
+    bool first = true;
     for (size_t k = 0; k < members.size(); ++k) {
+      const bool away = k == 0 && r >= 3 && r <= 5;
+      const bool stale = k == 0 && r == 6;
+      if (away) continue;
       std::vector<float> d(kElements);
       for (uint64_t i = 0; i < kElements; ++i) {
         d[i] = 0.01f * std::cos(0.7f * i + 1.3f * k + 0.11f * r) +
                0.002f * static_cast<float>(r);
       }
-      std::printf("%s{\"weight\": %g, ", k ? ", " : "", members[k].weight);
+      // The weight it counts with (a quarter of a's: exact).
+      const float weight =
+          static_cast<float>(members[k].weight) * (stale ? 0.25f : 1.0f);
+      std::printf("%s{\"weight\": %.9g, ", first ? "" : ", ", weight);
+      first = false;
       PrintArray("delta", d);
       std::printf("}");
-      send(members[k].id, r, d, state->id, &next);
+      if (stale) {
+        send(members[k].id, 3, d, states[2]->id, nullptr);
+      } else {
+        send(members[k].id, r, d, state->id, &next);
+      }
     }
-    if (next == nullptr) std::abort();
+    if (r >= 3 && r <= 5) {
+      // Round r closes at its deadline, without a.
+      clock.Advance(absl::Seconds(6));
+      job->Tick();
+    }
+    if (next == nullptr || next->round != r) std::abort();
     state = next;
+    states.push_back(state);
     std::printf("], ");
     PrintArray("state", state->values);
     std::printf("}\n");
