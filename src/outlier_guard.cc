@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/median.h"
 
 namespace localsgd {
 
@@ -12,16 +13,6 @@ OutlierGuard::OutlierGuard(uint32_t num_chunks, float ratio)
     : ratio_(ratio > 0 ? ratio : 0),
       history_(enabled() ? num_chunks : 0),
       next_(enabled() ? num_chunks : 0, 0) {}
-
-double OutlierGuard::Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  const size_t mid = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + mid, values.end());
-  const double upper = values[mid];
-  if (values.size() % 2 == 1) return upper;
-  const double lower = *std::max_element(values.begin(), values.begin() + mid);
-  return lower + (upper - lower) / 2;
-}
 
 double OutlierGuard::Center(uint32_t c) const {
   if (!enabled()) return 0;

@@ -112,7 +112,6 @@ class OutlierGuard {
     std::string bytes;
     double norm = 0;
   };
-  static double Median(std::vector<double> values);
   std::string Why(uint32_t c, double norm, double center, size_t over) const;
 
   const float ratio_;

@@ -6,16 +6,6 @@
 
 namespace localsgd {
 
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  const size_t mid = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + mid, values.end());
-  const double upper = values[mid];
-  if (values.size() % 2 == 1) return upper;
-  const double lower = *std::max_element(values.begin(), values.begin() + mid);
-  return (lower + upper) / 2;
-}
-
 void WorkHistory::Add(uint64_t steps, absl::Duration compute,
                       absl::Duration upload) {
   if (steps == 0 || compute <= absl::ZeroDuration()) return;

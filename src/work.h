@@ -12,13 +12,10 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "src/median.h"
 #include "src/types.h"
 
 namespace localsgd {
-
-// The median of `values` (the mean of the middle two for an even count);
-// 0 for none.
-double Median(std::vector<double> values);
 
 // One member's recent contributions: steps per second and upload time.
 class WorkHistory {
