@@ -42,15 +42,16 @@ struct Participant {
   // reached kStragglerMisses (MemberInfo::missed_rounds); a learned
   // deadline does not wait long for it.
   bool straggler = false;
-  // Its Sync so far: whether one began (steps and staleness below are
-  // then what it said), the local steps it holds (-1: not said), and for
-  // a stale contribution (JobSettings::max_staleness) its anchor and how
-  // many rounds older than the round's previous state that is.
-  bool began = false;
+  // Its Sync so far: when it began (InfinitePast: not yet; the fields
+  // below are then what it said), the local steps it holds (-1: not
+  // said), and for a stale contribution (JobSettings::max_staleness) its
+  // anchor and how many rounds older than the round's previous state that
+  // is.
+  absl::Time began_at = absl::InfinitePast();
   int64_t steps = -1;
   uint64_t anchor = 0;
   uint32_t staleness = 0;
-  absl::Time began_at = absl::InfinitePast();
+  bool began() const { return began_at != absl::InfinitePast(); }
   bool complete() const { return received == got.size(); }
 };
 using Participants = absl::flat_hash_map<MemberId, Participant>;

@@ -71,13 +71,12 @@ bool RoundState::BeginContribution(const MemberId& member, int64_t steps,
   auto it = participants_.find(member);
   if (it == participants_.end() || it->second.gone) return false;
   Participant& p = it->second;
-  if (p.received > 0 || p.began) {
+  if (p.received > 0 || p.began()) {
     // A retry: the same contribution again, or nothing.
     if (p.anchor != (staleness > 0 ? anchor : 0)) return false;
     if (steps >= 0) p.steps = steps;
     return true;
   }
-  p.began = true;
   p.began_at = now;
   p.steps = steps;
   const float before = p.weight;
@@ -178,12 +177,12 @@ RoundClosure RoundState::Close(CloseReason reason, absl::Time now) const {
   record.closed = now;
   for (const auto& [id, p] : participants_) {
     record.participants.push_back(p.name);
-    const uint64_t steps = p.began && p.steps > 0 ? p.steps : 0;
+    const uint64_t steps = p.began() && p.steps > 0 ? p.steps : 0;
     if (p.anchor != 0 && p.received > 0) {
       out.stale.push_back({id, p.anchor, p.complete()});
     }
     if (p.complete()) {
-      if (p.began && p.staleness == 0 && steps > 0) {
+      if (p.staleness == 0 && steps > 0) {
         out.work.push_back({id, steps, p.began_at, p.completed});
       }
       record.steps.merged += steps;
