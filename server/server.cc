@@ -117,6 +117,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   server->metrics_ = std::make_unique<Metrics>();
   options.coordinator.observer = server->metrics_.get();
+  options.coordinator.alarm = &server->alarm_;
   if (!options.state_dir.empty()) {
     absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
         CheckpointStore::Open(options.state_dir);
@@ -316,16 +317,16 @@ void CoordinatorServer::TickLoop() {
   // A test's failpoints (src/failpoint.h), re-read every tick.
   const bool failpoints = FailpointsEnabled();
   if (failpoints) ReloadFailpoints();
-  absl::MutexLock lock(&mu_);
-  while (!stopping_) {
-    // Wakes at once on Shutdown; otherwise every tick_interval.
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.tick_interval);
-    if (stopping_) break;
-    mu_.Unlock();
+  // Every tick_interval, and at each round's deadline (the jobs ask the
+  // alarm); at once on Shutdown.
+  absl::Time next = absl::Now() + options_.tick_interval;
+  while (alarm_.WaitUntil(next)) {
     if (failpoints) ReloadFailpoints();
     coordinator_->Tick();
-    if (hub_ != nullptr) hub_->Tick(absl::Now());
-    mu_.Lock();
+    const absl::Time now = absl::Now();
+    if (now < next) continue;  // a deadline's tick
+    if (hub_ != nullptr) hub_->Tick(now);
+    next = now + options_.tick_interval;
   }
 }
 
@@ -398,6 +399,7 @@ void CoordinatorServer::FinishShutdown(absl::Time calls_deadline) {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  alarm_.Stop();
   if (ticker_.joinable()) ticker_.join();
   if (http_ != nullptr) http_->Stop();
   if (metrics_ != nullptr) metrics_->StopServing();

@@ -47,7 +47,8 @@ struct ServerOptions {
   // If set, jobs are checkpointed here (every new global state, in the
   // background) and restored from here on start, before serving.
   std::string state_dir;
-  // How often leases and round deadlines are checked.
+  // How often leases (and deadlines) are checked; a round's deadline also
+  // wakes the ticker when it passes (TickAlarm).
   absl::Duration tick_interval = absl::Milliseconds(100);
   // host:port to serve Prometheus metrics on (GET /metrics); port 0 picks a
   // free port (see CoordinatorServer::metrics_port()). Empty: no endpoint
@@ -186,6 +187,7 @@ class CoordinatorServer {
   // standby's follower (stopped before coordinator_).
   std::unique_ptr<ReplicationHub> hub_;
   std::atomic<bool> promoted_{false};
+  TickAlarm alarm_;  // outlives coordinator_
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<ReplicaFollower> follower_;
   std::unique_ptr<Authenticator> authenticator_;  // outlives service_

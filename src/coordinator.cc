@@ -149,9 +149,10 @@ absl::Status Coordinator::Restore() {
     }
     const uint64_t shard_elements =
         ShardElements(*n, c.settings.chunk_elements, options_.shard);
-    auto job = std::make_shared<Job>(
-        c.job_id, c.layout, shard_elements, c.settings, options_.policy, clock_,
-        checkpointer_.get(), options_.observer, options_.replicator);
+    auto job = std::make_shared<Job>(c.job_id, c.layout, shard_elements,
+                                     c.settings, options_.policy, clock_,
+                                     checkpointer_.get(), options_.observer,
+                                     options_.replicator, options_.alarm);
     job->RestoreState(c.round, std::move(c.values), c.state_id,
                       std::move(c.momentum), std::move(c.residual),
                       std::move(c.mean_residual), std::move(c.ancestors));
@@ -286,9 +287,10 @@ absl::StatusOr<std::shared_ptr<Job>> Coordinator::FindOrCreateJob(
                          ") would own none; ask for smaller "
                          "chunk_elements"));
       }
-      job = std::make_shared<Job>(
-          job_id, params.layout, shard_elements, settings, options_.policy,
-          clock_, checkpointer_.get(), options_.observer, options_.replicator);
+      job = std::make_shared<Job>(job_id, params.layout, shard_elements,
+                                  settings, options_.policy, clock_,
+                                  checkpointer_.get(), options_.observer,
+                                  options_.replicator, options_.alarm);
       jobs_.emplace(job_id, job);
       LOG(INFO) << "job " << job_id
                 << " created: " << params.layout.tensors.size() << " tensors, "
@@ -409,7 +411,7 @@ absl::StatusOr<std::shared_ptr<Job>> Coordinator::MakeReplicaJob(
       job_id, layout,
       ShardElements(*n, settings.chunk_elements, options_.shard), settings,
       options_.policy, clock_, checkpointer_.get(), options_.observer,
-      options_.replicator);
+      options_.replicator, options_.alarm);
   return job;
 }
 

@@ -24,6 +24,7 @@
 #include "src/observer.h"
 #include "src/replicator.h"
 #include "src/settings.h"
+#include "src/tick_alarm.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -87,6 +88,10 @@ struct CoordinatorOptions {
   // A primary's replicator (src/replicator.h; may be null), given to every
   // job; must outlive the coordinator.
   Replicator* replicator = nullptr;
+  // Asked for a Tick at each open round's deadline (src/tick_alarm.h; may
+  // be null: deadlines close rounds at the periodic Tick); must outlive the
+  // coordinator.
+  TickAlarm* alarm = nullptr;
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;

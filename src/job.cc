@@ -31,7 +31,8 @@ absl::Status Draining(absl::string_view what) {
 
 Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
          JobSettings settings, JobPolicy policy, Clock* clock, StateSink* sink,
-         CoordinatorObserver* observer, Replicator* replicator)
+         CoordinatorObserver* observer, Replicator* replicator,
+         TickAlarm* alarm)
     : id_(std::move(job_id)),
       layout_(std::move(layout)),
       settings_(settings),
@@ -41,6 +42,7 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       sink_(sink),
       observer_(observer),
       replicator_(replicator),
+      alarm_(alarm),
       members_(id_, policy.lease_ttl, policy.max_members, clock->Now()),
       commit_(settings, geometry_),
       pacing_(id_, settings.rendezvous_members,
@@ -509,6 +511,9 @@ absl::Status Job::AddChunk(SyncSession& session, uint32_t index,
           !s.ok()) {
         return s;
       }
+    } else if (open_ != nullptr && guard_.any_held()) {
+      // Held by the outlier guard: judged at the deadline at the latest.
+      ArmAlarmLocked(pacing_.Decide(open_->round, now), now);
     }
   }
   // Also a refused chunk: the stream goes on and completes, and gets the
@@ -751,7 +756,18 @@ void Job::MaybeCloseRoundLocked(absl::Time now, Deferred& deferred) {
     if (open_ == nullptr || open_->serial != serial) return;
     decision = pacing_.Decide(open_->round, now);
   }
-  if (decision.close) CloseRoundLocked(decision.reason, now, deferred);
+  if (decision.close) {
+    CloseRoundLocked(decision.reason, now, deferred);
+  } else {
+    ArmAlarmLocked(decision, now);
+  }
+}
+
+void Job::ArmAlarmLocked(const CloseDecision& decision, absl::Time now) {
+  if (alarm_ != nullptr && !decision.close &&
+      decision.deadline != absl::InfiniteFuture()) {
+    alarm_->After(decision.deadline - now);
+  }
 }
 
 void Job::CloseRoundLocked(CloseReason reason, absl::Time now,

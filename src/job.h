@@ -89,6 +89,7 @@
 #include "src/seed.h"
 #include "src/state_commit.h"
 #include "src/sync_session.h"
+#include "src/tick_alarm.h"
 #include "src/types.h"
 #include "src/work.h"
 
@@ -113,11 +114,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // null) must outlive the job.
   // `replicator` (may be null): a primary's, told of every new state's
   // making; results are released to members once it says so (see
-  // src/replicator.h).
+  // src/replicator.h). `alarm` (may be null; must outlive the job): asked
+  // for a Tick at the open round's deadline, so that a deadline closes its
+  // round when it passes rather than at the next periodic tick.
   Job(std::string job_id, Layout layout, uint64_t num_elements,
       JobSettings settings, JobPolicy policy, Clock* clock,
       StateSink* sink = nullptr, CoordinatorObserver* observer = nullptr,
-      Replicator* replicator = nullptr);
+      Replicator* replicator = nullptr, TickAlarm* alarm = nullptr);
   ~Job();
 
   // Restores a checkpointed state (round, values of num_elements) into a job
@@ -408,6 +411,11 @@ class Job : public std::enable_shared_from_this<Job> {
                                absl::Span<const absl::string_view> pieces,
                                DType dtype, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the alarm (if any) for a tick at `decision`'s deadline, if the
+  // round stays open with one: a deadline closes its round (or has the
+  // outlier guard judge what it holds) when it passes.
+  void ArmAlarmLocked(const CloseDecision& decision, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The outlier guard on a contribution chunk of `member` (a participant
   // of the open round `round` that has not given it): accepted (applied),
   // refused (RejectLocked) or held (OutlierGuard's cold start).
@@ -553,6 +561,7 @@ class Job : public std::enable_shared_from_this<Job> {
   StateSink* const sink_;                // may be null
   CoordinatorObserver* const observer_;  // may be null
   Replicator* const replicator_;         // may be null
+  TickAlarm* const alarm_;               // may be null
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

@@ -25,6 +25,7 @@
 #include "src/codec.h"
 #include "src/crc32c.h"
 #include "src/layout.h"
+#include "src/tick_alarm.h"
 #include "tests/testkit/testkit.h"
 
 namespace localsgd {
@@ -1206,6 +1207,63 @@ TEST(StaleContributionTest, OverTheWire_MergedAndEveryMemberHoldsTheState) {
   EXPECT_EQ(response.jobs(0).steps().merged(), 5u * 16u);
   EXPECT_EQ(response.jobs(0).steps().merged_stale(), 16u);
   EXPECT_DOUBLE_EQ(response.jobs(0).goodput(), 1.0);
+}
+
+// A round's deadline closes it when it passes, not at the next periodic
+// tick: with a tick every hour, a round that waits for a member that never
+// comes still closes at its 300 ms deadline (the job asks the server's
+// TickAlarm for a tick then).
+TEST(DeadlineTest, ClosesAtTheDeadlineNotAtTheNextTick) {
+  constexpr size_t n = 64;
+  ServerOptions server_options = testkit::BaseServerOptions(128);
+  server_options.tick_interval = absl::Hours(1);
+  server_options.coordinator.policy.round_deadline = absl::Milliseconds(300);
+  auto server = testkit::StartServer(std::move(server_options));
+  const Layout layout = LayoutOfSizes({static_cast<int64_t>(n)});
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::vector<float>> params(2, std::vector<float>(n, 1.0f));
+  for (int i = 0; i < 2; ++i) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", server->port());
+    options.job_id = "deadline";
+    options.member_name = absl::StrCat("m", i);
+    options.sync_timeout = absl::Seconds(30);
+    auto client = Client::Create(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    clients.push_back(*std::move(client));
+    ASSERT_TRUE(clients[i]->Join(layout).ok());
+    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
+  }
+  // m1 never syncs: m0's round closes at the deadline.
+  std::fill(params[0].begin(), params[0].end(), 5.0f);
+  absl::StatusOr<SyncOutcome> alone =
+      clients[0]->Sync(absl::MakeSpan(params[0]));
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->round, 1u);
+  EXPECT_EQ(alone->contributors, 1u);
+  EXPECT_EQ(params[0][0], 5.0f);
+}
+
+// TickAlarm: WaitUntil wakes at the earliest time asked for (from another
+// thread while it waits, too), else at its periodic time; Stop ends it.
+TEST(TickAlarmTest, WakesAtTheEarliestAskedTimeAndStops) {
+  TickAlarm alarm;
+  const absl::Time far = absl::Now() + absl::Hours(1);
+  alarm.After(absl::Milliseconds(10));
+  alarm.After(absl::Minutes(10));  // later: the earlier one stays
+  EXPECT_TRUE(alarm.WaitUntil(far));
+  EXPECT_LT(absl::Now(), far);
+  // Asked while it waits.
+  std::thread asker([&] { alarm.After(absl::Milliseconds(20)); });
+  EXPECT_TRUE(alarm.WaitUntil(far));
+  asker.join();
+  EXPECT_LT(absl::Now(), far);
+  // The periodic time, when nothing is asked for.
+  EXPECT_TRUE(alarm.WaitUntil(absl::Now() + absl::Milliseconds(5)));
+  std::thread stopper([&] { alarm.Stop(); });
+  EXPECT_FALSE(alarm.WaitUntil(far));
+  stopper.join();
+  EXPECT_FALSE(alarm.WaitUntil(far)) << "stays stopped";
 }
 
 }  // namespace
