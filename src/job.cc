@@ -45,9 +45,12 @@ Job::Job(std::string job_id, Layout layout, uint64_t num_elements,
       alarm_(alarm),
       members_(id_, policy.lease_ttl, policy.max_members, clock->Now()),
       commit_(settings, geometry_),
-      pacing_(id_, settings.rendezvous_members,
-              settings.deadline_mode == DeadlineMode::kAdaptive,
-              CloseRules{policy.round_deadline, policy.min_quorum}),
+      pacing_(
+          id_, settings.rendezvous_members,
+          settings.deadline_mode == DeadlineMode::kAdaptive,
+          CloseRules{policy.round_deadline, policy.min_quorum,
+                     settings.contribution == Contribution::kPseudoGradients &&
+                         settings.max_staleness >= 1}),
       guard_(geometry_.num_chunks(),
              settings.contribution == Contribution::kPseudoGradients
                  ? settings.outlier_ratio
@@ -290,6 +293,11 @@ std::unique_ptr<SyncSession> Job::BeginStaleLocked(
     const MemberInfo& member, uint64_t anchor, uint32_t staleness,
     int64_t steps, SyncCallback& done, absl::Time now, Deferred& deferred) {
   const RoundId next = commit_.state()->round + 1;
+  if (open_ != nullptr && open_->round.Banked(member.id, anchor)) {
+    // A retry of a contribution banked in the open round: counted.
+    return AnswerCountedStaleLocked(member, open_->round.id(), std::move(done),
+                                    deferred);
+  }
   if (open_ == nullptr) {
     // Only a member that takes part in the next round opens it.
     if (member.first_round > next) return nullptr;
@@ -557,11 +565,50 @@ void Job::ApplyContributionLocked(const MemberId& member, RoundId round,
   // KiB per chunk and ~17 GB/s, short.
   const RoundState::Added added =
       open_->round.Add(member, index, pieces, dtype, now);
-  if (added == RoundState::Added::kIgnored) return;
+  if (added == RoundState::Added::kCompleted &&
+      BankStaleLocked(member, deferred)) {
+    return;
+  }
   if (open_->next != nullptr) MaybeFinalizeChunkLocked(index, now, deferred);
   if (added == RoundState::Added::kCompleted) {
     MaybeCloseRoundLocked(now, deferred);
   }
+}
+
+bool Job::BankStaleLocked(const MemberId& member, Deferred& deferred) {
+  const Participant* p = open_->round.Find(member);
+  if (p == nullptr || p->staleness == 0) return false;
+  // The last of the participants: the round closes now, and answers it.
+  bool others = false;
+  for (const auto& [id, q] : open_->round.participants()) {
+    if (id != member && !q.complete() && !q.gone) others = true;
+  }
+  const MemberInfo* info = members_.Get(member);
+  if (!others || info == nullptr || !open_->round.Bank(*info)) return false;
+  auto waiter = std::find_if(
+      open_->waiters.begin(), open_->waiters.end(), [&](const auto& entry) {
+        return entry.second.member == member && entry.second.staleness > 0;
+      });
+  if (waiter == open_->waiters.end()) return true;  // cancelled: counted
+  const uint32_t staleness = waiter->second.staleness;
+  SyncCallback done = std::move(waiter->second.done);
+  open_->waiters.erase(waiter);
+  SyncResult result = LatestResult(history_, commit_.shared_state(), member,
+                                   commit_.state()->round, 0, info->name);
+  result.local_steps_budget =
+      HandResultLocked(member, clock_->Now(), WorkMediansLocked());
+  result.contributed = true;
+  result.late = false;
+  result.delta = false;
+  result.staleness = staleness;
+  VLOG(1) << "job " << id_ << ": " << info->name << "'s stale delta is banked "
+          << "in round " << open_->round.id() << "; it goes on from round "
+          << commit_.state()->round;
+  ReleaseLocked(
+      state_ticket_,
+      [done = std::move(done), result = std::move(result)] { done(result); },
+      deferred);
+  return true;
 }
 
 void Job::GuardContributionLocked(const MemberId& member, RoundId round,
@@ -1017,6 +1064,7 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
                        const absl::flat_hash_set<MemberId>& refused,
                        Deferred& deferred) {
   const absl::Time now = clock_->Now();
+  state_at_ = now;
   const WorkMedians medians = WorkMediansLocked();
   const uint64_t previous_id = commit_.state_id();
   std::shared_ptr<const StateSnapshot> committed =
@@ -1095,13 +1143,21 @@ uint32_t Job::HandResultLocked(const MemberId& member, absl::Time now,
   if (m == nullptr) return 0;
   m->result_at = now;
   m->budget = 0;
-  if (!adaptive_budgets() || !m->work.known() ||
-      !(medians.steps_per_second > 0)) {
-    return 0;
+  if (adaptive_budgets() && m->work.known() && medians.steps_per_second > 0) {
+    // Handed later than the members the last close answered: fewer steps,
+    // so that it contributes with them.
+    const absl::Duration behind =
+        state_at_ == absl::InfinitePast()
+            ? absl::ZeroDuration()
+            : std::max(absl::ZeroDuration(), now - state_at_);
+    m->budget = StepBudgetFor(m->work.steps_per_second(), m->work.upload(),
+                              medians.steps_per_second, medians.upload,
+                              settings_.local_sgd_steps,
+                              BudgetBounds(settings_), behind);
   }
-  m->budget = StepBudgetFor(m->work.steps_per_second(), m->work.upload(),
-                            medians.steps_per_second, medians.upload,
-                            settings_.local_sgd_steps, BudgetBounds(settings_));
+  // Handed while a round it takes part in is open (banked, or late): when
+  // that round may expect it.
+  if (open_ != nullptr) open_->round.Expect(*m);
   return m->budget;
 }
 

@@ -416,6 +416,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // outlier guard judge what it holds) when it passes.
   void ArmAlarmLocked(const CloseDecision& decision, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After `member`'s contribution completed: if it is stale and other
+  // participants are still to come, banks it (RoundState::Bank) and
+  // answers its Sync at once with the job's current state (counted, as at
+  // a close), so that the member goes on from that state instead of
+  // waiting for the round. Returns whether it did.
+  bool BankStaleLocked(const MemberId& member, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The outlier guard on a contribution chunk of `member` (a participant
   // of the open round `round` that has not given it): accepted (applied),
   // refused (RejectLocked) or held (OutlierGuard's cold start).
@@ -562,6 +569,8 @@ class Job : public std::enable_shared_from_this<Job> {
   CoordinatorObserver* const observer_;  // may be null
   Replicator* const replicator_;         // may be null
   TickAlarm* const alarm_;               // may be null
+  // When the job's state was last committed (its members answered).
+  absl::Time state_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

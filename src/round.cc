@@ -64,6 +64,9 @@ CloseDecision DecideClose(const Participants& participants, absl::Time opened,
   uint32_t complete = 0;
   bool any_gone = false;
   bool only_stragglers = true;  // among those it waits for
+  bool none_began = true;       // likewise
+  // The learned deadline: the longest wait among those it waits for.
+  absl::Duration wait = absl::ZeroDuration();
   for (const auto& [id, p] : participants) {
     if (p.complete()) {
       ++complete;
@@ -72,6 +75,22 @@ CloseDecision DecideClose(const Participants& participants, absl::Time opened,
     } else {
       d.waiting_for.push_back(p.name);
       only_stragglers = only_stragglers && p.straggler;
+      const bool began = p.began() || p.received > 0;
+      none_began = none_began && !began;
+      // Expected later than the round's clock (handed its result later
+      // than the others: banked, or late): waited for that much longer, up
+      // to `usual` more (one expected later still merges stale, or is
+      // late).
+      const absl::Duration due =
+          p.expected > opened ? std::min(p.expected - opened, learned.usual)
+                              : absl::ZeroDuration();
+      absl::Duration limit =
+          due + (p.straggler ? learned.usual : learned.patient);
+      if (rules.stale_merged && !began &&
+          learned.arrival > absl::ZeroDuration()) {
+        limit = std::min(limit, due + std::max(learned.arrival, p.step_time));
+      }
+      wait = std::max(wait, limit);
     }
   }
   std::sort(d.waiting_for.begin(), d.waiting_for.end());
@@ -91,8 +110,7 @@ CloseDecision DecideClose(const Participants& participants, absl::Time opened,
   }
   bool learned_deadline = false;
   if (learned.learned() && !gathering_now) {
-    const absl::Time until =
-        opened + (only_stragglers ? learned.usual : learned.patient);
+    const absl::Time until = opened + wait;
     if (until < d.deadline) {
       d.deadline = until;
       learned_deadline = true;
@@ -126,9 +144,12 @@ CloseDecision DecideClose(const Participants& participants, absl::Time opened,
                                    absl::StrJoin(d.waiting_for, ", "), ")"));
   }
   if (d.deadline != absl::InfiniteFuture()) {
-    const char* which = !learned_deadline ? "deadline"
-                        : only_stragglers ? "learned deadline (stragglers)"
-                                          : "learned deadline";
+    const char* which =
+        !learned_deadline ? "deadline"
+        : rules.stale_merged && none_began
+            ? "learned deadline (none began; a late delta merges stale)"
+        : only_stragglers ? "learned deadline (stragglers)"
+                          : "learned deadline";
     reasons.push_back(
         now >= d.deadline
             ? absl::StrCat(which, " passed with ", complete, " of ",

@@ -48,6 +48,13 @@ struct Participant {
   // anchor and how many rounds older than the round's previous state that
   // is.
   absl::Time began_at = absl::InfinitePast();
+  // When its Sync is expected to begin (step budgets: when it was handed
+  // its last result plus its budget at its step rate); InfinitePast when
+  // not known.
+  absl::Time expected = absl::InfinitePast();
+  // How long one of its local steps takes (step budgets; zero when not
+  // known): it cannot be timed closer than that (budgets are whole steps).
+  absl::Duration step_time;
   int64_t steps = -1;
   uint64_t anchor = 0;
   uint32_t staleness = 0;
@@ -62,6 +69,12 @@ struct CloseRules {
   absl::Duration round_deadline = absl::ZeroDuration();
   // Complete contributions a round needs to close at its deadline.
   uint32_t min_quorum = 1;
+  // The job merges stale contributions (JobSettings::max_staleness): a
+  // participant that misses the round loses nothing (its delta goes into
+  // a later round, discounted), so a learned deadline waits for one that
+  // has not begun its Sync only as long as contributors usually take to
+  // begin (LearnedDeadline::arrival).
+  bool stale_merged = false;
 };
 
 // Whether the job still gathers members into its open round: then the round
@@ -100,6 +113,11 @@ struct LearnedDeadline {
   // straggler: 2 x usual (a one-off delay within it still counts; a member
   // slower than that misses rounds and becomes a persistent straggler).
   absl::Duration patient;
+  // How long after the round's clock its contributors usually begin their
+  // Syncs: of the begin lags of recent rounds, median + 3 MAD (the same
+  // floors). A job that merges stale contributions waits no longer for a
+  // participant that has not begun (see DecideClose).
+  absl::Duration arrival;
   bool learned() const { return usual > absl::ZeroDuration(); }
 };
 
@@ -149,9 +167,15 @@ struct CloseDecision {
 //                   at least rules.min_quorum participants are complete;
 //                   or, with a `learned` deadline and not gathering, at
 //                   least rules.min_quorum participants are complete and
-//                   learned.usual has passed since `opened` (every
-//                   participant it waits for is a straggler) or
-//                   learned.patient has (otherwise).
+//                   the learned deadline has passed since `opened`: the
+//                   longest wait among the participants it waits for,
+//                   learned.usual for a persistent straggler and
+//                   learned.patient for any other, but with
+//                   rules.stale_merged, for one that has not begun its
+//                   Sync, at most learned.arrival; each counted from when
+//                   the participant is expected to begin (Participant::
+//                   expected) where that is later than `opened`, by at
+//                   most learned.usual.
 CloseDecision DecideClose(const Participants& participants, absl::Time opened,
                           const Gathering& gathering, const CloseRules& rules,
                           absl::Time now,

@@ -26,13 +26,42 @@ RoundState::RoundState(RoundId id, absl::Time opened,
   }
 }
 
+namespace {
+
+// When `member`'s next Sync is expected to begin (its last result's time
+// plus its budget at its step rate) and how long its steps take; unknown
+// (InfinitePast, zero) unless all are known.
+void SetExpected(const MemberInfo& member, Participant& p) {
+  const double rate = member.work.steps_per_second();
+  if (member.result_at == absl::InfinitePast() || member.budget == 0 ||
+      !(rate > 0)) {
+    p.expected = absl::InfinitePast();
+    p.step_time = absl::ZeroDuration();
+    return;
+  }
+  p.expected = member.result_at + absl::Seconds(member.budget / rate);
+  p.step_time = absl::Seconds(1 / rate);
+}
+
+}  // namespace
+
 void RoundState::AddParticipant(const MemberInfo& member) {
   Participant p;
   p.name = member.name;
   p.weight = static_cast<float>(member.weight);
   p.got.assign(num_chunks_, false);
   p.straggler = adaptive_ && member.missed_rounds >= kStragglerMisses;
+  SetExpected(member, p);
   participants_.emplace(member.id, std::move(p));
+}
+
+void RoundState::Expect(const MemberInfo& member) {
+  auto it = participants_.find(member.id);
+  if (it == participants_.end() || it->second.began() ||
+      it->second.received > 0) {
+    return;
+  }
+  SetExpected(member, it->second);
 }
 
 void RoundState::FitScale() {
@@ -40,7 +69,33 @@ void RoundState::FitScale() {
   CHECK_EQ(num_final_, num_prefinal_) << "participants changed after finality";
   double total = 0;
   for (const auto& [pid, p] : participants_) total += p.weight;
+  for (const auto& [pid, p] : banked_) total += p.weight;
   sums_.FitScale(total);
+}
+
+bool RoundState::Bank(const MemberInfo& member) {
+  auto it = participants_.find(member.id);
+  if (it == participants_.end() || any_final_from_sums()) return false;
+  const Participant& p = it->second;
+  if (p.gone || !p.complete() || p.staleness == 0) return false;
+  for (const auto& [id, banked] : banked_) {
+    if (id == member.id) return false;
+  }
+  if (!chunk_contributions_.empty()) {
+    for (uint32_t c = 0; c < num_chunks_; ++c) --chunk_contributions_[c];
+  }
+  banked_.emplace_back(member.id, std::move(it->second));
+  participants_.erase(it);
+  AddParticipant(member);
+  FitScale();
+  return true;
+}
+
+bool RoundState::Banked(const MemberId& member, uint64_t anchor) const {
+  for (const auto& [id, p] : banked_) {
+    if (id == member && p.anchor == anchor) return true;
+  }
+  return false;
 }
 
 RoundState::Added RoundState::Add(const MemberId& member, uint32_t index,
@@ -195,6 +250,10 @@ RoundClosure RoundState::Close(CloseReason reason, absl::Time now) const {
       // long the round's work takes.
       if (adaptive_ && p.staleness == 0) {
         out.lags.emplace_back(p.name, p.completed - clock_);
+        if (p.began()) {
+          out.arrivals.push_back(
+              std::max(absl::ZeroDuration(), p.began_at - clock_));
+        }
       }
     } else if (p.gone) {
       record.dropped.push_back(p.name);
@@ -210,6 +269,16 @@ RoundClosure RoundState::Close(CloseReason reason, absl::Time now) const {
       // or merged stale into a later round).
       record.steps.timed_out += steps;
     }
+  }
+  for (const auto& [id, p] : banked_) {
+    const uint64_t steps = p.steps > 0 ? p.steps : 0;
+    out.stale.push_back({id, p.anchor, /*counted=*/true});
+    record.steps.merged += steps;
+    record.steps.merged_stale += steps;
+    if (record.contributor_ids.insert(id).second) {
+      record.contributors.push_back(p.name);
+    }
+    record.contributor_weight += p.weight;
   }
   for (std::vector<std::string>* names :
        {&record.participants, &record.contributors, &record.dropped,
@@ -264,12 +333,18 @@ void RoundPacing::Closed(const RoundClosure& closure) {
       VLOG(1) << "job " << job_id_ << ": round " << record.round << ": " << name
               << " complete after " << absl::FormatDuration(lag);
     }
+    for (absl::Duration arrival : closure.arrivals) arrivals_.Add(arrival);
     const LearnedDeadline before = learned_;
     learned_ = lags_.Learn();
+    learned_.arrival = arrivals_.Learn().usual;
+    VLOG(1) << "job " << job_id_ << ": round " << record.round
+            << ": learned usual " << absl::FormatDuration(learned_.usual)
+            << ", begins within " << absl::FormatDuration(learned_.arrival);
     if (learned_.learned() && !before.learned()) {
       LOG(INFO) << "job " << job_id_ << ": learned its round deadline: "
                 << absl::FormatDuration(learned_.usual) << " (patient "
-                << absl::FormatDuration(learned_.patient) << ") from "
+                << absl::FormatDuration(learned_.patient) << "; begins within "
+                << absl::FormatDuration(learned_.arrival) << ") from "
                 << lags_.size() << " contributions";
     }
   }

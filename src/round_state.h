@@ -49,6 +49,9 @@ struct RoundClosure {
   // Adaptive deadlines only: each contributor's completion lag (its last
   // chunk since the round opened), in participant order.
   std::vector<std::pair<std::string, absl::Duration>> lags;
+  // Adaptive deadlines only: each fresh contributor's begin lag (its Sync
+  // began since the round's clock).
+  std::vector<absl::Duration> arrivals;
   // Stale contributions that gave the round a chunk: the member, its
   // anchor, and whether the round counted it (complete).
   struct Stale {
@@ -97,6 +100,10 @@ class RoundState {
   // a chunk is final from the sums (its result must not change;
   // CHECK-fails); prefinal chunks do not count.
   void AddParticipant(const MemberInfo& member);
+  // `member`, a participant that has not begun, was handed a result: when
+  // its Sync is expected to begin (Participant::expected) from its
+  // MemberInfo's result_at, budget and step rate.
+  void Expect(const MemberInfo& member);
   // Fits the sums' scale to the participants' total weight.
   void FitScale();
 
@@ -120,6 +127,20 @@ class RoundState {
   bool BeginContribution(const MemberId& member, int64_t steps, uint64_t anchor,
                          uint32_t staleness, double weight_factor,
                          absl::Time now);
+  // Banks `member`'s stale contribution, complete: its sums stay in the
+  // round and count at the close with its weight (as a stale contribution
+  // that was counted), and its participant slot is fresh again (as
+  // AddParticipant made it), so that the member, answered at once with the
+  // job's current state, contributes from that state to this same round
+  // instead of waiting for it to close. Returns false (and changes
+  // nothing) unless `member` is a participant whose complete contribution
+  // is stale, no chunk is final from the sums, and nothing of it is banked
+  // yet. Refits the scale.
+  bool Bank(const MemberInfo& member);
+  // Whether `member`'s contribution against `anchor` is banked here.
+  bool Banked(const MemberId& member, uint64_t anchor) const;
+  size_t num_banked() const { return banked_.size(); }
+
   // If `member` is a participant that has not given every chunk, marks it
   // gone (it gives nothing more; its chunks so far stay counted; with a
   // `rejected` reason, its contribution was refused: a non-finite value or
@@ -170,6 +191,8 @@ class RoundState {
   const uint32_t num_chunks_;
   const bool adaptive_;
   Participants participants_;
+  // Banked stale contributions (Bank): in the sums, no longer participants.
+  std::vector<std::pair<MemberId, Participant>> banked_;
   RoundAccumulator sums_;
   // Per-chunk finality: how many participants gave each chunk, which are
   // final, how many participants are gone.
@@ -227,8 +250,10 @@ class RoundPacing {
   // many participants, and when that round closes (0: only at
   // regather_until_, as after a restore).
   uint32_t regather_members_ = 0;
-  // The contributors' completion lags of recent rounds, and what they teach.
+  // The contributors' completion lags and begin lags of recent rounds, and
+  // what they teach.
   LagHistory lags_;
+  LagHistory arrivals_;
   LearnedDeadline learned_;
 };
 

@@ -44,12 +44,13 @@ StepBounds BudgetBounds(const JobSettings& settings) {
 
 uint32_t StepBudgetFor(double rate, absl::Duration upload, double median_rate,
                        absl::Duration median_upload, uint32_t k,
-                       StepBounds bounds) {
+                       StepBounds bounds, absl::Duration behind) {
   if (!(rate > 0) || !(median_rate > 0)) {
     return std::clamp(k, bounds.min, bounds.max);
   }
   const double window = k / median_rate + absl::ToDoubleSeconds(median_upload) -
-                        absl::ToDoubleSeconds(upload);
+                        absl::ToDoubleSeconds(upload) -
+                        absl::ToDoubleSeconds(behind);
   const double steps = std::round(rate * std::max(0.0, window));
   if (!(steps >= bounds.min)) return bounds.min;
   if (steps >= bounds.max) return bounds.max;

@@ -49,12 +49,15 @@ StepBounds BudgetBounds(const JobSettings& settings);
 
 // The local steps a member of rate `rate` (steps/s) and upload time
 // `upload` makes so that its contribution arrives with one of median rate
-// `median_rate` making K steps and uploading in `median_upload`:
-// round(rate * (K / median_rate + median_upload - upload)), within
-// `bounds`. K when either rate is not positive.
+// `median_rate` making K steps and uploading in `median_upload`, handed its
+// result `behind` later than that one (a member that adopted late, or whose
+// stale contribution was banked): round(rate * (K / median_rate +
+// median_upload - upload - behind)), within `bounds`. K when either rate
+// is not positive.
 uint32_t StepBudgetFor(double rate, absl::Duration upload, double median_rate,
                        absl::Duration median_upload, uint32_t k,
-                       StepBounds bounds);
+                       StepBounds bounds,
+                       absl::Duration behind = absl::ZeroDuration());
 
 // The factor a contribution of `steps` local steps (-1: not said) weighs
 // in a job with adaptive budgets: steps / K, the steps capped at the

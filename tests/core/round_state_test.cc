@@ -182,6 +182,74 @@ TEST_F(RoundStateTest, Close_RecordsEveryParticipantOnceSorted) {
                                                  Pair("m0", absl::Seconds(3))));
 }
 
+// Banking a stale contribution: its sums stay and count with its weight at
+// the close, its slot is fresh (it may give every chunk again, and chunks
+// wait for it), and only a complete stale contribution, once, before any
+// chunk is final, is banked.
+TEST_F(RoundStateTest, Bank_KeepsTheSumsAndFreesTheSlot) {
+  RoundState round = Open(2);  // m0 weight 1, m1 weight 2
+  const MemberInfo m1 = Member(1, 2);
+  EXPECT_FALSE(round.Bank(m1)) << "nothing given";
+  ASSERT_TRUE(round.BeginContribution(m1.id, 16, /*anchor=*/77,
+                                      /*staleness=*/1, 1.0, clock_.Now()));
+  Give(round, 1, 0, 4.0f);
+  EXPECT_FALSE(round.Bank(m1)) << "incomplete";
+  Give(round, 1, 1, 4.0f);
+  EXPECT_EQ(Give(round, 1, 2, 4.0f), RoundState::Added::kCompleted);
+  EXPECT_FALSE(round.Bank(Member(0, 1))) << "not stale";
+  ASSERT_TRUE(round.Bank(m1));
+  EXPECT_TRUE(round.Banked(m1.id, 77));
+  EXPECT_FALSE(round.Banked(m1.id, 78));
+  EXPECT_EQ(round.num_banked(), 1u);
+  const Participant* fresh = round.Find(m1.id);
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(fresh->received, 0u);
+  EXPECT_FALSE(fresh->began());
+  EXPECT_FLOAT_EQ(fresh->weight, 2.0f);
+  EXPECT_FALSE(round.ChunkGiven(0)) << "m1's fresh slot has not given it";
+  // m1 fresh (weight 2) and m0 (weight 1) give every chunk: the sums hold
+  // 1 * 4 (banked, 2 / (1 + 1)) + 2 * 1 + 1 * 7.
+  ASSERT_TRUE(round.BeginContribution(m1.id, 16, 0, 0, 1.0, clock_.Now()));
+  for (uint32_t c = 0; c < 3; ++c) Give(round, 1, c, 1.0f);
+  EXPECT_FALSE(round.ChunkGiven(0));
+  for (uint32_t c = 0; c < 3; ++c) Give(round, 0, c, 7.0f);
+  EXPECT_TRUE(round.ChunkGiven(0));
+  EXPECT_DOUBLE_EQ(round.sums().chunk_weight(0), 4.0);
+  const double scaled_weight = round.sums().scaled_weight(0);
+  for (float v : round.sums().scaled_sums(0)) {
+    EXPECT_NEAR(v / scaled_weight, (4.0 + 2.0 + 7.0) / 4.0, 1e-6);
+  }
+  const RoundClosure closure =
+      round.Close(CloseReason::kComplete, clock_.Now());
+  EXPECT_THAT(closure.record.contributors, ElementsAre("m0", "m1"));
+  EXPECT_DOUBLE_EQ(closure.record.contributor_weight, 4.0);
+  EXPECT_EQ(closure.record.steps.merged, 32u);
+  EXPECT_EQ(closure.record.steps.merged_stale, 16u);
+  ASSERT_EQ(closure.stale.size(), 1u);
+  EXPECT_EQ(closure.stale[0].anchor, 77u);
+  EXPECT_TRUE(closure.stale[0].counted);
+}
+
+TEST_F(RoundStateTest, Bank_OnceAndNeverAfterAChunkIsFinal) {
+  RoundState round = Open(3);
+  for (int i : {1, 2}) {
+    ASSERT_TRUE(
+        round.BeginContribution(Member(i).id, 4, 50 + i, 1, 1.0, clock_.Now()));
+  }
+  for (uint32_t c = 0; c < 3; ++c) Give(round, 1, c);
+  ASSERT_TRUE(round.Bank(Member(1, 2)));
+  ASSERT_TRUE(
+      round.BeginContribution(Member(1).id, 4, 60, 1, 1.0, clock_.Now()));
+  for (uint32_t c = 0; c < 3; ++c) Give(round, 1, c);
+  EXPECT_FALSE(round.Bank(Member(1, 2))) << "one banked per member";
+  // Chunk 0 final from the sums: m2 can no longer be banked.
+  Give(round, 0, 0);
+  for (uint32_t c = 0; c < 3; ++c) Give(round, 2, c);
+  ASSERT_TRUE(round.ChunkReady(0, false));
+  round.MarkFinal(0);
+  EXPECT_FALSE(round.Bank(Member(2, 3)));
+}
+
 TEST_F(RoundStateTest, Close_NotAdaptive_NoLags) {
   RoundState round = Open(1);
   for (uint32_t c = 0; c < 3; ++c) Give(round, 0, c);

@@ -300,6 +300,68 @@ TEST(DecideCloseTest, LearnedDeadline_UsualForStragglersPatientOtherwise) {
   EXPECT_TRUE(d.close);
 }
 
+// A job that merges stale contributions waits for a participant that has
+// not begun only `arrival` (what it misses is merged later, not lost); one
+// that has begun (uploading) as before; without stale merging, as before.
+// A participant expected later than the round's clock (banked, late) is
+// waited for that much longer, by at most `usual`.
+TEST(DecideCloseTest, StaleMerged_NotBegunWaitedForOnlyArrival) {
+  LearnedDeadline learned;
+  learned.usual = absl::Milliseconds(100);
+  learned.patient = absl::Milliseconds(200);
+  learned.arrival = absl::Milliseconds(30);
+  CloseRules rules;
+  rules.stale_merged = true;
+  Participant idle = P("idle", 0);
+  const Participants absent = Of({P("a", 2), idle});
+  CloseDecision d = DecideClose(absent, kOpened, Gathering(), rules,
+                                kOpened + absl::Milliseconds(29), learned);
+  EXPECT_FALSE(d.close);
+  EXPECT_EQ(d.deadline, kOpened + absl::Milliseconds(30));
+  EXPECT_THAT(d.why_open, HasSubstr("none began"));
+  d = DecideClose(absent, kOpened, Gathering(), rules,
+                  kOpened + absl::Milliseconds(30), learned);
+  EXPECT_TRUE(d.close);
+  EXPECT_EQ(d.reason, CloseReason::kDeadline);
+  // Begun: patient.
+  Participant uploading = P("up", 0);
+  uploading.began_at = kOpened + absl::Milliseconds(5);
+  d = DecideClose(Of({P("a", 2), uploading}), kOpened, Gathering(), rules,
+                  kOpened + absl::Milliseconds(199), learned);
+  EXPECT_FALSE(d.close);
+  EXPECT_EQ(d.deadline, kOpened + absl::Milliseconds(200));
+  // The longest wait among those it waits for.
+  d = DecideClose(Of({P("a", 2), idle, uploading}), kOpened, Gathering(), rules,
+                  kOpened + absl::Milliseconds(31), learned);
+  EXPECT_FALSE(d.close);
+  EXPECT_EQ(d.deadline, kOpened + absl::Milliseconds(200));
+  // Expected 20 ms after the clock: 20 ms longer; 500 ms after: `usual`
+  // longer at most.
+  Participant due = P("due", 0);
+  due.expected = kOpened + absl::Milliseconds(20);
+  EXPECT_EQ(DecideClose(Of({P("a", 2), due}), kOpened, Gathering(), rules,
+                        kOpened, learned)
+                .deadline,
+            kOpened + absl::Milliseconds(50));
+  due.expected = kOpened + absl::Milliseconds(500);
+  EXPECT_EQ(DecideClose(Of({P("a", 2), due}), kOpened, Gathering(), rules,
+                        kOpened, learned)
+                .deadline,
+            kOpened + absl::Milliseconds(130));
+  // An expectation that passed changes nothing.
+  due.expected = kOpened - absl::Seconds(5);
+  EXPECT_EQ(DecideClose(Of({P("a", 2), due}), kOpened, Gathering(), rules,
+                        kOpened, learned)
+                .deadline,
+            kOpened + absl::Milliseconds(30));
+  // Without stale merging: patient for the one that did not begin.
+  rules.stale_merged = false;
+  d = DecideClose(absent, kOpened, Gathering(), rules,
+                  kOpened + absl::Milliseconds(199), learned);
+  EXPECT_FALSE(d.close);
+  EXPECT_EQ(d.deadline, kOpened + absl::Milliseconds(200));
+}
+
 // The accumulator and the mean rule against an independent computation:
 // members i = 0..N-1 with weight i+1 send value i+1 + e/8 for element e; a
 // chunk no one contributed to keeps the previous state.

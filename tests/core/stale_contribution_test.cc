@@ -140,9 +140,10 @@ class StaleContributionTest : public ::testing::Test {
 };
 
 // Staleness 1 under MEAN: b's delta against the seed goes into round 2 with
-// weight 1/2 next to a's fresh one, and every member ends with the same
-// state: a by applying the round's delta to its anchor, b by taking the
-// state whole.
+// weight 1/2. It is banked: b is answered at once with the job's current
+// state (round 1's, whole), and contributes again to round 2 from it, next
+// to a's fresh delta; every member ends with the same state: a and b by
+// applying the round's delta to their anchor.
 TEST_F(StaleContributionTest, Mean_Staleness1_CountsWithHalfWeight) {
   MakeJob(StaleSettings(2));
   const MemberId a = Join("a"), b = Join("b");
@@ -156,31 +157,40 @@ TEST_F(StaleContributionTest, Mean_Staleness1_CountsWithHalfWeight) {
   const std::vector<float> db = Filled(3.0f);
   const std::vector<float> da2 = Filled(-1.0f);
   SyncCapture from_b = Send(b, 1, db, s0, 16);
-  EXPECT_FALSE(from_b.fired()) << "a stale delta waits for its round";
-  SyncCapture from_a = Send(a, 2, da2, r1.state_id, 16);
-  ASSERT_TRUE(from_a.result().ok()) << from_a.result().status();
-  ASSERT_TRUE(from_b.result().ok()) << from_b.result().status();
-
-  std::vector<float> expected(kElements);
-  for (size_t i = 0; i < kElements; ++i) {
-    const float state1 = theta0[i] + da1[i];
-    const float mean = (1.0f * da2[i] + 0.5f * db[i]) / 1.5f;
-    expected[i] = state1 + mean;
-  }
-  const SyncResult ra = *from_a.result();
+  ASSERT_TRUE(from_b.result().ok()) << "a stale delta is answered at once";
   const SyncResult rb = *from_b.result();
-  EXPECT_EQ(ra.round, 2u);
-  EXPECT_TRUE(ra.contributed);
-  EXPECT_TRUE(ra.delta);
-  EXPECT_EQ(ra.staleness, 0u);
-  EXPECT_EQ(ra.contributors, 2u);
-  EXPECT_DOUBLE_EQ(ra.contributor_weight, 1.5);
-  EXPECT_EQ(rb.round, 2u);
+  EXPECT_EQ(rb.round, 1u);
   EXPECT_TRUE(rb.contributed);
   EXPECT_FALSE(rb.late);
   EXPECT_FALSE(rb.delta) << "b holds the seed: it gets the state whole";
   EXPECT_EQ(rb.staleness, 1u);
-  EXPECT_EQ(rb.state_id, ra.state_id);
+  EXPECT_EQ(rb.state_id, r1.state_id);
+  EXPECT_EQ(Values(rb), std::vector<float>(r1.state->values));
+  ASSERT_TRUE(job_->Status(10).round_open);
+  // b again, from round 1's state, into the same round 2.
+  const std::vector<float> db2 = Filled(-0.75f);
+  SyncCapture again_b = Send(b, 2, db2, r1.state_id, 16);
+  EXPECT_FALSE(again_b.fired()) << "round 2 waits for a";
+  SyncCapture from_a = Send(a, 2, da2, r1.state_id, 16);
+  ASSERT_TRUE(from_a.result().ok()) << from_a.result().status();
+  ASSERT_TRUE(again_b.result().ok()) << again_b.result().status();
+
+  std::vector<float> expected(kElements);
+  for (size_t i = 0; i < kElements; ++i) {
+    const float state1 = theta0[i] + da1[i];
+    const float mean = (1.0f * da2[i] + 0.5f * db[i] + 1.0f * db2[i]) / 2.5f;
+    expected[i] = state1 + mean;
+  }
+  const SyncResult ra = *from_a.result();
+  EXPECT_EQ(ra.round, 2u);
+  EXPECT_TRUE(ra.contributed);
+  EXPECT_TRUE(ra.delta);
+  EXPECT_EQ(ra.staleness, 0u);
+  EXPECT_EQ(ra.contributors, 2u) << "b is one contributor";
+  EXPECT_DOUBLE_EQ(ra.contributor_weight, 2.5);
+  EXPECT_EQ(again_b.result()->state_id, ra.state_id);
+  EXPECT_EQ(again_b.result()->staleness, 0u);
+  EXPECT_EQ(Values(*again_b.result()), Values(ra));
   const std::vector<float> state = Values(ra);
   for (size_t i = 0; i < kElements; ++i) {
     EXPECT_FLOAT_EQ(state[i], expected[i]) << i;
@@ -201,16 +211,16 @@ TEST_F(StaleContributionTest, Mean_Staleness1_CountsWithHalfWeight) {
   }
 
   const JobStatusSnapshot status = job_->Status(10);
-  EXPECT_EQ(status.recent_rounds[0].steps.merged, 32u);
+  EXPECT_EQ(status.recent_rounds[0].steps.merged, 48u);
   EXPECT_EQ(status.recent_rounds[0].steps.merged_stale, 16u);
   // Round 1 timed b out before it began: its steps came with round 2.
-  EXPECT_EQ(status.steps.merged, 16u + 32u);
+  EXPECT_EQ(status.steps.merged, 16u + 48u);
   EXPECT_EQ(status.steps.discarded(), 0u);
   EXPECT_DOUBLE_EQ(status.steps.goodput(), 1.0);
 }
 
-// Staleness S (here 2) still merges, with weight 1/3; a lone stale
-// contribution is the mean by itself.
+// Staleness S (here 2) still merges, with weight 1/3 (banked: b is
+// answered at once and the round closes at its deadline without b's next).
 TEST_F(StaleContributionTest, Mean_StalenessS_MergesWithWeightOneThird) {
   MakeJob(StaleSettings(2));
   const MemberId a = Join("a"), b = Join("b");
@@ -221,11 +231,14 @@ TEST_F(StaleContributionTest, Mean_StalenessS_MergesWithWeightOneThird) {
   const std::vector<float> db = Filled(-2.0f);
   const std::vector<float> da3 = Filled(1.0f);
   SyncCapture from_b = Send(b, 1, db, s0, 8);
-  SyncCapture from_a = Send(a, 3, da3, r2.state_id, 16);
   ASSERT_TRUE(from_b.result().ok()) << from_b.result().status();
-  ASSERT_TRUE(from_a.result().ok());
   EXPECT_EQ(from_b.result()->staleness, 2u);
   EXPECT_TRUE(from_b.result()->contributed);
+  EXPECT_EQ(from_b.result()->state_id, r2.state_id);
+  SyncCapture from_a = Send(a, 3, da3, r2.state_id, 16);
+  EXPECT_FALSE(from_a.fired()) << "b takes part in round 3 again";
+  PassDeadline();
+  ASSERT_TRUE(from_a.result().ok());
   const std::vector<float> state = Values(*from_a.result());
   for (size_t i = 0; i < kElements; ++i) {
     const float mean = (da3[i] + db[i] / 3.0f) / (1.0f + 1.0f / 3.0f);
@@ -271,7 +284,9 @@ TEST_F(StaleContributionTest, Off_StaleDeltaAdopts) {
   EXPECT_FALSE(job_->Status(10).round_open);
 }
 
-// OUTER_SGD at staleness 1: the step is lr times the weighted mean.
+// OUTER_SGD at staleness 1: the step is lr times the weighted mean. b's
+// stale delta is the last the round waits for: not banked, the round closes
+// with it and b gets the new state whole.
 TEST_F(StaleContributionTest, OuterSgd_Staleness1_StepsOnWeightedMean) {
   MakeJob(StaleSettings(1, AveragingMode::kOuterSgd, 0.5f));
   const MemberId a = Join("a", 2), b = Join("b", 1);
@@ -280,10 +295,13 @@ TEST_F(StaleContributionTest, OuterSgd_Staleness1_StepsOnWeightedMean) {
   const SyncResult r1 = Alone(a, 1, Filled(0.5f), s0);
   const std::vector<float> db = Filled(4.0f);
   const std::vector<float> da = Filled(-0.5f);
-  SyncCapture from_b = Send(b, 1, db, s0);
   SyncCapture from_a = Send(a, 2, da, r1.state_id);
+  EXPECT_FALSE(from_a.fired());
+  SyncCapture from_b = Send(b, 1, db, s0);
   ASSERT_TRUE(from_a.result().ok());
   ASSERT_TRUE(from_b.result().ok());
+  EXPECT_EQ(from_b.result()->round, 2u);
+  EXPECT_EQ(from_b.result()->staleness, 1u);
   const std::vector<float> state = Values(*from_a.result());
   for (size_t i = 0; i < kElements; ++i) {
     const float mean = (2.0f * da[i] + 0.5f * db[i]) / 2.5f;
@@ -293,18 +311,26 @@ TEST_F(StaleContributionTest, OuterSgd_Staleness1_StepsOnWeightedMean) {
 }
 
 // A retry of a stale contribution that was counted is answered as counted
-// and merged nowhere again; one against an anchor the job never issued
-// adopts.
+// and merged nowhere again, while its round is open (banked) and after it
+// closed; one against an anchor the job never issued adopts.
 TEST_F(StaleContributionTest, RetryOfCountedStale_IsNotMergedTwice) {
   MakeJob(StaleSettings(3));
   const MemberId a = Join("a"), b = Join("b");
   const uint64_t s0 = Seed(a, Filled(1.0f));
   const SyncResult r1 = Alone(a, 1, Filled(0.5f), s0);
   SyncCapture from_b = Send(b, 1, Filled(2.0f), s0, 16);
-  SyncCapture from_a = Send(a, 2, Filled(1.0f), r1.state_id, 16);
   ASSERT_TRUE(from_b.result().ok());
   ASSERT_TRUE(from_b.result()->contributed);
-  const uint64_t s2 = from_b.result()->state_id;
+  EXPECT_EQ(from_b.result()->state_id, r1.state_id);
+  SyncCapture banked = Send(b, 1, Filled(2.0f), s0, 16);
+  ASSERT_TRUE(banked.result().ok());
+  EXPECT_TRUE(banked.result()->contributed);
+  EXPECT_EQ(banked.result()->state_id, r1.state_id);
+  SyncCapture from_a = Send(a, 2, Filled(1.0f), r1.state_id, 16);
+  PassDeadline();  // b's next never came
+  ASSERT_TRUE(from_a.result().ok());
+  EXPECT_EQ(from_a.result()->contributors, 2u);
+  const uint64_t s2 = from_a.result()->state_id;
 
   SyncCapture again = Send(b, 1, Filled(2.0f), s0, 16);
   ASSERT_TRUE(again.result().ok());
@@ -353,17 +379,22 @@ TEST_F(StaleContributionTest, LateJoinerWithStaleInFlight_HoldsTheSameState) {
   const uint64_t s0 = Seed(a, Filled(1.0f));
   const SyncResult r1 = Alone(a, 1, Filled(0.5f), s0);
   SyncCapture from_b = Send(b, 1, Filled(3.0f), s0);
+  ASSERT_TRUE(from_b.result().ok());
+  EXPECT_EQ(from_b.result()->state_id, r1.state_id);
   const MemberId c = Join("c");
   SyncCapture from_c = Send(c, 2, Filled(7.0f), r1.state_id);
   EXPECT_FALSE(from_c.fired());
   SyncCapture from_a = Send(a, 2, Filled(1.0f), r1.state_id);
+  EXPECT_FALSE(from_a.fired());
+  SyncCapture again_b = Send(b, 2, Filled(-2.0f), r1.state_id);
   ASSERT_TRUE(from_a.result().ok());
-  ASSERT_TRUE(from_b.result().ok());
+  ASSERT_TRUE(again_b.result().ok());
   ASSERT_TRUE(from_c.result().ok());
   EXPECT_EQ(from_a.result()->contributors, 2u);
+  EXPECT_DOUBLE_EQ(from_a.result()->contributor_weight, 2.5);
   EXPECT_FALSE(from_c.result()->contributed);
   EXPECT_EQ(from_c.result()->state_id, from_a.result()->state_id);
-  EXPECT_EQ(Values(*from_b.result()), Values(*from_a.result()));
+  EXPECT_EQ(Values(*again_b.result()), Values(*from_a.result()));
   EXPECT_EQ(Values(*from_c.result()), Values(*from_a.result()));
 }
 
@@ -402,8 +433,9 @@ TEST_F(StaleContributionTest, RestoreFromCheckpoint_KeepsTheAncestors) {
   clock_.Advance(absl::Seconds(31));
   const MemberId a2 = Join("a"), b2 = Join("b");
   SyncCapture from_b = Send(b2, 1, Filled(2.0f), s0, 16);
-  SyncCapture from_a = Send(a2, 2, Filled(-1.0f), r1.state_id, 16);
   ASSERT_TRUE(from_b.result().ok()) << from_b.result().status();
+  SyncCapture from_a = Send(a2, 2, Filled(-1.0f), r1.state_id, 16);
+  PassDeadline();
   ASSERT_TRUE(from_a.result().ok());
   EXPECT_TRUE(from_b.result()->contributed);
   EXPECT_EQ(from_b.result()->staleness, 1u);
@@ -448,22 +480,25 @@ TEST_F(StaleContributionTest, StaleOpensRound_DeadlineCountsFromFreshStart) {
   job_->Heartbeat(c);
   SyncCapture from_b = Send(b, 1, Filled(2.0f), s0);  // opens round 2
   ASSERT_TRUE(job_->Status(10).round_open);
+  ASSERT_TRUE(from_b.result().ok()) << "banked: answered at once";
+  EXPECT_TRUE(from_b.result()->contributed);
+  EXPECT_EQ(from_b.result()->staleness, 1u);
   EXPECT_EQ(job_->Status(10).open_round_decision.deadline,
             absl::InfiniteFuture());
   PassDeadline();
   job_->Heartbeat(a);
+  job_->Heartbeat(b);
   job_->Heartbeat(c);
-  EXPECT_FALSE(from_b.fired()) << "no deadline before a fresh contribution";
+  EXPECT_TRUE(job_->Status(10).round_open)
+      << "no deadline before a fresh contribution";
   SyncCapture from_a = Send(a, 2, Filled(1.0f), a1.result()->state_id);
-  EXPECT_FALSE(from_a.fired()) << "c is still awaited";
+  EXPECT_FALSE(from_a.fired()) << "b and c are still awaited";
   EXPECT_NE(job_->Status(10).open_round_decision.deadline,
             absl::InfiniteFuture());
-  PassDeadline();  // counted from a's start: c times out
+  PassDeadline();  // counted from a's start: b and c time out
   ASSERT_TRUE(from_a.result().ok());
-  ASSERT_TRUE(from_b.result().ok());
   EXPECT_EQ(from_a.result()->contributors, 2u);
-  EXPECT_TRUE(from_b.result()->contributed);
-  EXPECT_EQ(from_b.result()->staleness, 1u);
+  EXPECT_DOUBLE_EQ(from_a.result()->contributor_weight, 1.5);
 }
 
 // Adaptive step budgets: the coordinator learns each member's rate from its

@@ -73,6 +73,20 @@ TEST(WorkTest, Budget_MedianMakesKSlowerFewerSlowLinkFewer) {
       StepBudgetFor(10, absl::Seconds(5), 10, none, 16, StepBounds{2, 64}), 2u);
 }
 
+// Handed its result later than the others: fewer steps, so that it arrives
+// with them; at least the bounds' min.
+TEST(WorkTest, Budget_HandedBehind_FewerSteps) {
+  const StepBounds bounds{4, 64};
+  const absl::Duration none = absl::ZeroDuration();
+  EXPECT_EQ(
+      StepBudgetFor(10, none, 10, none, 16, bounds, absl::Milliseconds(500)),
+      11u);
+  EXPECT_EQ(StepBudgetFor(10, none, 10, none, 16, bounds, absl::Seconds(1.4)),
+            4u);
+  EXPECT_EQ(StepBudgetFor(10, none, 10, none, 16, bounds, absl::Seconds(30)),
+            4u);
+}
+
 TEST(WorkTest, StepWeight_StepsOverKOnlyWithAdaptiveBudgets) {
   JobSettings s;
   s.local_sgd_steps = 16;

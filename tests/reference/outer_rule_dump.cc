@@ -98,7 +98,9 @@ int Run(const std::string& rule, float lr, float mu) {
   std::printf("}\n");
   // The state of each round, for a's stale delta: a sits out rounds 3 to 5
   // (they close at their deadline without it) and in round 6 sends its
-  // delta against round 2's state, for round 3: three rounds stale.
+  // delta against round 2's state, for round 3: three rounds stale (after
+  // the others' fresh ones, so that the round closes with it; sent first
+  // it would be banked and a answered at once, RoundState::Bank).
   std::vector<std::shared_ptr<const StateSnapshot>> states = {state};
   for (RoundId r = 1; r <= 8; ++r) {
     if (r == 3) members.push_back({"c", 0.5, join("c", 0.5)});  // joins
@@ -107,6 +109,7 @@ int Run(const std::string& rule, float lr, float mu) {
       members.erase(members.begin() + 1);
     }
     std::shared_ptr<const StateSnapshot> next;
+    std::vector<float> stale_delta;
     std::printf("{\"round\": %d, \"contributions\": [", static_cast<int>(r));
     bool first = true;
     for (size_t k = 0; k < members.size(); ++k) {
@@ -126,10 +129,14 @@ int Run(const std::string& rule, float lr, float mu) {
       PrintArray("delta", d);
       std::printf("}");
       if (stale) {
-        send(members[k].id, 3, d, states[2]->id, nullptr);
+        stale_delta = d;  // sent last: the round closes with it
       } else {
         send(members[k].id, r, d, state->id, &next);
       }
+    }
+    if (!stale_delta.empty()) {
+      send(members[0].id, 3, stale_delta, states[2]->id, nullptr);
+      stale_delta.clear();
     }
     if (r >= 3 && r <= 5) {
       // Round r closes at its deadline, without a.
