@@ -872,13 +872,13 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
   for (const RoundClosure::Stale& st : closure.stale) {
     members_.NoteStale(st.member, st.anchor, st.counted);
   }
-  if (adaptive_budgets()) {
-    for (const RoundClosure::Work& w : closure.work) {
-      MemberInfo* m = members_.Mutable(w.member);
-      // Its compute began when it was handed its last result.
-      if (m == nullptr || m->result_at == absl::InfinitePast()) continue;
-      m->work.Add(w.steps, w.began - m->result_at, w.completed - w.began);
-    }
+  // Step rates and uploads, for budgets (and, with fixed ones, the phase
+  // correction of a member handed its result late).
+  for (const RoundClosure::Work& w : closure.work) {
+    MemberInfo* m = members_.Mutable(w.member);
+    // Its compute began when it was handed its last result.
+    if (m == nullptr || m->result_at == absl::InfinitePast()) continue;
+    m->work.Add(w.steps, w.began - m->result_at, w.completed - w.began);
   }
   steps_.Add(closure.record.steps);
   pacing_.Closed(closure);
@@ -1143,17 +1143,23 @@ uint32_t Job::HandResultLocked(const MemberId& member, absl::Time now,
   if (m == nullptr) return 0;
   m->result_at = now;
   m->budget = 0;
+  // Handed later than the members the last close answered (banked, or a
+  // late Sync that adopts): fewer steps, so that it contributes with them
+  // instead of staying out of phase and missing every round.
+  const absl::Duration behind =
+      state_at_ == absl::InfinitePast()
+          ? absl::ZeroDuration()
+          : std::max(absl::ZeroDuration(), now - state_at_);
   if (adaptive_budgets() && m->work.known() && medians.steps_per_second > 0) {
-    // Handed later than the members the last close answered: fewer steps,
-    // so that it contributes with them.
-    const absl::Duration behind =
-        state_at_ == absl::InfinitePast()
-            ? absl::ZeroDuration()
-            : std::max(absl::ZeroDuration(), now - state_at_);
     m->budget = StepBudgetFor(m->work.steps_per_second(), m->work.upload(),
                               medians.steps_per_second, medians.upload,
                               settings_.local_sgd_steps,
                               BudgetBounds(settings_), behind);
+  } else if (!adaptive_budgets() && settings_.local_sgd_steps > 0) {
+    const uint32_t k = settings_.local_sgd_steps;
+    const uint32_t phase =
+        PhaseBudgetFor(m->work.steps_per_second(), k, behind);
+    if (phase != k) m->budget = phase;  // 0 says K
   }
   // Handed while a round it takes part in is open (banked, or late): when
   // that round may expect it.

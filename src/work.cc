@@ -57,6 +57,13 @@ uint32_t StepBudgetFor(double rate, absl::Duration upload, double median_rate,
   return static_cast<uint32_t>(steps);
 }
 
+uint32_t PhaseBudgetFor(double rate, uint32_t k, absl::Duration behind) {
+  if (!(rate > 0) || behind <= absl::ZeroDuration() || k == 0) return k;
+  const double made = std::round(rate * absl::ToDoubleSeconds(behind));
+  if (!(made < k)) return 1;
+  return std::max<uint32_t>(1, k - static_cast<uint32_t>(made));
+}
+
 double StepWeight(int64_t steps, const JobSettings& settings) {
   if (settings.step_budget != StepBudget::kAdaptive ||
       settings.local_sgd_steps == 0 || steps < 0) {

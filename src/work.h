@@ -59,6 +59,12 @@ uint32_t StepBudgetFor(double rate, absl::Duration upload, double median_rate,
                        StepBounds bounds,
                        absl::Duration behind = absl::ZeroDuration());
 
+// A fixed budget's phase correction: a member of rate `rate` handed its
+// result `behind` later than the others makes K less the steps it would
+// have made meanwhile, at least 1, so that its next contribution arrives
+// with theirs; K when either is not positive (or it would be K).
+uint32_t PhaseBudgetFor(double rate, uint32_t k, absl::Duration behind);
+
 // The factor a contribution of `steps` local steps (-1: not said) weighs
 // in a job with adaptive budgets: steps / K, the steps capped at the
 // bounds' max (a member cannot outweigh the others by what it says); 1

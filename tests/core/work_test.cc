@@ -87,6 +87,16 @@ TEST(WorkTest, Budget_HandedBehind_FewerSteps) {
             4u);
 }
 
+// A fixed budget's phase correction: K less the steps made meanwhile, at
+// least 1; K with nothing to correct or no rate.
+TEST(WorkTest, PhaseBudget_KLessTheStepsBehind) {
+  EXPECT_EQ(PhaseBudgetFor(50, 16, absl::Milliseconds(100)), 11u);
+  EXPECT_EQ(PhaseBudgetFor(50, 16, absl::Milliseconds(5)), 16u);
+  EXPECT_EQ(PhaseBudgetFor(50, 16, absl::Seconds(10)), 1u);
+  EXPECT_EQ(PhaseBudgetFor(0, 16, absl::Milliseconds(100)), 16u);
+  EXPECT_EQ(PhaseBudgetFor(50, 16, absl::ZeroDuration()), 16u);
+}
+
 TEST(WorkTest, StepWeight_StepsOverKOnlyWithAdaptiveBudgets) {
   JobSettings s;
   s.local_sgd_steps = 16;
