@@ -565,6 +565,7 @@ void Job::ApplyContributionLocked(const MemberId& member, RoundId round,
   // KiB per chunk and ~17 GB/s, short.
   const RoundState::Added added =
       open_->round.Add(member, index, pieces, dtype, now);
+  if (added == RoundState::Added::kIgnored) return;
   if (added == RoundState::Added::kCompleted &&
       BankStaleLocked(member, deferred)) {
     return;
