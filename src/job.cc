@@ -329,6 +329,13 @@ std::unique_ptr<SyncSession> Job::BeginStaleLocked(
 std::unique_ptr<SyncSession> Job::AnswerCountedStaleLocked(
     const MemberInfo& member, RoundId round, SyncCallback done,
     Deferred& deferred) {
+  ReleaseCountedStateLocked(member, /*staleness=*/0, std::move(done), deferred);
+  return NewSession(member.id, round, SyncSession::Role::kAdopt, 0);
+}
+
+void Job::ReleaseCountedStateLocked(const MemberInfo& member,
+                                    uint32_t staleness, SyncCallback done,
+                                    Deferred& deferred) {
   SyncResult result = LatestResult(history_, commit_.shared_state(), member.id,
                                    commit_.state()->round, 0, member.name);
   result.local_steps_budget =
@@ -336,11 +343,11 @@ std::unique_ptr<SyncSession> Job::AnswerCountedStaleLocked(
   result.contributed = true;
   result.late = false;
   result.delta = false;
+  result.staleness = staleness;
   ReleaseLocked(
       state_ticket_,
       [done = std::move(done), result = std::move(result)] { done(result); },
       deferred);
-  return NewSession(member.id, round, SyncSession::Role::kAdopt, 0);
 }
 
 std::unique_ptr<SyncSession> Job::NewSession(const MemberId& member,
@@ -594,21 +601,10 @@ bool Job::BankStaleLocked(const MemberId& member, Deferred& deferred) {
   const uint32_t staleness = waiter->second.staleness;
   SyncCallback done = std::move(waiter->second.done);
   open_->waiters.erase(waiter);
-  SyncResult result = LatestResult(history_, commit_.shared_state(), member,
-                                   commit_.state()->round, 0, info->name);
-  result.local_steps_budget =
-      HandResultLocked(member, clock_->Now(), WorkMediansLocked());
-  result.contributed = true;
-  result.late = false;
-  result.delta = false;
-  result.staleness = staleness;
   VLOG(1) << "job " << id_ << ": " << info->name << "'s stale delta is banked "
           << "in round " << open_->round.id() << "; it goes on from round "
           << commit_.state()->round;
-  ReleaseLocked(
-      state_ticket_,
-      [done = std::move(done), result = std::move(result)] { done(result); },
-      deferred);
+  ReleaseCountedStateLocked(*info, staleness, std::move(done), deferred);
   return true;
 }
 

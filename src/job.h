@@ -387,6 +387,12 @@ class Job : public std::enable_shared_from_this<Job> {
   std::unique_ptr<SyncSession> AnswerCountedStaleLocked(
       const MemberInfo& member, RoundId round, SyncCallback done,
       Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands `member` the job's current state whole as the answer to a
+  // contribution that counted (a retry, or a banked stale one of
+  // `staleness`), with its next budget.
+  void ReleaseCountedStateLocked(const MemberInfo& member, uint32_t staleness,
+                                 SyncCallback done, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<SyncSession> NewSession(const MemberId& member, RoundId round,
                                           SyncSession::Role role,
                                           uint64_t waiter_id);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -69,6 +70,41 @@ std::unique_ptr<Client> MakeClient(
   auto client = Client::Create(options);
   EXPECT_TRUE(client.ok()) << client.status();
   return *std::move(client);
+}
+
+// One client per `params` entry of job `job_id` at `server`, named m0, m1,
+// ..., joined with `layout` and initialized from its entry; `configure`
+// sets the rest of its options. Fewer on a failure (reported).
+std::vector<std::unique_ptr<Client>> JoinedClients(
+    const CoordinatorServer& server, const std::string& job_id,
+    const Layout& layout, std::vector<std::vector<float>>& params,
+    const std::function<void(ClientOptions&)>& configure) {
+  std::vector<std::unique_ptr<Client>> clients;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", server.port());
+    options.job_id = job_id;
+    options.member_name = absl::StrCat("m", i);
+    configure(options);
+    auto client = Client::Create(options);
+    if (!client.ok()) {
+      ADD_FAILURE() << client.status();
+      break;
+    }
+    clients.push_back(*std::move(client));
+    if (absl::Status s = clients[i]->Join(layout); !s.ok()) {
+      ADD_FAILURE() << s;
+      clients.pop_back();
+      break;
+    }
+    if (absl::Status s = clients[i]->Initialize(absl::MakeSpan(params[i]));
+        !s.ok()) {
+      ADD_FAILURE() << s;
+      clients.pop_back();
+      break;
+    }
+  }
+  return clients;
 }
 
 struct SyncCase {
@@ -602,21 +638,13 @@ TEST(PacedUploadTest,
   server_options.coordinator.policy.lease_ttl = absl::Seconds(120);
   auto server = testkit::StartServer(std::move(server_options));
   const Layout layout = LayoutOfSizes({static_cast<int64_t>(n)});
-  std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::vector<float>> params(2, std::vector<float>(n, 1.0f));
-  for (int i = 0; i < 2; ++i) {
-    ClientOptions options;
-    options.target = absl::StrCat("127.0.0.1:", server->port());
-    options.job_id = "deadline";
-    options.member_name = absl::StrCat("m", i);
-    options.sync_timeout = absl::Seconds(20);
-    options.max_retry_time = absl::Seconds(1);
-    auto client = Client::Create(options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    clients.push_back(*std::move(client));
-    ASSERT_TRUE(clients[i]->Join(layout).ok());
-    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
-  }
+  std::vector<std::unique_ptr<Client>> clients =
+      JoinedClients(*server, "deadline", layout, params, [](ClientOptions& o) {
+        o.sync_timeout = absl::Seconds(20);
+        o.max_retry_time = absl::Seconds(1);
+      });
+  ASSERT_EQ(clients.size(), 2u);
   testkit::RawClient raw(testkit::Channel(*server));
   std::string b;
   uint64_t anchor = 0;
@@ -1139,26 +1167,19 @@ TEST(StaleContributionTest, OverTheWire_MergedAndEveryMemberHoldsTheState) {
   server_options.coordinator.policy.round_deadline = absl::Seconds(1);
   auto server = testkit::StartServer(std::move(server_options));
   const Layout layout = LayoutOfSizes({static_cast<int64_t>(n)});
-  std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::vector<float>> params(2, std::vector<float>(n, 1.0f));
-  for (int i = 0; i < 2; ++i) {
-    ClientOptions options;
-    options.target = absl::StrCat("127.0.0.1:", server->port());
-    options.job_id = "stale";
-    options.member_name = absl::StrCat("m", i);
-    options.settings.contribution = Contribution::kPseudoGradients;
-    options.settings.max_staleness = 2;
-    // Without history the outlier guard holds a chunk until the round's
-    // deadline, and a round a stale Sync opened has none before a fresh
-    // one: m1's would wait for m0's, which this test sends after it.
-    options.settings.outlier_ratio = kOutlierGuardOff;
-    options.sync_timeout = absl::Seconds(20);
-    auto client = Client::Create(options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    clients.push_back(*std::move(client));
-    ASSERT_TRUE(clients[i]->Join(layout).ok());
-    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
-  }
+  std::vector<std::unique_ptr<Client>> clients =
+      JoinedClients(*server, "stale", layout, params, [](ClientOptions& o) {
+        o.settings.contribution = Contribution::kPseudoGradients;
+        o.settings.max_staleness = 2;
+        // Without history the outlier guard holds a chunk until the
+        // round's deadline, and a round a stale Sync opened has none
+        // before a fresh one: m1's would wait for m0's, which this test
+        // sends after it.
+        o.settings.outlier_ratio = kOutlierGuardOff;
+        o.sync_timeout = absl::Seconds(20);
+      });
+  ASSERT_EQ(clients.size(), 2u);
   // Round 1: m0 alone, at the deadline.
   for (float& v : params[0]) v += 2.0f;
   absl::StatusOr<SyncOutcome> first =
@@ -1234,20 +1255,11 @@ TEST(DeadlineTest, ClosesAtTheDeadlineNotAtTheNextTick) {
   server_options.coordinator.policy.round_deadline = absl::Milliseconds(300);
   auto server = testkit::StartServer(std::move(server_options));
   const Layout layout = LayoutOfSizes({static_cast<int64_t>(n)});
-  std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::vector<float>> params(2, std::vector<float>(n, 1.0f));
-  for (int i = 0; i < 2; ++i) {
-    ClientOptions options;
-    options.target = absl::StrCat("127.0.0.1:", server->port());
-    options.job_id = "deadline";
-    options.member_name = absl::StrCat("m", i);
-    options.sync_timeout = absl::Seconds(30);
-    auto client = Client::Create(options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    clients.push_back(*std::move(client));
-    ASSERT_TRUE(clients[i]->Join(layout).ok());
-    ASSERT_TRUE(clients[i]->Initialize(absl::MakeSpan(params[i])).ok());
-  }
+  std::vector<std::unique_ptr<Client>> clients = JoinedClients(
+      *server, "deadline", layout, params,
+      [](ClientOptions& o) { o.sync_timeout = absl::Seconds(30); });
+  ASSERT_EQ(clients.size(), 2u);
   // m1 never syncs: m0's round closes at the deadline.
   std::fill(params[0].begin(), params[0].end(), 5.0f);
   absl::StatusOr<SyncOutcome> alone =
