@@ -4,14 +4,20 @@
 Four Python workers train a small MLP (784-128-10) on Fashion-MNIST with the
 README's LocalSGD (K=16, MEAN, SGD lr 0.05 momentum 0.9, batch 64, one
 thread each) against one coordinator, for the same wall-clock budget in
-every arm, and report:
+every arm (the four clocks start together once all have joined, and a pause
+ends at the budget's end), then make their final syncs, and report:
 
   goodput   local steps whose effect entered the global state / local steps
             computed (the coordinator's count: JobStatus.goodput, from the
             steps every Sync says)
   idle      the fast workers' time inside LocalSGD syncs / wall time (mean
             over the fast workers)
-  accuracy  rank 0's test accuracy after its final sync (the global state)
+  accuracy  the test accuracy of the job's state once every worker has made
+            its final sync and left (a fifth process joins the job, adopts
+            the state, evaluates it and leaves); the workers' own models
+            after their final syncs are in accuracy_per_rank (a member
+            whose last delta was banked holds the state before the round
+            that merges it)
 
 Scenarios: `slow`: worker 3 takes 3x as long per step as the others (a step
 is its compute plus a sleep that makes it STEP_MS, or 3 x STEP_MS); `pause`:
@@ -22,11 +28,11 @@ every PAUSE_EVERY rounds' time a random worker pauses for 1-5 rounds' time
   adaptive  --deadline_mode=adaptive (a persistent straggler adopts)
   goodput   adaptive + --max_staleness=8 + --step_budget=adaptive
   allfast   all four workers fast (no slow worker, no pauses), sync, each
-            stopping at the mean steps per worker of the slow scenario's
-            goodput arm of the same seed: equal total samples
+            stopping at the mean steps per worker of the scenario's goodput
+            arm of the same seed: equal total samples
 
 Usage: bench/goodput.py [--seeds 1,2,3] [--seconds 60] [--scenarios slow,pause]
-                        [--modes sync,adaptive,goodput]
+                        [--modes sync,adaptive,goodput] [--trace_s S]
 Environment: BUILD_DIR (build). Needs dataset-fashion-mnist and python3-torch.
 """
 
@@ -86,10 +92,23 @@ def worker(a):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     pauses = json.loads(a.pauses)
     step_s = a.step_ms / 1000.0
+    test_x, test_y = load_idx(False)
+    test_x = torch.from_numpy(test_x)
+
+    def accuracy():
+        with torch.no_grad():
+            pred = model(test_x).argmax(1).numpy()
+        return float((pred == test_y).mean())
+    trace = []
     with LocalSGD(model, coordinator=a.coordinator, job="goodput",
                   local_sgd_steps=K, member_name=f"w{a.rank}",
                   rendezvous=WORKERS,
                   keep_training_when_unavailable=False) as local_sgd:
+        # Every worker starts its clock at once, when all four have joined
+        # (so that their final syncs meet in one round).
+        open(os.path.join(a.barrier, f"ready.{a.rank}"), "w").close()
+        while len(os.listdir(a.barrier)) < WORKERS:
+            time.sleep(0.005)
         start = time.monotonic()
         deadline = start + a.seconds
         steps = 0
@@ -98,7 +117,7 @@ def worker(a):
             now = time.monotonic() - start
             for w, at, length in pauses:
                 if w == a.rank and at <= now < at + length:
-                    time.sleep(at + length - now)
+                    time.sleep(min(at + length, a.seconds) - now)
             t0 = time.monotonic()
             batch = rng.choice(idx, 64)
             x = torch.from_numpy(images[batch])
@@ -111,16 +130,35 @@ def worker(a):
                 time.sleep(step_s - spent)
             local_sgd.step()
             steps += 1
+            if a.trace_s and a.rank == 0 and time.monotonic() - start >= \
+                    a.trace_s * (len(trace) + 1):
+                trace.append(round(accuracy(), 4))
         wall = time.monotonic() - start
         idle = local_sgd.sync_seconds_total
-    accuracy = None
-    if a.rank == 0:
-        test_x, test_y = load_idx(False)
+    print(json.dumps({"rank": a.rank, "steps": steps, "wall": wall,
+                      "idle": idle, "accuracy": accuracy(), "trace": trace}),
+          flush=True)
+
+
+def evaluate(a):
+    """Joins the job once the workers have left, adopts its state (the
+    global state: what the last round left) and prints its test accuracy."""
+    import torch
+    from localsgd import LocalSGD
+    torch.set_num_threads(1)
+    test_x, test_y = load_idx(False)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    local_sgd = LocalSGD(model, coordinator=a.coordinator, job="goodput",
+                         local_sgd_steps=K, member_name="evaluator",
+                         rendezvous=WORKERS)
+    try:
         with torch.no_grad():
             pred = model(torch.from_numpy(test_x)).argmax(1).numpy()
-        accuracy = float((pred == test_y).mean())
-    print(json.dumps({"rank": a.rank, "steps": steps, "wall": wall,
-                      "idle": idle, "accuracy": accuracy}), flush=True)
+        print(json.dumps({"accuracy": float((pred == test_y).mean()),
+                          "round": local_sgd.state_round}), flush=True)
+    finally:
+        local_sgd.abandon()
 
 
 def start_coordinator(binary, tmp, flags):
@@ -169,12 +207,14 @@ def pause_schedule(seed, seconds):
     return out
 
 
-def run_arm(binary, tmp, scenario, mode, seed, seconds, max_steps=0):
+def run_arm(binary, tmp, scenario, mode, seed, seconds, max_steps=0,
+            trace_s=0):
     proc, port, http = start_coordinator(binary, tmp, MODES[mode])
     try:
         pauses = pause_schedule(seed, seconds) \
             if scenario == "pause" and mode != "allfast" else []
         procs = []
+        barrier = tempfile.mkdtemp(prefix="barrier-", dir=tmp)
         for rank in range(WORKERS):
             slow = scenario == "slow" and rank == WORKERS - 1 and \
                 mode != "allfast"
@@ -182,7 +222,8 @@ def run_arm(binary, tmp, scenario, mode, seed, seconds, max_steps=0):
                 [sys.executable, __file__, "--worker",
                  f"--coordinator=127.0.0.1:{port}", f"--rank={rank}",
                  f"--seed={seed}", f"--seconds={seconds}",
-                 f"--max_steps={max_steps}",
+                 f"--max_steps={max_steps}", f"--trace_s={trace_s}",
+                 f"--barrier={barrier}",
                  f"--step_ms={STEP_MS * (SLOW_FACTOR if slow else 1)}",
                  f"--pauses={json.dumps(pauses)}"],
                 stdout=subprocess.PIPE, stderr=open(
@@ -194,6 +235,11 @@ def run_arm(binary, tmp, scenario, mode, seed, seconds, max_steps=0):
                 sys.exit(f"[goodput] a worker failed (see {tmp})")
             results.append(json.loads(out.strip().splitlines()[-1]))
         status = job_status(http)
+        out = subprocess.run(
+            [sys.executable, __file__, "--evaluate",
+             f"--coordinator=127.0.0.1:{port}"], check=True, timeout=300,
+            stdout=subprocess.PIPE, text=True).stdout
+        global_state = json.loads(out.strip().splitlines()[-1])
     finally:
         proc.terminate()
         proc.wait()
@@ -208,7 +254,9 @@ def run_arm(binary, tmp, scenario, mode, seed, seconds, max_steps=0):
         "goodput": float(status.get("goodput", 0.0)),
         "merged_over_computed": merged / computed if computed else 0.0,
         "idle": statistics.mean(r["idle"] / r["wall"] for r in fast),
-        "accuracy": results[0]["accuracy"],
+        "accuracy": global_state["accuracy"],
+        "accuracy_per_rank": [r["accuracy"] for r in results],
+        "trace": results[0]["trace"],
         "steps": [r["steps"] for r in results],
         "stale": int(steps.get("merged_stale", 0)),
     }
@@ -217,13 +265,18 @@ def run_arm(binary, tmp, scenario, mode, seed, seconds, max_steps=0):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--evaluate", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--coordinator")
     p.add_argument("--rank", type=int)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--max_steps", type=int, default=0)
+    p.add_argument("--trace_s", type=float, default=0,
+                   help="rank 0 also records its model's test accuracy "
+                   "every this many seconds (0: never)")
     p.add_argument("--step_ms", type=float, default=STEP_MS)
     p.add_argument("--pauses", default="[]")
+    p.add_argument("--barrier", help=argparse.SUPPRESS)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--scenarios", default="slow,pause")
     p.add_argument("--modes", default="sync,adaptive,goodput")
@@ -232,6 +285,9 @@ def main():
     a = p.parse_args()
     if a.worker:
         worker(a)
+        return
+    if a.evaluate:
+        evaluate(a)
         return
     if not os.path.isdir(DATA):
         print("[goodput] skipped: dataset-fashion-mnist is not installed")
@@ -246,29 +302,33 @@ def main():
     for seed in seeds:
         for scenario in a.scenarios.split(","):
             for mode in a.modes.split(","):
-                r = run_arm(binary, tmp, scenario, mode, seed, a.seconds)
+                r = run_arm(binary, tmp, scenario, mode, seed, a.seconds,
+                            trace_s=a.trace_s)
                 rows.setdefault((scenario, mode), []).append(r)
                 print(f"[goodput] {scenario} {mode} seed {seed}: "
                       f"{json.dumps(r)}", flush=True)
-                if a.allfast and scenario == "slow" and mode == "goodput":
+                if a.allfast and mode == "goodput":
                     cap = round(sum(r["steps"]) / WORKERS)
-                    f = run_arm(binary, tmp, "slow", "allfast", seed,
-                                a.seconds * 2, max_steps=cap)
-                    rows.setdefault(("all fast", "sync"), []).append(f)
-                    print(f"[goodput] allfast seed {seed}: {json.dumps(f)}",
-                          flush=True)
+                    f = run_arm(binary, tmp, scenario, "allfast", seed,
+                                a.seconds * 2, max_steps=cap,
+                                trace_s=a.trace_s)
+                    rows.setdefault((f"all fast ({scenario}'s samples)",
+                                     "sync"), []).append(f)
+                    print(f"[goodput] allfast {scenario} seed {seed}: "
+                          f"{json.dumps(f)}", flush=True)
     print()
-    print(f"| scenario | mode | goodput | fast idle | accuracy | "
-          f"stale steps | steps per worker |")
-    print("|---|---|---|---|---|---|---|")
+    print("| scenario | mode | goodput | fast idle | accuracy | "
+          "accuracy per seed | stale steps | steps per worker |")
+    print("|---|---|---|---|---|---|---|---|")
     for (scenario, mode), rs in rows.items():
         def mean(key):
             return statistics.mean(r[key] for r in rs)
         steps = [round(statistics.mean(r["steps"][i] for r in rs))
                  for i in range(WORKERS)]
+        per_seed = ", ".join(f"{r['accuracy']:.4f}" for r in rs)
         print(f"| {scenario} | {mode} | {mean('goodput'):.3f} | "
               f"{100 * mean('idle'):.1f}% | {mean('accuracy'):.4f} | "
-              f"{round(mean('stale'))} | {steps} |")
+              f"{per_seed} | {round(mean('stale'))} | {steps} |")
     print(f"\n({len(seeds)} seeds, {a.seconds:g} s each; logs in {tmp})")
 
 
