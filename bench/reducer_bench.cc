@@ -27,6 +27,11 @@
 //    feedback in one pass (EncodeDeltaWithFeedback: 17 bytes moved per
 //    element), and *TwoSteps, the SubtractTo + EncodeWithFeedback it
 //    replaces (29 bytes); items/s.
+//  - EncodeSparseDelta<keep>x<bits>: a member's upload in a sparse code
+//    (src/sparse_codec.h: keep values per 4096, bits per value) with
+//    feedback, on N(0, 1) values; AccumulateSparse<keep>x<bits>: the
+//    coordinator's decode + weighted accumulate of such a payload. items/s
+//    counts the chunk's elements (targets: 1 and 2 G elements/s per core).
 //  - Crc32c (every chunk, both sides, src/crc32c.h) and its table-driven
 //    fallback Crc32cPortable: the fp32 chunk's bytes.
 //  - Memcpy/<bytes>: the same bytes copied between two reused buffers; the
@@ -36,6 +41,7 @@
 // memcpy of the same bytes.
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -44,6 +50,7 @@
 #include "benchmark/benchmark.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
+#include "src/sparse_codec.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -188,6 +195,69 @@ void BM_EncodeFeedbackInt4Portable(benchmark::State& state) {
   BM_EncodeFeedbackPortable<DType::kInt4Block>(state);
 }
 
+// The sparse codes (src/sparse_codec.h), on N(0, 1) values (where a
+// block's top values stand out as they do in a pseudo-gradient): a
+// member's upload (params - anchor with feedback, one pass; the residual
+// carried from iteration to iteration, as a member's is from round to
+// round: the feedback's steady state) and the coordinator's decode +
+// accumulate; items are the chunk's elements.
+std::vector<float> NormalValues(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+template <uint32_t kKeep, uint32_t kBits>
+void BM_EncodeSparseDelta(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  const SparseCode code{kKeep, kBits};
+  const std::vector<float> anchor = NormalValues(n, 1);
+  std::vector<float> params = NormalValues(n, 2);
+  for (size_t i = 0; i < n; ++i) params[i] += anchor[i];
+  std::vector<float> residual(n, 0.0f);
+  std::string out(SparseWireBytes(n, code), '\0');
+  for (auto _ : state) {
+    EncodeSparseDeltaWithFeedback(params, anchor, absl::MakeSpan(residual),
+                                  code, out.data());
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) *
+                          state.range(0));
+}
+template <uint32_t kKeep, uint32_t kBits>
+void BM_AccumulateSparse(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  const SparseCode code{kKeep, kBits};
+  std::vector<float> values = NormalValues(n, 3);
+  std::string payload(SparseWireBytes(n, code), '\0');
+  EncodeSparseWithFeedback(values, {}, code, payload.data());
+  std::vector<float> acc(n, 0.0f);
+  for (auto _ : state) {
+    if (!AccumulateSparseWeighted(payload, code, 0.5f, absl::MakeSpan(acc))
+             .ok()) {
+      state.SkipWithError("AccumulateSparseWeighted refused the payload");
+    }
+    benchmark::DoNotOptimize(acc.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) *
+                          state.range(0));
+}
+void BM_EncodeSparseDelta64x2(benchmark::State& state) {
+  BM_EncodeSparseDelta<64, 2>(state);
+}
+void BM_EncodeSparseDelta128x4(benchmark::State& state) {
+  BM_EncodeSparseDelta<128, 4>(state);
+}
+void BM_AccumulateSparse64x2(benchmark::State& state) {
+  BM_AccumulateSparse<64, 2>(state);
+}
+void BM_AccumulateSparse128x4(benchmark::State& state) {
+  BM_AccumulateSparse<128, 4>(state);
+}
+
 void BM_AccumulateFp32(benchmark::State& state) {
   BM_Accumulate<DType::kFloat32>(state, 1.0f);
 }
@@ -297,6 +367,10 @@ BENCHMARK(BM_FinalizeFp32)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_FinalizeBf16)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_EncodeBf16)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_DecodeBf16)->Arg(k256K)->Arg(k1M);
+BENCHMARK(BM_EncodeSparseDelta64x2)->Arg(k64K)->Arg(k1M);
+BENCHMARK(BM_EncodeSparseDelta128x4)->Arg(k64K)->Arg(k1M);
+BENCHMARK(BM_AccumulateSparse64x2)->Arg(k64K)->Arg(k1M);
+BENCHMARK(BM_AccumulateSparse128x4)->Arg(k64K)->Arg(k1M);
 BENCHMARK(BM_Crc32c)->Arg(k256K)->Arg(k1M);
 BENCHMARK(BM_Crc32cPortable)->Arg(k256K);
 

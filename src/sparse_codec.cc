@@ -1,0 +1,427 @@
+#include "src/sparse_codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace localsgd {
+namespace {
+
+// A magnitude's bin: the float32 bits of |x| above bit 20 (the exponent and
+// the top three mantissa bits), 2048 bins in magnitude order; Inf and NaN
+// fall in the bins from kNonFiniteBin up.
+constexpr uint32_t kBinShift = 20;
+constexpr uint32_t kBins = 1u << (31 - kBinShift);
+constexpr uint32_t kNonFiniteBin = 0x7f800000u >> kBinShift;
+constexpr unsigned kPositionBits = 12;
+static_assert(kSparseBlock == size_t{1} << kPositionBits,
+              "a position is 12 bits");
+constexpr unsigned kMaxLevels = 8;  // 4-bit codes: 8 levels and a sign
+
+size_t NumBlocks(size_t n) { return (n + kSparseBlock - 1) / kSparseBlock; }
+size_t BlockLength(size_t n, size_t b) {
+  return std::min(kSparseBlock, n - b * kSparseBlock);
+}
+size_t KeptInBlock(size_t nb, SparseCode code) {
+  return (code.keep * nb + kSparseBlock - 1) / kSparseBlock;
+}
+size_t PositionBytes(size_t kept) { return (kPositionBits * kept + 7) / 8; }
+size_t CodeBytes(size_t kept, uint32_t bits) { return (bits * kept + 7) / 8; }
+
+float FloatAt(const char* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
+// The bit streams, least significant bit first. Position j (12 bits) is at
+// bit 12 j: bit offset 0 or 4 in its first byte, always two bytes, both
+// within the stream. A code (2 or 4 bits) never crosses a byte. The
+// writers OR into a zeroed stream, without branches.
+inline void PutPosition(uint8_t* p, size_t j, uint32_t pos) {
+  const uint32_t v = pos << (4 * (j % 2));
+  uint8_t* q = p + 12 * j / 8;
+  q[0] |= static_cast<uint8_t>(v);
+  q[1] |= static_cast<uint8_t>(v >> 8);
+}
+inline uint32_t GetPosition(const uint8_t* p, size_t j) {
+  const uint8_t* q = p + 12 * j / 8;
+  const uint32_t v = uint32_t{q[0]} | uint32_t{q[1]} << 8;
+  return (v >> (4 * (j % 2))) & 0xfffu;
+}
+inline void PutCode(uint8_t* p, size_t j, uint32_t bits, uint32_t c) {
+  const size_t bit = bits * j;
+  p[bit / 8] |= static_cast<uint8_t>(c << (bit % 8));
+}
+inline uint32_t GetCode(const uint8_t* p, size_t j, uint32_t bits) {
+  const size_t bit = bits * j;
+  return (uint32_t{p[bit / 8]} >> (bit % 8)) & ((1u << bits) - 1);
+}
+
+// The magnitudes the L = 2^(bits - 1) levels of a block decode to.
+inline void Levels(float lo, float hi, uint32_t bits, float* mag) {
+  const unsigned levels = 1u << (bits - 1);
+  const float d = hi - lo;
+  for (unsigned c = 0; c < levels; ++c) {
+    // (2c + 1) / 2L: exact in float32.
+    const float w =
+        static_cast<float>(2 * c + 1) / static_cast<float>(2 * levels);
+    mag[c] = lo + w * d;
+  }
+}
+
+// Per-block work space of the encoder (64 KiB: on the heap, uninitialized).
+struct BlockScratch {
+  float e[kSparseBlock];  // e, where there is no residual to hold it
+  float kept_value[kSparseBlock];
+  uint16_t bin[kSparseBlock];
+  uint16_t pos[kSparseBlock];
+  uint16_t hist[4][kBins];  // four, so that equal bins in a row do not chain
+};
+
+// Encodes one block of nb values (e = v + r, or (v - a) + r with kDelta)
+// whose kept values are j0, j0 + 1, ... of the payload. Passes: e and the
+// bins (a loop GCC vectorizes; e goes straight into the residual, where the
+// kept ones are then corrected), the histogram, the selection (four bins at
+// a time), then the kept values alone.
+template <bool kDelta>
+void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
+                 SparseCode code, char* scales, uint8_t* positions,
+                 uint8_t* codes, size_t j0, float* decoded, BlockScratch& s) {
+  float* e = r != nullptr ? r : s.e;
+  uint16_t* bin = s.bin;
+  uint32_t top = 0;
+  for (size_t i = 0; i < nb; ++i) {
+    float x = kDelta ? v[i] - a[i] : v[i];
+    if (r != nullptr) x = x + r[i];
+    e[i] = x;
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    const uint32_t b = (bits & 0x7fffffffu) >> kBinShift;
+    bin[i] = static_cast<uint16_t>(b);
+    top = b > top ? b : top;
+  }
+  const bool finite = top < kNonFiniteBin;
+  float lo = std::numeric_limits<float>::quiet_NaN();
+  float hi = lo;
+  if (finite) {
+    for (auto& h : s.hist) std::memset(h, 0, (top + 1) * sizeof(h[0]));
+    size_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+      ++s.hist[0][bin[i]];
+      ++s.hist[1][bin[i + 1]];
+      ++s.hist[2][bin[i + 2]];
+      ++s.hist[3][bin[i + 3]];
+    }
+    for (; i < nb; ++i) ++s.hist[0][bin[i]];
+    // The lowest bin reached: the highest `star` with at least kb values in
+    // bins >= star; `ties` of its values are kept, the first in index order.
+    size_t above = 0;
+    uint32_t star = top;
+    for (;; --star) {
+      const size_t in = size_t{s.hist[0][star]} + s.hist[1][star] +
+                        s.hist[2][star] + s.hist[3][star];
+      if (above + in >= kb) break;
+      above += in;
+    }
+    size_t ties = kb - above;
+    size_t count = 0;
+    auto consider = [&](size_t at) {
+      const uint32_t b = bin[at];
+      if (b > star || (b == star && ties > 0)) {
+        ties -= b == star;
+        s.pos[count++] = static_cast<uint16_t>(at);
+      }
+    };
+    i = 0;
+#if defined(__SSE2__)
+    // Sixteen bins at a time (SSE2, every x86-64): a mask of those >= star
+    // (two bits each), and only those are looked at one by one.
+    const __m128i below = _mm_set1_epi16(static_cast<int16_t>(star) - 1);
+    for (; i + 16 <= nb; i += 16) {
+      const __m128i a0 =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(bin + i));
+      const __m128i a1 =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(bin + i + 8));
+      uint32_t m =
+          static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpgt_epi16(a0, below))) |
+          static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpgt_epi16(a1, below)))
+              << 16;
+      for (; m != 0; m &= m - 1, m &= m - 1) {
+        consider(i + static_cast<size_t>(__builtin_ctz(m)) / 2);
+      }
+    }
+#elif defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    // Four bins at a time in a 64-bit word: lane + 0x8000 - star has its
+    // top bit set iff lane >= star (bins and star are below 2048: no carry
+    // between lanes). Only the few such lanes are looked at one by one.
+    const uint64_t offset = (0x8000u - star) * 0x0001000100010001ull;
+    for (; i + 4 <= nb; i += 4) {
+      uint64_t w;
+      std::memcpy(&w, bin + i, 8);
+      for (uint64_t m = (w + offset) & 0x8000800080008000ull; m != 0;
+           m &= m - 1) {
+        consider(i + static_cast<size_t>(__builtin_ctzll(m)) / 16);
+      }
+    }
+#endif
+    for (; i < nb; ++i) consider(i);
+    lo = std::numeric_limits<float>::max();
+    hi = 0;
+    for (size_t j = 0; j < kb; ++j) {
+      const float m = std::fabs(e[s.pos[j]]);
+      lo = m < lo ? m : lo;
+      hi = m > hi ? m : hi;
+    }
+  } else {
+    for (size_t j = 0; j < kb; ++j) s.pos[j] = static_cast<uint16_t>(j);
+  }
+  std::memcpy(scales, &lo, 4);
+  std::memcpy(scales + 4, &hi, 4);
+  float mag[kMaxLevels];
+  Levels(lo, hi, code.bits, mag);
+  const unsigned levels = 1u << (code.bits - 1);
+  const double d = static_cast<double>(hi) - static_cast<double>(lo);
+  const double per = d > 0 ? levels / d : 0;  // NaN scales: d > 0 is false
+  for (size_t j = 0; j < kb; ++j) {
+    const float x = e[s.pos[j]];
+    unsigned c = 0;
+    if (per > 0) {
+      const double t = (std::fabs(static_cast<double>(x)) - lo) * per;
+      c = t >= levels - 1 ? levels - 1 : static_cast<unsigned>(t);
+    }
+    const bool negative = finite && std::signbit(x);
+    s.kept_value[j] = negative ? -mag[c] : mag[c];
+    PutPosition(positions, j0 + j, s.pos[j]);
+    PutCode(codes, j0 + j, code.bits,
+            (negative ? levels : 0u) | c);  // the sign is the top bit
+  }
+  if (r != nullptr) {
+    // r holds e: the kept ones lose what they decode to.
+    for (size_t j = 0; j < kb; ++j) r[s.pos[j]] = r[s.pos[j]] - s.kept_value[j];
+  }
+  if (decoded != nullptr) {
+    std::memset(decoded, 0, nb * sizeof(float));
+    for (size_t j = 0; j < kb; ++j) decoded[s.pos[j]] = s.kept_value[j];
+  }
+}
+
+template <bool kDelta>
+void Encode(const float* v, const float* a, float* r, size_t n, SparseCode code,
+            char* out, float* decoded) {
+  if (n == 0) return;
+  const size_t blocks = NumBlocks(n);
+  const size_t kept = SparseKept(n, code);
+  uint8_t* positions = reinterpret_cast<uint8_t*>(out) + 8 * blocks;
+  uint8_t* codes = positions + PositionBytes(kept);
+  std::memset(positions, 0, PositionBytes(kept) + CodeBytes(kept, code.bits));
+  std::unique_ptr<BlockScratch> scratch(new BlockScratch);
+  size_t j0 = 0;
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t first = b * kSparseBlock;
+    const size_t nb = BlockLength(n, b);
+    const size_t kb = KeptInBlock(nb, code);
+    EncodeBlock<kDelta>(v + first, kDelta ? a + first : nullptr,
+                        r != nullptr ? r + first : nullptr, nb, kb, code,
+                        out + 8 * b, positions, codes, j0,
+                        decoded != nullptr ? decoded + first : nullptr,
+                        *scratch);
+    j0 += kb;
+  }
+}
+
+// Calls fn(element, value) for every kept element of a checked payload.
+template <typename Fn>
+void ForEachKept(absl::string_view data, size_t n, SparseCode code, Fn fn) {
+  const size_t blocks = NumBlocks(n);
+  const uint8_t* positions =
+      reinterpret_cast<const uint8_t*>(data.data()) + 8 * blocks;
+  const uint8_t* codes = positions + PositionBytes(SparseKept(n, code));
+  const unsigned levels = 1u << (code.bits - 1);
+  size_t j = 0;
+  for (size_t b = 0; b < blocks; ++b) {
+    float mag[kMaxLevels];
+    Levels(FloatAt(data.data() + 8 * b), FloatAt(data.data() + 8 * b + 4),
+           code.bits, mag);
+    const size_t first = b * kSparseBlock;
+    const size_t nb = BlockLength(n, b);
+    const size_t kb = KeptInBlock(nb, code);
+    for (size_t t = 0; t < kb; ++t, ++j) {
+      const uint32_t pos = GetPosition(positions, j);
+      const uint32_t c = GetCode(codes, j, code.bits);
+      const float m = mag[c & (levels - 1)];
+      if (pos < nb) fn(first + pos, (c & levels) != 0 ? -m : m);
+    }
+  }
+}
+
+// Whether the bits of a stream of `used` bits in `bytes` bytes past the
+// used ones are zero.
+bool PaddingIsZero(const uint8_t* p, size_t used, size_t bytes) {
+  if (used % 8 == 0) return true;
+  return (p[bytes - 1] >> (used % 8)) == 0;
+}
+
+}  // namespace
+
+absl::Status ValidateSparseCode(SparseCode code) {
+  if (code.keep < 1 || code.keep > kSparseBlock) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse code keeps ", code.keep, " values per block of ",
+                     kSparseBlock, ": must be in [1, ", kSparseBlock, "]"));
+  }
+  if (code.bits != 2 && code.bits != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sparse code of ", code.bits, " bits per value: must be 2 or 4"));
+  }
+  return absl::OkStatus();
+}
+
+size_t SparseKept(size_t n, SparseCode code) {
+  const size_t full = n / kSparseBlock;
+  const size_t tail = n % kSparseBlock;
+  return full * code.keep + (tail != 0 ? KeptInBlock(tail, code) : 0);
+}
+
+size_t SparseWireBytes(size_t n, SparseCode code) {
+  const size_t kept = SparseKept(n, code);
+  return 8 * NumBlocks(n) + PositionBytes(kept) + CodeBytes(kept, code.bits);
+}
+
+void EncodeSparseWithFeedback(absl::Span<const float> values,
+                              absl::Span<float> residual, SparseCode code,
+                              char* out, absl::Span<float> decoded) {
+  Encode<false>(values.data(), nullptr,
+                residual.empty() ? nullptr : residual.data(), values.size(),
+                code, out, decoded.empty() ? nullptr : decoded.data());
+}
+
+void EncodeSparseDeltaWithFeedback(absl::Span<const float> params,
+                                   absl::Span<const float> anchor,
+                                   absl::Span<float> residual, SparseCode code,
+                                   char* out) {
+  Encode<true>(params.data(), anchor.data(), residual.data(), params.size(),
+               code, out, nullptr);
+}
+
+absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code) {
+  if (absl::Status s = ValidateSparseCode(code); !s.ok()) return s;
+  const size_t expected = SparseWireBytes(n, code);
+  if (data.size() != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse payload of ", data.size(), " bytes for ", n,
+                     " values: the code (", code.keep, " kept per ",
+                     kSparseBlock, ", ", code.bits, " bits) takes ", expected));
+  }
+  const size_t blocks = NumBlocks(n);
+  const size_t kept = SparseKept(n, code);
+  const uint8_t* positions =
+      reinterpret_cast<const uint8_t*>(data.data()) + 8 * blocks;
+  const uint8_t* codes = positions + PositionBytes(kept);
+  size_t j = 0;
+  for (size_t b = 0; b < blocks; ++b) {
+    const float lo = FloatAt(data.data() + 8 * b);
+    const float hi = FloatAt(data.data() + 8 * b + 4);
+    const bool flagged = std::isnan(lo) && std::isnan(hi);
+    if (!flagged &&
+        !(lo >= 0 && lo <= hi && hi <= std::numeric_limits<float>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sparse block ", b, " has scales (", lo, ", ", hi,
+          "): they must be 0 <= lo <= hi <= the largest float32, or both "
+          "NaN (a non-finite value)"));
+    }
+    const size_t nb = BlockLength(n, b);
+    const size_t kb = KeptInBlock(nb, code);
+    int64_t previous = -1;
+    for (size_t t = 0; t < kb; ++t, ++j) {
+      const uint32_t pos = GetPosition(positions, j);
+      if (pos >= nb || static_cast<int64_t>(pos) <= previous) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sparse block ", b, " (", nb, " values): kept value ", t,
+            " is at position ", pos,
+            pos >= nb ? ", past the block's end"
+                      : absl::StrCat(", not after the one before (", previous,
+                                     "); positions must be strictly "
+                                     "ascending")));
+      }
+      previous = pos;
+    }
+  }
+  if (!PaddingIsZero(positions, kPositionBits * kept, PositionBytes(kept)) ||
+      !PaddingIsZero(codes, code.bits * kept, CodeBytes(kept, code.bits))) {
+    return absl::InvalidArgumentError(
+        "sparse payload: the padding bits after the last position or code "
+        "are not zero");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckDecodeSize(absl::string_view data, size_t n,
+                             SparseCode code) {
+  if (absl::Status s = ValidateSparseCode(code); !s.ok()) return s;
+  if (data.size() != SparseWireBytes(n, code)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sparse payload of ", data.size(), " bytes for ", n,
+                     " values: the code takes ", SparseWireBytes(n, code)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeSparse(absl::string_view data, SparseCode code,
+                          absl::Span<float> out) {
+  if (absl::Status s = CheckDecodeSize(data, out.size(), code); !s.ok()) {
+    return s;
+  }
+  float* o = out.data();
+  std::fill(o, o + out.size(), 0.0f);
+  ForEachKept(data, out.size(), code,
+              [o](size_t i, float value) { o[i] = value; });
+  return absl::OkStatus();
+}
+
+absl::Status AccumulateSparseWeighted(absl::string_view data, SparseCode code,
+                                      float weight, absl::Span<float> acc) {
+  if (absl::Status s = CheckDecodeSize(data, acc.size(), code); !s.ok()) {
+    return s;
+  }
+  float* o = acc.data();
+  ForEachKept(data, acc.size(), code,
+              [o, weight](size_t i, float value) { o[i] += weight * value; });
+  return absl::OkStatus();
+}
+
+int64_t SparseFirstNonFinite(absl::string_view data, size_t n,
+                             SparseCode code) {
+  for (size_t b = 0; b < NumBlocks(n); ++b) {
+    if (std::isnan(FloatAt(data.data() + 8 * b))) {
+      return static_cast<int64_t>(b * kSparseBlock);
+    }
+  }
+  return -1;
+}
+
+float SparseMaxAbs(absl::string_view data, size_t n, SparseCode code) {
+  float most = 0;
+  for (size_t b = 0; b < NumBlocks(n); ++b) {
+    float mag[kMaxLevels];
+    Levels(FloatAt(data.data() + 8 * b), FloatAt(data.data() + 8 * b + 4),
+           code.bits, mag);
+    const float top = mag[(1u << (code.bits - 1)) - 1];
+    most = top > most ? top : most;  // a NaN (flagged) block: not counted
+  }
+  return most;
+}
+
+}  // namespace localsgd
