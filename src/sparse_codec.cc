@@ -145,8 +145,15 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
 #if defined(__SSE2__)
     // Sixteen bins at a time (SSE2, every x86-64): a mask of those >= star
     // (two bits each), and only those are looked at one by one.
-    const __m128i below = _mm_set1_epi16(static_cast<int16_t>(star) - 1);
+    // Once the boundary bin's share is taken, only bins above it are
+    // looked at (in the feedback's steady state many values wait in it).
+    __m128i below = _mm_set1_epi16(static_cast<int16_t>(star) - 1);
+    bool ties_taken = false;  // ties >= 1 here
     for (; i + 16 <= nb; i += 16) {
+      if (!ties_taken && ties == 0) {
+        ties_taken = true;
+        below = _mm_set1_epi16(static_cast<int16_t>(star));
+      }
       const __m128i a0 =
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(bin + i));
       const __m128i a1 =
