@@ -10,7 +10,8 @@
 #
 # Environment:
 #   FUZZ_BUILD_DIR  build folder (default build-fuzz)
-#   FUZZ_TARGETS    targets to run (default "sync join fetch_state chunk_wire sync_client replica")
+#   FUZZ_TARGETS    targets to run (default "sync join fetch_state chunk_wire sync_client replica
+#                   sparse_codec")
 #   FUZZ_FLAGS      more libFuzzer flags, e.g. "-max_len=4096"
 #   FUZZ_RSS_MB     memory limit per target (default 2048)
 #
@@ -19,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-60}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
-TARGETS=${FUZZ_TARGETS:-"sync join fetch_state chunk_wire sync_client replica"}
+TARGETS=${FUZZ_TARGETS:-"sync join fetch_state chunk_wire sync_client replica sparse_codec"}
 RSS_MB=${FUZZ_RSS_MB:-2048}
 
 if [[ ! -f "$BUILD/CMakeCache.txt" ]] ||
