@@ -15,9 +15,9 @@
 namespace localsgd {
 namespace {
 
-// A magnitude's bin: the float32 bits of |x| above bit 20 (the exponent and
-// the top three mantissa bits), 2048 bins in magnitude order; Inf and NaN
-// fall in the bins from kNonFiniteBin up.
+// A magnitude's bin: bits 20-30 of |x|'s float32 (the exponent and the top
+// three mantissa bits), 2048 bins in magnitude order; Inf and NaN fall in
+// the bins from kNonFiniteBin up.
 constexpr uint32_t kBinShift = 20;
 constexpr uint32_t kBins = 1u << (31 - kBinShift);
 constexpr uint32_t kNonFiniteBin = 0x7f800000u >> kBinShift;
@@ -90,8 +90,8 @@ struct BlockScratch {
 // Encodes one block of nb values (e = v + r, or (v - a) + r with kDelta)
 // whose kept values are j0, j0 + 1, ... of the payload. Passes: e and the
 // bins (a loop GCC vectorizes; e goes straight into the residual, where the
-// kept ones are then corrected), the histogram, the selection (four bins at
-// a time), then the kept values alone.
+// kept ones are then corrected), the histogram, the selection (sixteen bins
+// at a time with SSE2, four elsewhere), then the kept values alone.
 template <bool kDelta>
 void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
                  SparseCode code, char* scales, uint8_t* positions,
