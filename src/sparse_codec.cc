@@ -91,7 +91,8 @@ struct BlockScratch {
 // whose kept values are j0, j0 + 1, ... of the payload. Passes: e and the
 // bins (a loop GCC vectorizes; e goes straight into the residual, where the
 // kept ones are then corrected), the histogram, the selection (sixteen bins
-// at a time with SSE2, four elsewhere), then the kept values alone.
+// at a time with SSE2; elsewhere, and for a block's last few, one at a
+// time: the same rule, the same result), then the kept values alone.
 template <bool kDelta>
 void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
                  SparseCode code, char* scales, uint8_t* positions,
@@ -164,19 +165,6 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
               << 16;
       for (; m != 0; m &= m - 1, m &= m - 1) {
         consider(i + static_cast<size_t>(__builtin_ctz(m)) / 2);
-      }
-    }
-#elif defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    // Four bins at a time in a 64-bit word: lane + 0x8000 - star has its
-    // top bit set iff lane >= star (bins and star are below 2048: no carry
-    // between lanes). Only the few such lanes are looked at one by one.
-    const uint64_t offset = (0x8000u - star) * 0x0001000100010001ull;
-    for (; i + 4 <= nb; i += 4) {
-      uint64_t w;
-      std::memcpy(&w, bin + i, 8);
-      for (uint64_t m = (w + offset) & 0x8000800080008000ull; m != 0;
-           m &= m - 1) {
-        consider(i + static_cast<size_t>(__builtin_ctzll(m)) / 16);
       }
     }
 #endif
