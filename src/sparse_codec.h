@@ -68,7 +68,8 @@ size_t SparseKept(size_t n, SparseCode code);
 size_t SparseWireBytes(size_t n, SparseCode code);
 
 // Encodes values + residual (error feedback) into `out` (SparseWireBytes(n)
-// bytes), and leaves in `residual` what the encoding lost: (values +
+// bytes; `code` valid: ValidateSparseCode, which the caller checks once per
+// job), and leaves in `residual` what the encoding lost: (values +
 // residual) - decoded, exactly the elements not kept, and for the kept ones
 // their value minus what it decodes to. An empty `residual` means none (and
 // none is kept). `decoded`, if not empty, receives what `out` decodes to
