@@ -12,6 +12,15 @@
 #include <emmintrin.h>
 #endif
 
+// The encoder's first pass is also built for AVX2 and picked at load time
+// where the CPU has it (GCC; not under the sanitizers, as src/codec.cc).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define LOCALSGD_SPARSE_KERNEL __attribute__((target_clones("avx2", "default")))
+#else
+#define LOCALSGD_SPARSE_KERNEL
+#endif
+
 namespace localsgd {
 namespace {
 
@@ -78,6 +87,35 @@ inline void Levels(float lo, float hi, uint32_t bits, float* mag) {
   }
 }
 
+// e = (v - a) + r (without a: v + r; without r: no + r), the bins of e, and
+// the largest bin: the encoder's first pass, built for AVX2 too where the
+// compiler can pick at load time (as src/codec.cc's kernels). `e` may be
+// `r`.
+LOCALSGD_SPARSE_KERNEL
+uint32_t ValuesAndBins(const float* v, const float* a, const float* r, float* e,
+                       uint16_t* bin, size_t nb) {
+  uint32_t top = 0;
+  // One loop per case, no test inside: each vectorizes.
+  auto bins = [&](size_t i, float x) {
+    e[i] = x;
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    const uint32_t b = (bits & 0x7fffffffu) >> kBinShift;
+    bin[i] = static_cast<uint16_t>(b);
+    top = b > top ? b : top;
+  };
+  if (a != nullptr && r != nullptr) {
+    for (size_t i = 0; i < nb; ++i) bins(i, (v[i] - a[i]) + r[i]);
+  } else if (a != nullptr) {
+    for (size_t i = 0; i < nb; ++i) bins(i, v[i] - a[i]);
+  } else if (r != nullptr) {
+    for (size_t i = 0; i < nb; ++i) bins(i, v[i] + r[i]);
+  } else {
+    for (size_t i = 0; i < nb; ++i) bins(i, v[i]);
+  }
+  return top;
+}
+
 // Per-block work space of the encoder (64 KiB: on the heap, uninitialized).
 struct BlockScratch {
   float e[kSparseBlock];  // e, where there is no residual to hold it
@@ -99,17 +137,7 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
                  uint8_t* codes, size_t j0, float* decoded, BlockScratch& s) {
   float* e = r != nullptr ? r : s.e;
   uint16_t* bin = s.bin;
-  uint32_t top = 0;
-  for (size_t i = 0; i < nb; ++i) {
-    float x = kDelta ? v[i] - a[i] : v[i];
-    if (r != nullptr) x = x + r[i];
-    e[i] = x;
-    uint32_t bits;
-    std::memcpy(&bits, &x, 4);
-    const uint32_t b = (bits & 0x7fffffffu) >> kBinShift;
-    bin[i] = static_cast<uint16_t>(b);
-    top = b > top ? b : top;
-  }
+  const uint32_t top = ValuesAndBins(v, kDelta ? a : nullptr, r, e, bin, nb);
   const bool finite = top < kNonFiniteBin;
   float lo = std::numeric_limits<float>::quiet_NaN();
   float hi = lo;
