@@ -335,7 +335,12 @@ void EncodeSparseDeltaWithFeedback(absl::Span<const float> params,
                code, out, nullptr);
 }
 
-absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code) {
+namespace {
+
+// A valid code, and `data` the size it takes for n values: what every
+// reader of a payload checks first.
+absl::Status CheckDecodeSize(absl::string_view data, size_t n,
+                             SparseCode code) {
   if (absl::Status s = ValidateSparseCode(code); !s.ok()) return s;
   const size_t expected = SparseWireBytes(n, code);
   if (data.size() != expected) {
@@ -344,6 +349,13 @@ absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code) {
                      " values: the code (", code.keep, " kept per ",
                      kSparseBlock, ", ", code.bits, " bits) takes ", expected));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code) {
+  if (absl::Status s = CheckDecodeSize(data, n, code); !s.ok()) return s;
   const size_t blocks = NumBlocks(n);
   const size_t kept = SparseKept(n, code);
   const uint8_t* positions =
@@ -386,21 +398,6 @@ absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code) {
   }
   return absl::OkStatus();
 }
-
-namespace {
-
-absl::Status CheckDecodeSize(absl::string_view data, size_t n,
-                             SparseCode code) {
-  if (absl::Status s = ValidateSparseCode(code); !s.ok()) return s;
-  if (data.size() != SparseWireBytes(n, code)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sparse payload of ", data.size(), " bytes for ", n,
-                     " values: the code takes ", SparseWireBytes(n, code)));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status DecodeSparse(absl::string_view data, SparseCode code,
                           absl::Span<float> out) {
