@@ -495,17 +495,17 @@ DecodeBlocksImpl(const char* data, DType dtype, float weight, const float* base,
 namespace {
 
 // INVALID_ARGUMENT unless a payload of `bytes` holds `out` values of
-// `dtype` and a decode's base (if any) has as many.
-absl::Status CheckDecodeSizes(size_t bytes, DType dtype, size_t base,
+// `code` and a decode's base (if any) has as many.
+absl::Status CheckDecodeSizes(size_t bytes, WireCode code, size_t base,
                               size_t out) {
   if (base != out) {
     return absl::InvalidArgumentError(
         absl::StrCat("base has ", base, " values; out has ", out));
   }
-  if (bytes != WireBytes(dtype, out)) {
+  if (bytes != WireBytes(code, out)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "payload has ", bytes, " bytes; expected ", WireBytes(dtype, out), " (",
-        out, " ", DTypeName(dtype), " values)"));
+        "payload has ", bytes, " bytes; expected ", WireBytes(code, out), " (",
+        out, " ", DTypeName(code.dtype), " values)"));
   }
   return absl::OkStatus();
 }
@@ -513,7 +513,8 @@ absl::Status CheckDecodeSizes(size_t bytes, DType dtype, size_t base,
 }  // namespace
 
 LOCALSGD_KERNEL
-void EncodeValuesTo(absl::Span<const float> values, DType dtype, char* out) {
+void EncodeValuesTo(absl::Span<const float> values, WireCode code, char* out) {
+  const DType dtype = code.dtype;
   if (IsBlockDType(dtype)) {
     EncodeBlocks(values, dtype, out);
   } else if (dtype == DType::kBFloat16) {
@@ -526,17 +527,18 @@ void EncodeValuesTo(absl::Span<const float> values, DType dtype, char* out) {
   }
 }
 
-void EncodeValues(absl::Span<const float> values, DType dtype,
+void EncodeValues(absl::Span<const float> values, WireCode code,
                   std::string* out) {
-  out->resize(WireBytes(dtype, values.size()));
-  EncodeValuesTo(values, dtype, out->data());
+  out->resize(WireBytes(code, values.size()));
+  EncodeValuesTo(values, code, out->data());
 }
 
 LOCALSGD_KERNEL
-absl::Status DecodeValues(absl::string_view data, DType dtype,
+absl::Status DecodeValues(absl::string_view data, WireCode code,
                           absl::Span<float> out) {
+  const DType dtype = code.dtype;
   if (absl::Status s =
-          CheckDecodeSizes(data.size(), dtype, out.size(), out.size());
+          CheckDecodeSizes(data.size(), code, out.size(), out.size());
       !s.ok()) {
     return s;
   }
@@ -561,10 +563,11 @@ absl::Status DecodeValues(absl::string_view data, DType dtype,
 }
 
 LOCALSGD_KERNEL
-absl::Status DecodeOnto(absl::string_view data, DType dtype,
+absl::Status DecodeOnto(absl::string_view data, WireCode code,
                         absl::Span<const float> base, absl::Span<float> out) {
+  const DType dtype = code.dtype;
   if (absl::Status s =
-          CheckDecodeSizes(data.size(), dtype, base.size(), out.size());
+          CheckDecodeSizes(data.size(), code, base.size(), out.size());
       !s.ok()) {
     return s;
   }
@@ -685,8 +688,9 @@ float MaxAbs(absl::string_view data, DType dtype) {
 }
 
 LOCALSGD_KERNEL
-void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
+void AccumulateWeighted(absl::string_view data, WireCode code, float weight,
                         absl::Span<float> acc) {
+  const DType dtype = code.dtype;
   float* a = acc.data();
   const size_t n = acc.size();
   if (IsBlockDType(dtype)) {
@@ -784,7 +788,8 @@ absl::string_view Contiguous(absl::Span<const absl::string_view> pieces) {
 }  // namespace
 
 int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
-                             DType dtype) {
+                             WireCode code, size_t n) {
+  const DType dtype = code.dtype;
   if (IsBlockDType(dtype)) return FirstNonFinite(Contiguous(pieces), dtype);
   int64_t found = -1;
   ForEachElementRun(pieces, DTypeSize(dtype),
@@ -797,7 +802,9 @@ int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
   return found;
 }
 
-float MaxAbsPieces(absl::Span<const absl::string_view> pieces, DType dtype) {
+float MaxAbsPieces(absl::Span<const absl::string_view> pieces, WireCode code,
+                   size_t n) {
+  const DType dtype = code.dtype;
   if (IsBlockDType(dtype)) return MaxAbs(Contiguous(pieces), dtype);
   float max = 0.0f;
   ForEachElementRun(pieces, DTypeSize(dtype),
@@ -809,10 +816,11 @@ float MaxAbsPieces(absl::Span<const absl::string_view> pieces, DType dtype) {
 }
 
 ChunkMagnitude MagnitudePieces(absl::Span<const absl::string_view> pieces,
-                               DType dtype, size_t n, bool with_norm) {
+                               WireCode code, size_t n, bool with_norm) {
+  const DType dtype = code.dtype;
   ChunkMagnitude m;
   if (!with_norm) {
-    m.max_abs = MaxAbsPieces(pieces, dtype);
+    m.max_abs = MaxAbsPieces(pieces, code, n);
     return m;
   }
   if (IsBlockDType(dtype)) {
@@ -820,7 +828,7 @@ ChunkMagnitude MagnitudePieces(absl::Span<const absl::string_view> pieces,
     m.max_abs = MaxAbs(data, dtype);
     thread_local std::vector<float> decoded;
     decoded.resize(n);
-    if (!DecodeValues(data, dtype, absl::MakeSpan(decoded)).ok()) return m;
+    if (!DecodeValues(data, code, absl::MakeSpan(decoded)).ok()) return m;
     const float* v = decoded.data();
     double sum = 0;
     for (size_t i = 0; i < n; ++i) sum += static_cast<double>(v[i]) * v[i];
@@ -853,53 +861,56 @@ ChunkMagnitude MagnitudePieces(absl::Span<const absl::string_view> pieces,
 }
 
 void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
-                              DType dtype, float weight,
+                              WireCode code, float weight,
                               absl::Span<float> acc) {
+  const DType dtype = code.dtype;
   if (IsBlockDType(dtype)) {
-    AccumulateWeighted(Contiguous(pieces), dtype, weight, acc);
+    AccumulateWeighted(Contiguous(pieces), code, weight, acc);
     return;
   }
   const size_t size = DTypeSize(dtype);
   ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
-    AccumulateWeighted(run, dtype, weight,
+    AccumulateWeighted(run, code, weight,
                        acc.subspan(first, run.size() / size));
     return true;
   });
 }
 
 absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
-                                DType dtype, absl::Span<float> out) {
+                                WireCode code, absl::Span<float> out) {
+  const DType dtype = code.dtype;
   if (absl::Status s =
-          CheckDecodeSizes(TotalSize(pieces), dtype, out.size(), out.size());
+          CheckDecodeSizes(TotalSize(pieces), code, out.size(), out.size());
       !s.ok()) {
     return s;
   }
-  if (IsBlockDType(dtype)) return DecodeValues(Contiguous(pieces), dtype, out);
+  if (IsBlockDType(dtype)) return DecodeValues(Contiguous(pieces), code, out);
   const size_t size = DTypeSize(dtype);
   ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
     // The size is right: DecodeValues cannot fail.
-    (void)DecodeValues(run, dtype, out.subspan(first, run.size() / size));
+    (void)DecodeValues(run, code, out.subspan(first, run.size() / size));
     return true;
   });
   return absl::OkStatus();
 }
 
 absl::Status DecodeOntoPieces(absl::Span<const absl::string_view> pieces,
-                              DType dtype, absl::Span<const float> base,
+                              WireCode code, absl::Span<const float> base,
                               absl::Span<float> out) {
+  const DType dtype = code.dtype;
   if (absl::Status s =
-          CheckDecodeSizes(TotalSize(pieces), dtype, base.size(), out.size());
+          CheckDecodeSizes(TotalSize(pieces), code, base.size(), out.size());
       !s.ok()) {
     return s;
   }
   if (IsBlockDType(dtype)) {
-    return DecodeOnto(Contiguous(pieces), dtype, base, out);
+    return DecodeOnto(Contiguous(pieces), code, base, out);
   }
   const size_t size = DTypeSize(dtype);
   ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
     const size_t n = run.size() / size;
     // The sizes are right: DecodeOnto cannot fail.
-    (void)DecodeOnto(run, dtype, base.subspan(first, n), out.subspan(first, n));
+    (void)DecodeOnto(run, code, base.subspan(first, n), out.subspan(first, n));
     return true;
   });
   return absl::OkStatus();
@@ -993,12 +1004,13 @@ void EncodeBlocksWithFeedback(const float* v, float* r, DType dtype, char* out,
 }  // namespace
 
 void EncodeWithFeedback(absl::Span<const float> values,
-                        absl::Span<float> residual, DType dtype, char* out,
+                        absl::Span<float> residual, WireCode code, char* out,
                         absl::Span<float> decoded) {
+  const DType dtype = code.dtype;
   const size_t n = values.size();
   if (residual.empty()) {
-    EncodeValuesTo(values, dtype, out);
-    (void)DecodeValues(absl::string_view(out, WireBytes(dtype, n)), dtype,
+    EncodeValuesTo(values, code, out);
+    (void)DecodeValues(absl::string_view(out, WireBytes(code, n)), code,
                        decoded);
     return;
   }
@@ -1018,11 +1030,11 @@ void EncodeWithFeedback(absl::Span<const float> values,
   for (size_t first = 0; first < n; first += kStep) {
     const size_t len = std::min(kStep, n - first);
     for (size_t i = 0; i < len; ++i) e[i] = v[first + i] + r[first + i];
-    const size_t offset = WireBytes(dtype, first);  // first: whole pairs
-    const size_t bytes = WireBytes(dtype, len);
+    const size_t offset = WireBytes(code, first);  // first: whole pairs
+    const size_t bytes = WireBytes(code, len);
     char* piece = out + offset;
-    EncodeValuesTo(absl::MakeConstSpan(e, len), dtype, piece);
-    (void)DecodeValues(absl::string_view(piece, bytes), dtype,
+    EncodeValuesTo(absl::MakeConstSpan(e, len), code, piece);
+    (void)DecodeValues(absl::string_view(piece, bytes), code,
                        decoded.subspan(first, len));
     for (size_t i = 0; i < len; ++i) {
       r[first + i] = e[i] - d[first + i];
@@ -1047,8 +1059,9 @@ void EncodeBlocksDeltaPortable(const float* p, const float* a, float* r,
 
 void EncodeDeltaWithFeedback(absl::Span<const float> params,
                              absl::Span<const float> anchor,
-                             absl::Span<float> residual, DType dtype,
+                             absl::Span<float> residual, WireCode code,
                              char* out) {
+  const DType dtype = code.dtype;
   const size_t n = params.size();
 #if LOCALSGD_AVX2_KERNELS
   if (UseAvx2()) {

@@ -53,7 +53,8 @@ inline size_t NumBlocks(size_t n) {
 }
 
 // Bytes that `n` values take in wire dtype `dtype`.
-inline size_t WireBytes(DType dtype, size_t n) {
+inline size_t WireBytes(WireCode code, size_t n) {
+  const DType dtype = code.dtype;
   switch (dtype) {
     case DType::kInt8Block:
       return 4 * NumBlocks(n) + n;
@@ -67,14 +68,14 @@ inline size_t WireBytes(DType dtype, size_t n) {
 // Encodes `values` in `dtype` into `out` (resized to WireBytes). Blockwise
 // codes: absmax scaling, round to nearest; a block with a non-finite value
 // gets a NaN scale.
-void EncodeValues(absl::Span<const float> values, DType dtype,
+void EncodeValues(absl::Span<const float> values, WireCode code,
                   std::string* out);
 // Encodes into a caller-provided buffer of exactly WireBytes(dtype, n) bytes.
-void EncodeValuesTo(absl::Span<const float> values, DType dtype, char* out);
+void EncodeValuesTo(absl::Span<const float> values, WireCode code, char* out);
 
 // Decodes `data` (WireBytes(dtype, out.size()) bytes) into `out`. Returns
 // INVALID_ARGUMENT if the size is wrong.
-absl::Status DecodeValues(absl::string_view data, DType dtype,
+absl::Status DecodeValues(absl::string_view data, WireCode code,
                           absl::Span<float> out);
 
 // Returns the index of the first non-finite value in `data` (wire dtype
@@ -101,7 +102,7 @@ absl::Status CheckBlockScales(absl::string_view scales, DType dtype);
 // lost: (values + residual) - decoded. An empty `residual` means none (and
 // none is kept). All spans hold n values; `decoded` may be `values`.
 void EncodeWithFeedback(absl::Span<const float> values,
-                        absl::Span<float> residual, DType dtype, char* out,
+                        absl::Span<float> residual, WireCode code, char* out,
                         absl::Span<float> decoded);
 
 // EncodeWithFeedback of the delta params - anchor in a blockwise dtype
@@ -111,27 +112,28 @@ void EncodeWithFeedback(absl::Span<const float> values,
 // hold n values; `out` holds WireBytes(dtype, n) bytes.
 void EncodeDeltaWithFeedback(absl::Span<const float> params,
                              absl::Span<const float> anchor,
-                             absl::Span<float> residual, DType dtype,
+                             absl::Span<float> residual, WireCode code,
                              char* out);
 
 // out[i] = base[i] + value(data, i) for every i, in one pass: a delta
 // decoded onto the state it is against, bit for bit base + DecodeValues.
 // `out` may be `base`. INVALID_ARGUMENT, changing nothing, if `data` does
 // not hold WireBytes(dtype, out.size()) bytes or the spans differ in size.
-absl::Status DecodeOnto(absl::string_view data, DType dtype,
+absl::Status DecodeOnto(absl::string_view data, WireCode code,
                         absl::Span<const float> base, absl::Span<float> out);
 
 // acc[i] += weight * value(data, i) for every i. `data` holds acc.size()
 // elements of wire dtype `dtype`.
-void AccumulateWeighted(absl::string_view data, DType dtype, float weight,
+void AccumulateWeighted(absl::string_view data, WireCode code, float weight,
                         absl::Span<float> acc);
 
 // The same four for a payload that arrived in pieces (gRPC's slices; an
 // element may straddle two pieces). `pieces` hold together exactly the
 // elements the single-buffer version takes.
 int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
-                             DType dtype);
-float MaxAbsPieces(absl::Span<const absl::string_view> pieces, DType dtype);
+                             WireCode code, size_t n);
+float MaxAbsPieces(absl::Span<const absl::string_view> pieces, WireCode code,
+                   size_t n);
 // A contribution chunk's magnitude, for the coordinator's guards: MaxAbs
 // (the finite-state guard's bound) and the sum of the squares of the values
 // as they decode, in double (the outlier guard's L2 norm is its root).
@@ -144,15 +146,16 @@ struct ChunkMagnitude {
 // sum of squares decodes it into a buffer of the calling thread. Without
 // `with_norm`, sum_of_squares is 0 (MaxAbsPieces's cost).
 ChunkMagnitude MagnitudePieces(absl::Span<const absl::string_view> pieces,
-                               DType dtype, size_t n, bool with_norm);
+                               WireCode code, size_t n, bool with_norm);
 void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
-                              DType dtype, float weight, absl::Span<float> acc);
+                              WireCode code, float weight,
+                              absl::Span<float> acc);
 // These two: INVALID_ARGUMENT, changing nothing, if the pieces do not hold
 // WireBytes(dtype, out.size()) bytes (or base and out differ in size).
 absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
-                                DType dtype, absl::Span<float> out);
+                                WireCode code, absl::Span<float> out);
 absl::Status DecodeOntoPieces(absl::Span<const absl::string_view> pieces,
-                              DType dtype, absl::Span<const float> base,
+                              WireCode code, absl::Span<const float> base,
                               absl::Span<float> out);
 
 // acc[i] /= total_weight for every i (total_weight > 0).

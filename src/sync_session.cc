@@ -85,7 +85,7 @@ absl::StatusOr<int64_t> CheckChunk(absl::string_view job,
                        "': ", s.message()));
     }
   }
-  const int64_t bad = FirstNonFinitePieces(pieces, dtype);
+  const int64_t bad = FirstNonFinitePieces(pieces, dtype, elements);
   if (bad < 0 || drop_nonfinite) return bad;
   return absl::InvalidArgumentError(
       absl::StrCat("chunk ", index, " for round ", round, " of job '", job,

@@ -39,6 +39,14 @@ inline bool IsBlockDType(DType dtype) {
   return dtype == DType::kInt8Block || dtype == DType::kInt4Block;
 }
 
+// A wire encoding in full: the dtype and what else its payloads' layout
+// depends on. Built from a bare DType for the dtypes that need nothing
+// else (every one but the sparse codes).
+struct WireCode {
+  WireCode(DType dtype = DType::kFloat32) : dtype(dtype) {}  // NOLINT
+  DType dtype;
+};
+
 // Whether `job_id` is a valid job id: [A-Za-z0-9._-]{1,128}.
 absl::Status ValidateJobId(absl::string_view job_id);
 

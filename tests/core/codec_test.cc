@@ -442,7 +442,7 @@ TEST_P(PiecesTest, EveryCut_SameAsJoinedBytes) {
     AccumulateWeighted(bytes, dtype, 0.25f, absl::MakeSpan(acc_want));
     AccumulateWeightedPieces(pieces, dtype, 0.25f, absl::MakeSpan(acc_got));
     EXPECT_EQ(acc_got, acc_want);
-    EXPECT_EQ(FirstNonFinitePieces(pieces, dtype), -1);
+    EXPECT_EQ(FirstNonFinitePieces(pieces, dtype, n), -1);
   }
 }
 
@@ -459,7 +459,7 @@ TEST_P(PiecesTest, NonFiniteAnywhere_FoundAtItsIndexWhateverTheCut) {
     // A cut through the bad element, one before it, one after it.
     for (size_t at : {bad * size + 1, bad * size, (bad + 1) * size}) {
       const auto pieces = Cut(bytes, {std::min(at, bytes.size())});
-      EXPECT_EQ(FirstNonFinitePieces(pieces, dtype), static_cast<int64_t>(bad))
+      EXPECT_EQ(FirstNonFinitePieces(pieces, dtype, n), static_cast<int64_t>(bad))
           << "bad " << bad << " cut at " << at;
     }
   }

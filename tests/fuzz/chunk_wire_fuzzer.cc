@@ -56,7 +56,7 @@ void CheckKernels(const localsgd::ChunkView& view, const std::string& data) {
     const size_t size = static_cast<size_t>(localsgd::DTypeSize(dtype));
     if (data.size() % size != 0) continue;
     const size_t n = data.size() / size;
-    Check(localsgd::FirstNonFinitePieces(view.pieces, dtype) ==
+    Check(localsgd::FirstNonFinitePieces(view.pieces, dtype, n) ==
               localsgd::FirstNonFinite(data, dtype),
           "FirstNonFinitePieces differs");
     std::vector<float> want(n, 0.5f), got(n, 0.5f);
