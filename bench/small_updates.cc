@@ -246,7 +246,7 @@ WireResult RunWire(DType wire, const std::vector<float>& theta0,
     for (uint32_t c = 0; c < chunks; ++c) {
       for (int i = 0; i < members; ++i) {
         const absl::string_view piece(payload[i][c]);
-        sums.Add(c, absl::MakeConstSpan(&piece, 1), m[i]->SendDType(), 1.0f);
+        sums.Add(c, absl::MakeConstSpan(&piece, 1), m[i]->SendCode(), 1.0f);
       }
     }
     next = commit.FinishNext(std::move(sums), pending, std::move(next));

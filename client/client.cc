@@ -273,7 +273,8 @@ absl::Status Client::CheckReplicaSet() const {
     owner[shard.index] = r->address();
     const JobSettings& a = r->info().settings;
     const JobSettings& b = replicas_[0]->info().settings;
-    if (a.chunk_elements != b.chunk_elements || a.wire_dtype != b.wire_dtype) {
+    if (a.chunk_elements != b.chunk_elements ||
+        WireCodeOf(a) != WireCodeOf(b)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "coordinator replicas ", replicas_[0]->address(), " and ",
           r->address(), " hold job ", options_.job_id,

@@ -9,7 +9,7 @@ namespace localsgd {
 
 void MemberState::OnJoined(const JoinInfo& info, uint64_t total) {
   shard_ = info.shard;
-  wire_ = info.settings.wire_dtype;
+  wire_ = WireCodeOf(info.settings);
   global_ = ChunkGeometry(total, info.settings.chunk_elements);
   local_ = ChunkGeometry(info.num_elements, info.settings.chunk_elements);
   state_round_ = info.state_round;
@@ -19,15 +19,15 @@ void MemberState::OnJoined(const JoinInfo& info, uint64_t total) {
     // resize keeps what the anchor and the residual held before a re-join.
     anchor_.resize(local_.num_elements());
     next_.resize(local_.num_elements());
-    if (wire_ != DType::kFloat32) {
+    if (wire_.dtype != DType::kFloat32) {
       residual_.resize(local_.num_elements(), 0.0f);
     }
   }
   kept_chunk_.assign(local_.num_chunks(), false);
 }
 
-DType MemberState::StateDType() const {
-  return pseudo_gradients_ ? DType::kFloat32 : wire_;
+WireCode MemberState::StateCode() const {
+  return pseudo_gradients_ ? WireCode(DType::kFloat32) : wire_;
 }
 
 absl::Span<float> MemberState::Slice(absl::Span<float> params,
@@ -56,12 +56,13 @@ void MemberState::BeginAttempt() {
   if (SendsDelta() && !residual_.empty()) residual_next_ = residual_;
 }
 
-DType MemberState::SendDType() const {
-  return pseudo_gradients_ && plan_.round == 0 ? DType::kFloat32 : wire_;
+WireCode MemberState::SendCode() const {
+  return pseudo_gradients_ && plan_.round == 0 ? WireCode(DType::kFloat32)
+                                               : wire_;
 }
 
 size_t MemberState::SendBytes(uint32_t c) const {
-  return WireBytes(SendDType(), local_.Size(c));
+  return WireBytes(SendCode(), local_.Size(c));
 }
 
 void MemberState::EncodeChunk(uint32_t c, char* out) {
@@ -73,14 +74,14 @@ void MemberState::EncodeChunk(uint32_t c, char* out) {
   if (SendsDelta()) {
     EncodeDelta(c, values, out);
   } else {
-    EncodeValuesTo(values, SendDType(), out);
+    EncodeValuesTo(values, SendCode(), out);
   }
 }
 
 void MemberState::EncodeDelta(uint32_t c, absl::Span<const float> params,
                               char* out) {
   const absl::Span<const float> anchor = AnchorSlice(c);
-  if (wire_ == DType::kFloat32) {
+  if (wire_.dtype == DType::kFloat32) {
     // Nothing to round and no residual: the difference straight into the
     // payload (one pass; a float32 payload is the values' bytes).
     SubtractTo(params, anchor, out);
@@ -90,7 +91,7 @@ void MemberState::EncodeDelta(uint32_t c, absl::Span<const float> params,
       residual_next_.empty() ? absl::Span<float>()
                              : absl::MakeSpan(residual_next_)
                                    .subspan(local_.Offset(c), params.size());
-  if (IsBlockDType(wire_) && !residual.empty()) {
+  if (IsCodeDType(wire_.dtype) && !residual.empty()) {
     // The delta and its encoding in one pass, nothing kept but the residual.
     EncodeDeltaWithFeedback(params, anchor, residual, wire_, out);
     return;

@@ -67,13 +67,13 @@ class MemberState {
   void OnJoined(const JoinInfo& info, uint64_t total);
 
   bool pseudo_gradients() const { return pseudo_gradients_; }
-  DType wire() const { return wire_; }
+  WireCode wire() const { return wire_; }
   // This shard's chunks, back to back.
   const ChunkGeometry& local() const { return local_; }
   uint32_t num_chunks() const { return local_.num_chunks(); }
   // The dtype a state travels in: a FetchState, a seed, a late result
   // (float32 in a pseudo-gradient job, else the wire dtype).
-  DType StateDType() const;
+  WireCode StateCode() const;
 
   // Round of the state the parameters hold, and how many contributed to
   // the last round this member saw close (a re-seed waits for as many).
@@ -112,7 +112,7 @@ class MemberState {
            plan_.origin.state_id != 0;
   }
   // The dtype of the chunks sent.
-  DType SendDType() const;
+  WireCode SendCode() const;
   // Bytes of local chunk `c` as sent.
   size_t SendBytes(uint32_t c) const;
   // Encodes local chunk `c` of the contribution into `out` (SendBytes(c)
@@ -153,7 +153,7 @@ class MemberState {
   void EncodeDelta(uint32_t c, absl::Span<const float> params, char* out);
 
   bool pseudo_gradients_ = false;
-  DType wire_ = DType::kFloat32;
+  WireCode wire_ = DType::kFloat32;
   ShardSpec shard_;
   ChunkGeometry global_;  // the whole layout
   ChunkGeometry local_;   // this shard's chunks, back to back

@@ -13,6 +13,7 @@
 #include "proto/chunk_wire.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
+#include "src/codec.h"
 #include "src/member_ref.h"
 
 namespace localsgd {
@@ -178,11 +179,14 @@ absl::Status Replica::Join(const Layout& layout, uint64_t total,
 absl::Status Replica::CheckJoinInfo(const JoinInfo& info, uint64_t total,
                                     const ShardSpec* expect_shard) const {
   if (!IsWireDType(info.settings.wire_dtype) ||
+      (IsSparseDType(info.settings.wire_dtype) &&
+       !ValidateSparseCode(SparseCodeOf(WireCodeOf(info.settings))).ok()) ||
       info.settings.chunk_elements == 0 || info.num_chunks == 0 ||
       info.lease_ttl <= absl::ZeroDuration()) {
     return absl::InternalError(absl::StrCat(
         "coordinator ", address(),
-        ": Join response is malformed (wire dtype, chunk size or lease); "
+        ": Join response is malformed (wire dtype, sparse keep, chunk size "
+        "or lease); "
         "is it a compatible version?"));
   }
   const ShardSpec shard = info.shard;

@@ -22,12 +22,12 @@ absl::Status StaleEpochError(absl::string_view address, uint64_t epoch,
 // --- ChunkReceiver ---
 
 ChunkReceiver::ChunkReceiver(absl::string_view what, uint32_t num_chunks,
-                             DType wire,
+                             WireCode wire,
                              std::function<absl::Span<float>(uint32_t)> dest)
     : what_(what), wire_(wire), dest_(std::move(dest)), got_(num_chunks) {}
 
 void ChunkReceiver::Expect(
-    DType wire, std::function<absl::Span<const float>(uint32_t)> base) {
+    WireCode wire, std::function<absl::Span<const float>(uint32_t)> base) {
   wire_ = wire;
   base_ = std::move(base);
 }
@@ -47,13 +47,13 @@ absl::Status ChunkReceiver::Add(const ChunkPieces& chunk) {
     return absl::InternalError(
         absl::StrCat(what_, " chunk ", i, " has ", chunk.size,
                      " bytes; expected ", WireBytes(wire_, dest.size()), " (",
-                     dest.size(), " ", DTypeName(wire_), " values)"));
+                     dest.size(), " ", DTypeName(wire_.dtype), " values)"));
   }
   if (chunk.ComputeCrc32c() != chunk.crc32c) {
     return absl::DataLossError(absl::StrCat(
         what_, " chunk ", i, " does not match its CRC32C; fetching again"));
   }
-  if (base_ == nullptr && wire_ == DType::kFloat32) {
+  if (base_ == nullptr && wire_.dtype == DType::kFloat32) {
     // The wire bytes are the values' bytes (EncodeValuesTo): straight from
     // the transport's pieces into place.
     chunk.CopyTo(reinterpret_cast<char*>(dest.data()));
@@ -331,7 +331,7 @@ FetchStateClientStream::FetchStateClientStream(MemberState* member,
     : member_(member),
       request_(std::move(request)),
       sink_(std::move(sink)),
-      chunks_("FetchState", member->num_chunks(), member->StateDType(),
+      chunks_("FetchState", member->num_chunks(), member->StateCode(),
               [member, params](uint32_t j) {
                 return member->FetchSlice(params, j);
               }),

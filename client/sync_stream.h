@@ -99,12 +99,12 @@ using ClientStreamSink = std::function<void(ClientStreamAction)>;
 class ChunkReceiver {
  public:
   // `dest(i)`: where chunk i's values go (i < num_chunks).
-  ChunkReceiver(absl::string_view what, uint32_t num_chunks, DType wire,
+  ChunkReceiver(absl::string_view what, uint32_t num_chunks, WireCode wire,
                 std::function<absl::Span<float>(uint32_t)> dest);
 
   // What the chunks are: values in `wire`; or, with `base`, a delta in
   // `wire` that goes to dest(i) as base(i) + decoded, element by element.
-  void Expect(DType wire,
+  void Expect(WireCode wire,
               std::function<absl::Span<const float>(uint32_t)> base);
 
   // INTERNAL for an index out of range or repeated, a missing CRC32C, a
@@ -119,7 +119,7 @@ class ChunkReceiver {
 
  private:
   const std::string what_;
-  DType wire_;
+  WireCode wire_;
   const std::function<absl::Span<float>(uint32_t)> dest_;
   std::function<absl::Span<const float>(uint32_t)> base_;
   std::vector<bool> got_;

@@ -98,7 +98,11 @@ ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Directory of the gzipped Fashion-MNIST IDX files");
 ABSL_FLAG(std::string, wire_dtype, "float32",
           "Dtype of contributions and results on the wire: float32, "
-          "bfloat16, int8 or int4 (the block codes: pseudo-gradients only)");
+          "bfloat16, int8 or int4 (the block codes), sparse2 or sparse4 (the "
+          "sparse codes; the codes: pseudo-gradients only)");
+ABSL_FLAG(uint32_t, sparse_keep, 0,
+          "With --wire_dtype=sparse2 or sparse4: the values kept of every "
+          "4096 (0: the coordinator's default)");
 ABSL_FLAG(std::string, contribution, "pseudo_gradients",
           "What this worker sends: pseudo_gradients (its change since the "
           "last global state) or parameters");
@@ -224,6 +228,7 @@ struct Config {
   int threads = 1;
   std::string data_dir;
   DType wire_dtype = DType::kFloat32;
+  uint32_t sparse_keep = 0;
   Contribution contribution = Contribution::kPseudoGradients;
   AveragingMode averaging = AveragingMode::kMean;
   double outer_lr = 0;
@@ -308,10 +313,17 @@ absl::StatusOr<Config> ConfigFromFlags() {
     c.wire_dtype = DType::kInt8Block;
   } else if (wire == "int4") {
     c.wire_dtype = DType::kInt4Block;
+  } else if (wire == "sparse2") {
+    c.wire_dtype = DType::kSparse2;
+  } else if (wire == "sparse4") {
+    c.wire_dtype = DType::kSparse4;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--wire_dtype=", wire, ": expected float32, bfloat16, int8 or int4"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--wire_dtype=", wire,
+                     ": expected float32, bfloat16, int8, int4, sparse2 or "
+                     "sparse4"));
   }
+  c.sparse_keep = absl::GetFlag(FLAGS_sparse_keep);
   const std::string contribution = absl::GetFlag(FLAGS_contribution);
   if (contribution == "pseudo_gradients") {
     c.contribution = Contribution::kPseudoGradients;
@@ -625,6 +637,7 @@ absl::Status Run(const Config& c) {
     options.weight = node_group.size();
     options.settings.local_sgd_steps = static_cast<uint32_t>(c.k);
     options.settings.wire_dtype = c.wire_dtype;
+    options.settings.sparse_keep = c.sparse_keep;
     options.settings.contribution = c.contribution;
     options.settings.mode = c.averaging;
     options.settings.outer_lr = static_cast<float>(c.outer_lr);

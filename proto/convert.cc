@@ -185,6 +185,10 @@ absl::StatusOr<DType> DTypeFromProto(int value, absl::string_view what) {
       return DType::kInt8Block;
     case v1::DTYPE_INT4_BLOCK:
       return DType::kInt4Block;
+    case v1::DTYPE_SPARSE2:
+      return DType::kSparse2;
+    case v1::DTYPE_SPARSE4:
+      return DType::kSparse4;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(what, " has unknown dtype value ", value));
@@ -205,6 +209,10 @@ v1::DType DTypeToProto(DType dtype) {
       return v1::DTYPE_INT8_BLOCK;
     case DType::kInt4Block:
       return v1::DTYPE_INT4_BLOCK;
+    case DType::kSparse2:
+      return v1::DTYPE_SPARSE2;
+    case DType::kSparse4:
+      return v1::DTYPE_SPARSE4;
     case DType::kUnspecified:
       break;
   }
@@ -283,6 +291,7 @@ absl::StatusOr<JobSettings> SettingsFromProto(const v1::JobSettings& proto) {
   settings.step_budget = *budget;
   settings.min_local_steps = proto.min_local_steps();
   settings.max_local_steps = proto.max_local_steps();
+  settings.sparse_keep = proto.sparse_keep();
   return settings;
 }
 
@@ -304,6 +313,7 @@ void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto) {
   proto->set_step_budget(StepBudgetToProto(settings.step_budget));
   proto->set_min_local_steps(settings.min_local_steps);
   proto->set_max_local_steps(settings.max_local_steps);
+  proto->set_sparse_keep(settings.sparse_keep);
 }
 
 absl::StatusOr<MemberId> ParseMemberId(const std::string& hex) {

@@ -10,10 +10,10 @@
 namespace localsgd {
 
 StateWire::StateWire(std::shared_ptr<const StateSnapshot> state,
-                     const ChunkGeometry& geometry, DType dtype, Form form)
+                     const ChunkGeometry& geometry, WireCode code, Form form)
     : state_(std::move(state)),
       geometry_(geometry),
-      wire_dtype_(dtype),
+      wire_(code),
       form_(form),
       slots_(geometry.num_chunks()) {
   // A delta's state may still be in the making (a round whose chunks are
@@ -24,14 +24,14 @@ StateWire::StateWire(std::shared_ptr<const StateSnapshot> state,
         state_->values.size() == geometry_.num_elements());
   CHECK(form_ == Form::kValues ||
         state_->delta.size() ==
-            WireBytes(dtype, geometry_.chunk_elements()) *
+            WireBytes(code, geometry_.chunk_elements()) *
                     (geometry_.num_chunks() - 1) +
-                WireBytes(dtype, geometry_.Size(geometry_.num_chunks() - 1)));
+                WireBytes(code, geometry_.Size(geometry_.num_chunks() - 1)));
 }
 
 StateWire::Chunk StateWire::Get(uint32_t index) const {
   CHECK_LT(index, geometry_.num_chunks());
-  const size_t bytes = WireBytes(wire_dtype_, geometry_.Size(index));
+  const size_t bytes = WireBytes(wire_, geometry_.Size(index));
   absl::Span<const float> values;
   if (form_ == Form::kValues) {
     values = absl::MakeConstSpan(state_->values)
@@ -41,11 +41,10 @@ StateWire::Chunk StateWire::Get(uint32_t index) const {
   // the job's encoded delta.
   absl::string_view own;
   if (form_ == Form::kDelta) {
-    own =
-        absl::string_view(state_->delta)
-            .substr(WireBytes(wire_dtype_, geometry_.chunk_elements()) * index,
-                    bytes);
-  } else if (wire_dtype_ == DType::kFloat32) {
+    own = absl::string_view(state_->delta)
+              .substr(WireBytes(wire_, geometry_.chunk_elements()) * index,
+                      bytes);
+  } else if (wire_.dtype == DType::kFloat32) {
     own =
         absl::string_view(reinterpret_cast<const char*>(values.data()), bytes);
   }
@@ -63,11 +62,11 @@ StateWire::Chunk StateWire::Get(uint32_t index) const {
   // bytes); the first to finish is kept.
   std::unique_ptr<char[]> encoded;
   absl::string_view data;
-  if (form_ == Form::kDelta || wire_dtype_ == DType::kFloat32) {
+  if (form_ == Form::kDelta || wire_.dtype == DType::kFloat32) {
     data = own;
   } else {
     encoded = std::make_unique<char[]>(bytes);
-    EncodeValuesTo(values, wire_dtype_, encoded.get());
+    EncodeValuesTo(values, wire_, encoded.get());
     data = absl::string_view(encoded.get(), bytes);
   }
   const uint32_t crc = Crc32c(0, data);
@@ -93,9 +92,9 @@ std::shared_ptr<const StateWire> WireCache::For(
                                    : StateWire::Form::kValues;
   // A job of pseudo-gradients sends its values in float32 (a late member
   // or FetchState: the state as the coordinator holds it).
-  const DType dtype = pseudo_gradients && form == StateWire::Form::kValues
-                          ? DType::kFloat32
-                          : job.settings().wire_dtype;
+  const WireCode code = pseudo_gradients && form == StateWire::Form::kValues
+                            ? WireCode(DType::kFloat32)
+                            : WireCodeOf(job.settings());
   absl::MutexLock lock(&mu_);
   std::weak_ptr<const StateWire>& entry =
       by_job_[form == StateWire::Form::kDelta ? job.id() + "/delta" : job.id()];
@@ -104,7 +103,7 @@ std::shared_ptr<const StateWire> WireCache::For(
     return wire;
   }
   auto wire = std::make_shared<const StateWire>(std::move(state),
-                                                job.geometry(), dtype, form);
+                                                job.geometry(), code, form);
   entry = wire;
   // Forget the jobs nobody is sending to (bounded by the jobs that exist).
   if (by_job_.size() > 64) {

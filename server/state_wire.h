@@ -44,7 +44,7 @@ class StateWire {
   // `state` must hold geometry.num_elements() values (and a delta for
   // kDelta).
   StateWire(std::shared_ptr<const StateSnapshot> state,
-            const ChunkGeometry& geometry, DType dtype, Form form);
+            const ChunkGeometry& geometry, WireCode code, Form form);
 
   // Chunk `index` (< num_chunks()): encoded and checksummed on first use.
   Chunk Get(uint32_t index) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -52,7 +52,7 @@ class StateWire {
   const std::shared_ptr<const StateSnapshot>& state() const { return state_; }
   RoundId round() const { return state_->round; }
   uint32_t num_chunks() const { return geometry_.num_chunks(); }
-  DType wire_dtype() const { return wire_dtype_; }
+  WireCode wire_code() const { return wire_; }
   Form form() const { return form_; }
 
  private:
@@ -64,7 +64,7 @@ class StateWire {
 
   const std::shared_ptr<const StateSnapshot> state_;
   const ChunkGeometry geometry_;
-  const DType wire_dtype_;
+  const WireCode wire_;
   const Form form_;
   mutable absl::Mutex mu_;
   mutable std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "src/crc32c.h"
+#include "src/sparse_codec.h"
 
 namespace localsgd {
 namespace checkpoint_internal {
@@ -106,6 +107,11 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values,
   if (!IsWireDType(c.settings.wire_dtype)) {
     return absl::StrCat("unknown wire dtype ",
                         static_cast<int>(c.settings.wire_dtype));
+  }
+  if (IsSparseDType(c.settings.wire_dtype) &&
+      (c.settings.sparse_keep < 1 || c.settings.sparse_keep > kSparseBlock)) {
+    return absl::StrCat("sparse keep ", c.settings.sparse_keep, " for wire ",
+                        DTypeName(c.settings.wire_dtype));
   }
   if (!IsKnownMode(c.settings.mode)) {
     return absl::StrCat("unknown averaging mode ",
@@ -223,6 +229,7 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values,
   PutU32(&h, c.settings.max_local_steps);
   PutU32(&h, static_cast<uint32_t>(c.ancestors.size()));
   for (uint64_t id : c.ancestors) PutU64(&h, id);
+  PutU32(&h, c.settings.sparse_keep);
   PutU64(&h, num_values);
   PutU64(&h, num_momentum);
   PutU64(&h, num_residual);
@@ -549,6 +556,9 @@ absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
     for (uint64_t& id : c->ancestors) {
       if (!r.U64(&id)) return Malformed(r, "ancestor ids");
     }
+  }
+  if (version >= 9 && !r.U32(&c->settings.sparse_keep)) {
+    return Malformed(r, "sparse keep");
   }
   ArrayCounts counts;
   if (!r.U64(&counts.values)) return Malformed(r, "values count");

@@ -1,12 +1,12 @@
 // Durable checkpoints of coordinator job state: what a restarted coordinator
 // needs to resume a job (layout, settings, round, global parameters).
 //
-// File format, version 8. All integers little-endian; floats IEEE-754
+// File format, version 9. All integers little-endian; floats IEEE-754
 // binary32, little-endian.
 //
 //   offset  size  field
 //   0       8     magic "LSGDCKPT"
-//   8       4     format version (8; 1 to 7 are read too)
+//   8       4     format version (9; 1 to 8 are read too)
 //   12      4     H: header length in bytes
 //   16      8     file length in bytes (all of it, the trailer included)
 //   24      H     header:
@@ -29,6 +29,7 @@
 //                   u32 min_local_steps, u32 max_local_steps (version 8)
 //                   u32 A, A x u64: the ids of the states before this
 //                     one, newest first, A <= 64         (version 8)
+//                   u32 sparse_keep                      (version 9)
 //                   u64 N: number of values (the shard's elements)
 //                   u64 M, u64 R: momentum and residual values, each 0
 //                     or N                               (version 3)
@@ -43,13 +44,13 @@
 // CRCs are masked as leveldb masks them (a CRC over data that holds CRCs is
 // weak otherwise). The header CRC lets a reader trust the header's lengths
 // before it reads gigabytes of values; the trailing CRC covers everything. A
-// later version changes the format version. This build writes version 8 and
+// later version changes the format version. This build writes version 9 and
 // reads 1 (which had no non-finite policy, "reject", and no shards, {0, 1}),
 // 2 (which had no pseudo-gradients: contribution "parameters", outer
 // hyper-parameters 0, no state id, momentum or residual), 3 (no deadline
 // mode: "fixed"), 4 (no epoch: 0), 5 (no outlier guard: off, as the job
 // ran), 6 (no mean encoding: float32), 7 (no stale contributions: off, no
-// ancestors; step budget fixed) and 8.
+// ancestors; step budget fixed), 8 (no sparse codes: sparse_keep 0) and 9.
 #ifndef LOCALSGD_SRC_CHECKPOINT_H_
 #define LOCALSGD_SRC_CHECKPOINT_H_
 
@@ -103,7 +104,7 @@ struct JobCheckpoint {
 };
 
 // The file format version this build writes and reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 8;
+inline constexpr uint32_t kCheckpointFormatVersion = 9;
 // The oldest format version this build reads.
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 

@@ -515,7 +515,9 @@ absl::Status CheckDecodeSizes(size_t bytes, WireCode code, size_t base,
 LOCALSGD_KERNEL
 void EncodeValuesTo(absl::Span<const float> values, WireCode code, char* out) {
   const DType dtype = code.dtype;
-  if (IsBlockDType(dtype)) {
+  if (IsSparseDType(dtype)) {
+    EncodeSparseWithFeedback(values, {}, SparseCodeOf(code), out);
+  } else if (IsBlockDType(dtype)) {
     EncodeBlocks(values, dtype, out);
   } else if (dtype == DType::kBFloat16) {
     for (size_t i = 0; i < values.size(); ++i) {
@@ -542,6 +544,7 @@ absl::Status DecodeValues(absl::string_view data, WireCode code,
       !s.ok()) {
     return s;
   }
+  if (IsSparseDType(dtype)) return DecodeSparse(data, SparseCodeOf(code), out);
   if (IsBlockDType(dtype)) {
     // Decoding is the weight-1 case of accumulating, so that a decoded value
     // is bit for bit the one the coordinator adds.
@@ -575,7 +578,20 @@ absl::Status DecodeOnto(absl::string_view data, WireCode code,
   float* o = out.data();
   const size_t n = out.size();
   const char* p = data.data();
-  if (IsBlockDType(dtype)) {
+  if (IsSparseDType(dtype)) {
+    // Every element, kept or not, as base + its decoded value (an element
+    // not kept adds +0.0, which turns a -0.0 base into +0.0): bit for bit
+    // what the coordinator's state gets.
+    thread_local std::vector<float> decoded;
+    decoded.resize(n);
+    if (absl::Status s =
+            DecodeSparse(data, SparseCodeOf(code), absl::MakeSpan(decoded));
+        !s.ok()) {
+      return s;
+    }
+    const float* d = decoded.data();
+    for (size_t i = 0; i < n; ++i) o[i] = b[i] + d[i];
+  } else if (IsBlockDType(dtype)) {
     // The weight-1 accumulation: bit for bit base + DecodeValues.
     DecodeBlocksImpl<true>(p, dtype, 1.0f, b, o, n);
   } else if (dtype == DType::kBFloat16) {
@@ -693,6 +709,12 @@ void AccumulateWeighted(absl::string_view data, WireCode code, float weight,
   const DType dtype = code.dtype;
   float* a = acc.data();
   const size_t n = acc.size();
+  if (IsSparseDType(dtype)) {
+    // The kept elements only: O(kept) on the accumulator. (Sizes are the
+    // caller's to check, as for every dtype.)
+    (void)AccumulateSparseWeighted(data, SparseCodeOf(code), weight, acc);
+    return;
+  }
   if (IsBlockDType(dtype)) {
     DecodeBlocksImpl<true>(data.data(), dtype, weight, a, a, n);
     return;
@@ -790,6 +812,9 @@ absl::string_view Contiguous(absl::Span<const absl::string_view> pieces) {
 int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
                              WireCode code, size_t n) {
   const DType dtype = code.dtype;
+  if (IsSparseDType(dtype)) {
+    return SparseFirstNonFinite(Contiguous(pieces), n, SparseCodeOf(code));
+  }
   if (IsBlockDType(dtype)) return FirstNonFinite(Contiguous(pieces), dtype);
   int64_t found = -1;
   ForEachElementRun(pieces, DTypeSize(dtype),
@@ -805,6 +830,9 @@ int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
 float MaxAbsPieces(absl::Span<const absl::string_view> pieces, WireCode code,
                    size_t n) {
   const DType dtype = code.dtype;
+  if (IsSparseDType(dtype)) {
+    return SparseMaxAbs(Contiguous(pieces), n, SparseCodeOf(code));
+  }
   if (IsBlockDType(dtype)) return MaxAbs(Contiguous(pieces), dtype);
   float max = 0.0f;
   ForEachElementRun(pieces, DTypeSize(dtype),
@@ -823,9 +851,10 @@ ChunkMagnitude MagnitudePieces(absl::Span<const absl::string_view> pieces,
     m.max_abs = MaxAbsPieces(pieces, code, n);
     return m;
   }
-  if (IsBlockDType(dtype)) {
+  if (IsCodeDType(dtype)) {
     const absl::string_view data = Contiguous(pieces);
-    m.max_abs = MaxAbs(data, dtype);
+    m.max_abs = IsSparseDType(dtype) ? SparseMaxAbs(data, n, SparseCodeOf(code))
+                                     : MaxAbs(data, dtype);
     thread_local std::vector<float> decoded;
     decoded.resize(n);
     if (!DecodeValues(data, code, absl::MakeSpan(decoded)).ok()) return m;
@@ -864,7 +893,7 @@ void AccumulateWeightedPieces(absl::Span<const absl::string_view> pieces,
                               WireCode code, float weight,
                               absl::Span<float> acc) {
   const DType dtype = code.dtype;
-  if (IsBlockDType(dtype)) {
+  if (IsCodeDType(dtype)) {
     AccumulateWeighted(Contiguous(pieces), code, weight, acc);
     return;
   }
@@ -884,7 +913,7 @@ absl::Status DecodeValuesPieces(absl::Span<const absl::string_view> pieces,
       !s.ok()) {
     return s;
   }
-  if (IsBlockDType(dtype)) return DecodeValues(Contiguous(pieces), code, out);
+  if (IsCodeDType(dtype)) return DecodeValues(Contiguous(pieces), code, out);
   const size_t size = DTypeSize(dtype);
   ForEachElementRun(pieces, size, [&](absl::string_view run, size_t first) {
     // The size is right: DecodeValues cannot fail.
@@ -903,7 +932,7 @@ absl::Status DecodeOntoPieces(absl::Span<const absl::string_view> pieces,
       !s.ok()) {
     return s;
   }
-  if (IsBlockDType(dtype)) {
+  if (IsCodeDType(dtype)) {
     return DecodeOnto(Contiguous(pieces), code, base, out);
   }
   const size_t size = DTypeSize(dtype);
@@ -960,6 +989,28 @@ void RoundTripInPlace(absl::Span<float> values, DType dtype) {
   for (float& v : values) v = BFloat16ToFloat(FloatToBFloat16(v));
 }
 
+absl::Status CheckPayloadPieces(absl::Span<const absl::string_view> pieces,
+                                WireCode code, size_t n) {
+  const DType dtype = code.dtype;
+  if (IsSparseDType(dtype)) {
+    return CheckSparse(Contiguous(pieces), n, SparseCodeOf(code));
+  }
+  if (absl::Status s = CheckDecodeSizes(TotalSize(pieces), code, n, n);
+      !s.ok()) {
+    return s;
+  }
+  if (!IsBlockDType(dtype)) return absl::OkStatus();
+  // The scales lead the payload.
+  std::string scales;
+  const size_t want = 4 * NumBlocks(n);
+  for (absl::string_view piece : pieces) {
+    if (scales.size() == want) break;
+    const absl::string_view part = piece.substr(0, want - scales.size());
+    scales.append(part.data(), part.size());
+  }
+  return CheckBlockScales(scales, dtype);
+}
+
 absl::Status CheckBlockScales(absl::string_view scales, DType dtype) {
   const size_t blocks = scales.size() / 4;
   for (size_t b = 0; b < blocks; ++b) {
@@ -1008,6 +1059,11 @@ void EncodeWithFeedback(absl::Span<const float> values,
                         absl::Span<float> decoded) {
   const DType dtype = code.dtype;
   const size_t n = values.size();
+  if (IsSparseDType(dtype)) {
+    EncodeSparseWithFeedback(values, residual, SparseCodeOf(code), out,
+                             decoded);
+    return;
+  }
   if (residual.empty()) {
     EncodeValuesTo(values, code, out);
     (void)DecodeValues(absl::string_view(out, WireBytes(code, n)), code,
@@ -1063,6 +1119,11 @@ void EncodeDeltaWithFeedback(absl::Span<const float> params,
                              char* out) {
   const DType dtype = code.dtype;
   const size_t n = params.size();
+  if (IsSparseDType(dtype)) {
+    EncodeSparseDeltaWithFeedback(params, anchor, residual, SparseCodeOf(code),
+                                  out);
+    return;
+  }
 #if LOCALSGD_AVX2_KERNELS
   if (UseAvx2()) {
     EncodeBlocksAvx2<Source::kDelta>(params.data(), anchor.data(),

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "src/sparse_codec.h"
 #include "src/types.h"
 
 namespace localsgd {
@@ -52,10 +53,18 @@ inline size_t NumBlocks(size_t n) {
   return (n + kQuantBlock - 1) / kQuantBlock;
 }
 
-// Bytes that `n` values take in wire dtype `dtype`.
+// A sparse wire code's SparseCode (src/sparse_codec.h).
+inline SparseCode SparseCodeOf(WireCode code) {
+  return SparseCode{code.sparse_keep, code.dtype == DType::kSparse2 ? 2u : 4u};
+}
+
+// Bytes that `n` values take in wire code `code`.
 inline size_t WireBytes(WireCode code, size_t n) {
   const DType dtype = code.dtype;
   switch (dtype) {
+    case DType::kSparse2:
+    case DType::kSparse4:
+      return SparseWireBytes(n, SparseCodeOf(code));
     case DType::kInt8Block:
       return 4 * NumBlocks(n) + n;
     case DType::kInt4Block:
@@ -79,16 +88,25 @@ absl::Status DecodeValues(absl::string_view data, WireCode code,
                           absl::Span<float> out);
 
 // Returns the index of the first non-finite value in `data` (wire dtype
-// `dtype`), or -1 if all are finite. `data` must hold whole elements (for a
-// blockwise code: be WireBytes of its element count; the index is then the
-// first element of the first block whose scale is not finite).
+// `dtype`, not a sparse one: FirstNonFinitePieces), or -1 if all are finite.
+// `data` must hold whole elements (for a blockwise code: be WireBytes of its
+// element count; the index is then the first element of the first block whose
+// scale is not finite).
 int64_t FirstNonFinite(absl::string_view data, DType dtype);
 
-// The largest |value| in `data` (wire dtype `dtype`, whole elements, all
-// finite): for a blockwise code an upper bound, the largest scale times the
-// code's magnitude (what an absmax encoder's largest code decodes to). 0
-// for no elements.
+// The largest |value| in `data` (wire dtype `dtype`, not a sparse one:
+// MaxAbsPieces; whole elements, all finite): for a blockwise code an upper
+// bound, the largest scale times the code's magnitude (what an absmax encoder's
+// largest code decodes to). 0 for no elements.
 float MaxAbs(absl::string_view data, DType dtype);
+
+// INVALID_ARGUMENT unless the pieces hold together a well-formed payload of
+// n values in `code`: its size, and for a blockwise code its scales
+// (CheckBlockScales), for a sparse one its structure (CheckSparse). What
+// the message names: the size, or the first offending block. Whether its
+// values are finite is FirstNonFinitePieces's to say.
+absl::Status CheckPayloadPieces(absl::Span<const absl::string_view> pieces,
+                                WireCode code, size_t n);
 
 // Blockwise codes: INVALID_ARGUMENT naming the first block whose scale is
 // zero, negative or finite above kMaxBlockScale (a malformed payload,
@@ -105,8 +123,8 @@ void EncodeWithFeedback(absl::Span<const float> values,
                         absl::Span<float> residual, WireCode code, char* out,
                         absl::Span<float> decoded);
 
-// EncodeWithFeedback of the delta params - anchor in a blockwise dtype
-// (kInt8Block, kInt4Block) with a residual, in one pass and without the
+// EncodeWithFeedback of the delta params - anchor in a blockwise or sparse
+// code with a residual, in one pass and without the
 // delta or its decoding in memory: bit for bit SubtractTo(params, anchor)
 // then EncodeWithFeedback of that delta (a member's upload). All spans
 // hold n values; `out` holds WireBytes(dtype, n) bytes.
@@ -129,7 +147,8 @@ void AccumulateWeighted(absl::string_view data, WireCode code, float weight,
 
 // The same four for a payload that arrived in pieces (gRPC's slices; an
 // element may straddle two pieces). `pieces` hold together exactly the
-// elements the single-buffer version takes.
+// elements the single-buffer version takes: n of them (which the sparse
+// codes' layout needs to be read).
 int64_t FirstNonFinitePieces(absl::Span<const absl::string_view> pieces,
                              WireCode code, size_t n);
 float MaxAbsPieces(absl::Span<const absl::string_view> pieces, WireCode code,

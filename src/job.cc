@@ -547,14 +547,14 @@ absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
         return absl::OkStatus();
       }
       absl::StatusOr<bool> complete =
-          seed_->state.Add(index, pieces, ChunkDType(session));
+          seed_->state.Add(index, pieces, ChunkCode(session));
       if (!complete.ok()) return complete.status();
       if (*complete) CompleteSeedLocked(now, deferred);
       return absl::OkStatus();
     }
     case SyncSession::Role::kContribute:
       ApplyContributionLocked(session.member_, session.round_, index, pieces,
-                              ChunkDType(session), now, deferred);
+                              ChunkCode(session), now, deferred);
       return absl::OkStatus();
     case SyncSession::Role::kAdopt:
       break;
@@ -565,13 +565,13 @@ absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
 void Job::ApplyContributionLocked(const MemberId& member, RoundId round,
                                   uint32_t index,
                                   absl::Span<const absl::string_view> pieces,
-                                  DType dtype, absl::Time now,
+                                  WireCode code, absl::Time now,
                                   Deferred& deferred) {
   if (open_ == nullptr || open_->round.id() != round) return;
   // The whole chunk goes in under the lock: simple and, at a few hundred
   // KiB per chunk and ~17 GB/s, short.
   const RoundState::Added added =
-      open_->round.Add(member, index, pieces, dtype, now);
+      open_->round.Add(member, index, pieces, code, now);
   if (added == RoundState::Added::kIgnored) return;
   if (added == RoundState::Added::kCompleted &&
       BankStaleLocked(member, deferred)) {
@@ -625,7 +625,7 @@ void Job::GuardContributionLocked(const MemberId& member, RoundId round,
       guard_.Accept(index, norm);
       const uint64_t serial = open_->serial;
       ApplyContributionLocked(member, round, index, pieces,
-                              settings_.wire_dtype, now, deferred);
+                              WireCodeOf(settings_), now, deferred);
       // A zero delta, accepted at once, may be the last that others' held
       // ones of the chunk waited for.
       if (open_ != nullptr && open_->serial == serial &&
@@ -675,7 +675,7 @@ void Job::JudgeHeldLocked(uint32_t c, absl::Time now, Deferred& deferred) {
       const absl::string_view bytes = j.bytes;
       ApplyContributionLocked(j.member, round, c,
                               absl::MakeConstSpan(&bytes, 1),
-                              settings_.wire_dtype, now, deferred);
+                              WireCodeOf(settings_), now, deferred);
     } else {
       // Counted first: the refusal may close the round.
       ++open_->outlier_refused;
@@ -997,9 +997,9 @@ std::vector<uint32_t> Job::ReleasedChunksLocked() const {
   return indices;
 }
 
-DType Job::ChunkDType(const SyncSession& session) const {
-  return pseudo_gradients() && session.round_ == 0 ? DType::kFloat32
-                                                   : settings_.wire_dtype;
+WireCode Job::ChunkCode(const SyncSession& session) const {
+  return pseudo_gradients() && session.round_ == 0 ? WireCode(DType::kFloat32)
+                                                   : WireCodeOf(settings_);
 }
 
 void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
@@ -1532,7 +1532,7 @@ absl::Status Job::ImportReplica(const JobReplica& replica) {
   mirror->final.assign(geometry_.num_chunks(), false);
   StateSnapshot& next = *mirror->next;
   const StateSnapshot& from = *replica.partial;
-  const DType wire = settings_.wire_dtype;
+  const WireCode wire = WireCodeOf(settings_);
   for (uint32_t c : replica.final_chunks) {
     if (c >= geometry_.num_chunks() || mirror->final[c]) {
       return absl::InvalidArgumentError(

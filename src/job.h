@@ -415,7 +415,8 @@ class Job : public std::enable_shared_from_this<Job> {
   void ApplyContributionLocked(const MemberId& member, RoundId round,
                                uint32_t index,
                                absl::Span<const absl::string_view> pieces,
-                               DType dtype, absl::Time now, Deferred& deferred)
+                               WireCode code, absl::Time now,
+                               Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the alarm (if any) for a tick at `decision`'s deadline, if the
   // round stays open with one: a deadline closes its round (or has the
@@ -556,7 +557,7 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The dtype of the chunks a session sends: float32 for a pseudo-gradient
   // job's seed, else the wire dtype.
-  DType ChunkDType(const SyncSession& session) const;
+  WireCode ChunkCode(const SyncSession& session) const;
   bool pseudo_gradients() const {
     return settings_.contribution == Contribution::kPseudoGradients;
   }

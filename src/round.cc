@@ -188,8 +188,8 @@ void RoundAccumulator::FitScale(double total_weight) {
 
 void RoundAccumulator::Add(uint32_t index,
                            absl::Span<const absl::string_view> pieces,
-                           DType dtype, float weight) {
-  AccumulateWeightedPieces(pieces, dtype, std::ldexp(weight, -scale_exp_),
+                           WireCode code, float weight) {
+  AccumulateWeightedPieces(pieces, code, std::ldexp(weight, -scale_exp_),
                            scaled_sums(index));
   chunk_weight_[index] += weight;
 }

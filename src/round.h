@@ -202,10 +202,10 @@ class RoundAccumulator {
   void FitScale(double total_weight);
 
   // Adds chunk `index` (elements at its offset), given as the pieces of its
-  // wire form in `dtype`, with `weight`. The payload must have been
+  // wire form in `code`, with `weight`. The payload must have been
   // validated (size, finite values).
   void Add(uint32_t index, absl::Span<const absl::string_view> pieces,
-           DType dtype, float weight);
+           WireCode code, float weight);
 
   // Total weight that went into chunk `index` (0: none).
   double chunk_weight(uint32_t index) const { return chunk_weight_[index]; }

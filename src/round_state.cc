@@ -100,14 +100,14 @@ bool RoundState::Banked(const MemberId& member, uint64_t anchor) const {
 
 RoundState::Added RoundState::Add(const MemberId& member, uint32_t index,
                                   absl::Span<const absl::string_view> pieces,
-                                  DType dtype, absl::Time now) {
+                                  WireCode code, absl::Time now) {
   auto it = participants_.find(member);
   if (it == participants_.end() || it->second.gone || it->second.got[index]) {
     return Added::kIgnored;
   }
   Participant& p = it->second;
   // A prefinal chunk's result is fixed: what is given of it is not summed.
-  if (!IsPrefinal(index)) sums_.Add(index, pieces, dtype, p.weight);
+  if (!IsPrefinal(index)) sums_.Add(index, pieces, code, p.weight);
   p.got[index] = true;
   if (!chunk_contributions_.empty()) ++chunk_contributions_[index];
   if (++p.received < num_chunks_) return Added::kAdded;

@@ -108,11 +108,11 @@ class RoundState {
   void FitScale();
 
   // Chunk `index` of `member`'s contribution (validated: size, finite
-  // values), in `dtype`, arrived at `now`. Ignored (kIgnored) unless the
+  // values), in `code`, arrived at `now`. Ignored (kIgnored) unless the
   // member is a participant that is not gone and has not given that chunk.
   enum class Added { kIgnored, kAdded, kCompleted };
   Added Add(const MemberId& member, uint32_t index,
-            absl::Span<const absl::string_view> pieces, DType dtype,
+            absl::Span<const absl::string_view> pieces, WireCode code,
             absl::Time now);
 
   const Participant* Find(const MemberId& member) const;

@@ -19,10 +19,10 @@ SeedState::SeedState(MemberId owner, SeedOrigin origin,
 
 absl::StatusOr<bool> SeedState::Add(uint32_t index,
                                     absl::Span<const absl::string_view> pieces,
-                                    DType dtype) {
+                                    WireCode code) {
   if (got_[index]) return false;
   if (absl::Status s = DecodeValuesPieces(
-          pieces, dtype,
+          pieces, code,
           absl::MakeSpan(values_).subspan(geometry_.Offset(index),
                                           geometry_.Size(index)));
       !s.ok()) {

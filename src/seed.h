@@ -2,7 +2,7 @@
 // has no state sends its parameters, chunk by chunk, and they become the
 // state (of round 0, or of the round a re-seed names: SeedOrigin); the other
 // members adopt it once it is complete. Seed chunks are float32 in
-// pseudo-gradient jobs and the wire dtype otherwise (Job::ChunkDType).
+// pseudo-gradient jobs and the wire dtype otherwise (Job::ChunkCode).
 //
 // Not thread-safe: Job owns at most one under its mutex (`Job::mu_`) and
 // calls it only with that held.
@@ -34,13 +34,13 @@ class SeedState {
   const MemberId& owner() const { return owner_; }
   const SeedOrigin& origin() const { return origin_; }
 
-  // Chunk `index` (checked: index, size, finite values) in `dtype`, decoded
+  // Chunk `index` (checked: index, size, finite values) in `code`, decoded
   // into the values; one that arrived already is ignored. Returns whether
   // the seed is complete now. INVALID_ARGUMENT (nothing changed) if the
   // pieces do not decode.
   absl::StatusOr<bool> Add(uint32_t index,
                            absl::Span<const absl::string_view> pieces,
-                           DType dtype);
+                           WireCode code);
 
   // What the complete seed commits at `now`: its record (the owner, named
   // `name`, of `weight`, its one participant and contributor) and the state

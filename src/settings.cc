@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "src/sparse_codec.h"
 
 namespace localsgd {
 namespace {
@@ -85,10 +86,10 @@ absl::Status ParseFloat(absl::string_view text, float& out) {
       absl::StrCat("must be a number; got '", text, "'"));
 }
 
-constexpr Choice<DType> kWireDTypes[] = {{"float32", DType::kFloat32},
-                                         {"bfloat16", DType::kBFloat16},
-                                         {"int8", DType::kInt8Block},
-                                         {"int4", DType::kInt4Block}};
+constexpr Choice<DType> kWireDTypes[] = {
+    {"float32", DType::kFloat32}, {"bfloat16", DType::kBFloat16},
+    {"int8", DType::kInt8Block},  {"int4", DType::kInt4Block},
+    {"sparse2", DType::kSparse2}, {"sparse4", DType::kSparse4}};
 constexpr Choice<AveragingMode> kModes[] = {
     {"mean", AveragingMode::kMean},
     {"outer_nesterov", AveragingMode::kOuterNesterov},
@@ -151,7 +152,9 @@ const JobSettingSpec kSpecs[] = {
      [](JobSettings& s) { s.chunk_elements = 3000; }},
     {"wire_dtype", "wire_dtype", "float32",
      "Default wire dtype for new jobs: float32 or bfloat16, and for jobs of "
-     "pseudo-gradients int8 or int4 (blockwise codes with error feedback).",
+     "pseudo-gradients int8 or int4 (blockwise codes with error feedback) "
+     "or sparse2 or sparse4 (the --sparse_keep largest of every 4096 values "
+     "in 2 or 4 bits, with error feedback).",
      LOCALSGD_SETTING(wire_dtype, DType::kUnspecified),
      [](const JobSettings& job, const JobSettings& asked) {
        return absl::StrCat("uses wire dtype ", DTypeName(job.wire_dtype),
@@ -325,6 +328,17 @@ const JobSettingSpec kSpecs[] = {
      },
      LOCALSGD_NUMBER_TEXT(max_local_steps, ParseNumber),
      [](JobSettings& s) { s.max_local_steps = 40; }},
+    {"sparse_keep", "sparse_keep", "64",
+     "Default for new jobs of the values a sparse wire dtype (sparse2, "
+     "sparse4) keeps per block of 4096, in [1, 4096] (64: 1.56%).",
+     LOCALSGD_SETTING(sparse_keep, 0u),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat("keeps ", job.sparse_keep,
+                           " values per sparse block; member asks for ",
+                           asked.sparse_keep);
+     },
+     LOCALSGD_NUMBER_TEXT(sparse_keep, ParseNumber),
+     [](JobSettings& s) { s.sparse_keep = 100; }},
 };
 
 #undef LOCALSGD_SETTING
@@ -335,8 +349,8 @@ const JobSettingSpec kSpecs[] = {
 // one its row in kSpecs (and see settings.h for the other layers).
 [[maybe_unused]] void EveryFieldHasARow(const JobSettings& s) {
   [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11,
-                                f12, f13, f14, f15, f16] = s;
-  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 16,
+                                f12, f13, f14, f15, f16, f17] = s;
+  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 17,
                 "one row of kSpecs per field of JobSettings");
 }
 
@@ -362,7 +376,15 @@ absl::Status ValidateSetFields(const JobSettings& s,
   if (s.wire_dtype != DType::kUnspecified && !IsWireDType(s.wire_dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, "wire dtype ", DTypeName(s.wire_dtype),
-                     " is not supported; use float32, bfloat16, int8 or int4"));
+                     " is not supported; use float32, bfloat16, int8, int4, "
+                     "sparse2 or sparse4"));
+  }
+  if (s.sparse_keep != 0 &&
+      !ValidateSparseCode(SparseCode{s.sparse_keep, 2}).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "sparse_keep ", s.sparse_keep,
+                     " is out of range; a sparse block keeps 1 to ",
+                     kSparseBlock, " of its ", kSparseBlock, " values"));
   }
   if (s.contribution != Contribution::kUnspecified &&
       s.contribution != Contribution::kParameters &&
@@ -467,6 +489,10 @@ absl::Status ValidateComplete(const JobSettings& s,
     return absl::InvalidArgumentError(
         absl::StrCat(what, "wire dtype must be float32 or bfloat16"));
   }
+  if (IsSparseDType(s.wire_dtype) && s.sparse_keep == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "wire dtype ", DTypeName(s.wire_dtype), " needs a sparse_keep"));
+  }
   if (s.nonfinite_policy == NonFinitePolicy::kUnspecified) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, "non-finite policy must be reject or drop"));
@@ -496,7 +522,7 @@ absl::Status ValidateComplete(const JobSettings& s,
           " needs contribution pseudo_gradients (a job of parameters "
           "averages them: mean)"));
     }
-    if (IsBlockDType(s.wire_dtype)) {
+    if (IsCodeDType(s.wire_dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, "wire dtype ", DTypeName(s.wire_dtype),
           " needs contribution pseudo_gradients (parameters travel as "

@@ -137,7 +137,7 @@ std::shared_ptr<StateSnapshot> StateCommit::Mean(RoundAccumulator sums) const {
 
 std::shared_ptr<StateSnapshot> StateCommit::NewNext() {
   HarvestRetired();
-  const DType wire = settings_.wire_dtype;
+  const WireCode wire = WireCodeOf(settings_);
   const size_t n = geometry_.num_elements();
   auto next = std::make_shared<StateSnapshot>();
   next->previous_id = state_->id;
@@ -168,7 +168,7 @@ bool StateCommit::FinalizeChunk(RoundAccumulator& sums, uint32_t c,
 void StateCommit::EncodeMean(absl::Span<float> chunk, uint32_t c,
                              StateSnapshot& next,
                              std::string* encoded_mean) const {
-  const DType wire = settings_.wire_dtype;
+  const WireCode wire = WireCodeOf(settings_);
   const size_t offset = geometry_.Offset(c);
   const absl::Span<float> residual =
       absl::MakeSpan(next.mean_residual).subspan(offset, chunk.size());
@@ -181,22 +181,22 @@ absl::Status StateCommit::DecodeMean(absl::string_view encoded_mean, uint32_t c,
                                      StateSnapshot& next,
                                      absl::Span<float> chunk,
                                      absl::string_view what) const {
-  const DType wire = settings_.wire_dtype;
+  const WireCode wire = WireCodeOf(settings_);
   const size_t bytes = WireBytes(wire, chunk.size());
   if (encoded_mean.size() != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": an encoded mean of ", encoded_mean.size(), " bytes; chunk ", c,
-        " takes ", bytes, " in ", DTypeName(wire)));
+        " takes ", bytes, " in ", DTypeName(wire.dtype)));
   }
-  if (IsBlockDType(wire)) {
-    if (absl::Status s = CheckBlockScales(
-            encoded_mean.substr(0, 4 * NumBlocks(chunk.size())), wire);
-        !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, "'s encoded mean: ", s.message()));
-    }
+  const absl::Span<const absl::string_view> pieces =
+      absl::MakeConstSpan(&encoded_mean, 1);
+  if (absl::Status s = CheckPayloadPieces(pieces, wire, chunk.size());
+      !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "'s encoded mean: ", s.message()));
   }
-  if (const int64_t at = FirstNonFinite(encoded_mean, wire); at >= 0) {
+  if (const int64_t at = FirstNonFinitePieces(pieces, wire, chunk.size());
+      at >= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, "'s encoded mean is not finite at element ", at));
   }
@@ -213,7 +213,7 @@ absl::Status StateCommit::DecodeMean(absl::string_view encoded_mean, uint32_t c,
 bool StateCommit::FinalizeMean(absl::Span<float> chunk, bool contributed,
                                uint32_t c, StateSnapshot& next,
                                absl::string_view encoded_mean) const {
-  const DType wire = settings_.wire_dtype;
+  const WireCode wire = WireCodeOf(settings_);
   const StateSnapshot& old = *state_;
   const size_t offset = geometry_.Offset(c);
   const size_t len = chunk.size();

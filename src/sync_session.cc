@@ -49,7 +49,8 @@ absl::StatusOr<int64_t> CheckChunk(absl::string_view job,
                                    const ChunkGeometry& geometry, RoundId round,
                                    uint32_t index,
                                    absl::Span<const absl::string_view> pieces,
-                                   DType dtype, bool drop_nonfinite) {
+                                   WireCode code, bool drop_nonfinite) {
+  const DType dtype = code.dtype;
   const uint32_t n = geometry.num_chunks();
   if (index >= n) {
     return absl::InvalidArgumentError(
@@ -58,7 +59,7 @@ absl::StatusOr<int64_t> CheckChunk(absl::string_view job,
                      " chunks (0..", n - 1, "); did the model change?"));
   }
   const uint32_t elements = geometry.Size(index);
-  const size_t expected = WireBytes(dtype, elements);
+  const size_t expected = WireBytes(code, elements);
   size_t size = 0;
   for (absl::string_view piece : pieces) size += piece.size();
   if (size != expected) {
@@ -67,25 +68,20 @@ absl::StatusOr<int64_t> CheckChunk(absl::string_view job,
         " bytes; expected ", expected, " (", elements, " ", DTypeName(dtype),
         IsBlockDType(dtype)
             ? absl::StrCat(" values in ", NumBlocks(elements), " blocks")
+        : IsSparseDType(dtype)
+            ? absl::StrCat(" values, ",
+                           SparseKept(elements, SparseCodeOf(code)), " kept")
             : std::string(" values"),
         ")"));
   }
-  if (IsBlockDType(dtype)) {
-    // The scales lead the payload (codec.h).
-    std::string scales;
-    const size_t want = 4 * NumBlocks(elements);
-    for (absl::string_view piece : pieces) {
-      if (scales.size() == want) break;
-      const absl::string_view part = piece.substr(0, want - scales.size());
-      scales.append(part.data(), part.size());
-    }
-    if (absl::Status s = CheckBlockScales(scales, dtype); !s.ok()) {
+  if (IsCodeDType(dtype)) {
+    if (absl::Status s = CheckPayloadPieces(pieces, code, elements); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", index, " for round ", round, " of job '", job,
                        "': ", s.message()));
     }
   }
-  const int64_t bad = FirstNonFinitePieces(pieces, dtype, elements);
+  const int64_t bad = FirstNonFinitePieces(pieces, code, elements);
   if (bad < 0 || drop_nonfinite) return bad;
   return absl::InvalidArgumentError(
       absl::StrCat("chunk ", index, " for round ", round, " of job '", job,
@@ -121,7 +117,7 @@ absl::Status SyncSession::AddChunk(uint32_t index,
   // starts from.
   const absl::StatusOr<int64_t> nonfinite = CheckChunk(
       job_->id(), job_->geometry(), round_, index, pieces,
-      job_->ChunkDType(*this),
+      job_->ChunkCode(*this),
       role_ == Role::kContribute &&
           job_->settings().nonfinite_policy == NonFinitePolicy::kDrop);
   if (!nonfinite.ok()) return nonfinite.status();
@@ -131,7 +127,7 @@ absl::Status SyncSession::AddChunk(uint32_t index,
   }
   const ChunkMagnitude magnitude =
       role_ == Role::kContribute && round_ > 0 && job_->pseudo_gradients()
-          ? MagnitudePieces(pieces, job_->ChunkDType(*this),
+          ? MagnitudePieces(pieces, job_->ChunkCode(*this),
                             job_->geometry().Size(index),
                             /*with_norm=*/job_->settings().outlier_ratio > 0)
           : ChunkMagnitude();

@@ -30,9 +30,10 @@ absl::Status CheckSyncHeader(absl::string_view job, absl::string_view member,
                              uint64_t anchor, bool pseudo_gradients);
 
 // Chunk `index` of a Sync stream for `round` of job `job` (of `geometry`),
-// its `pieces` in `dtype`. INVALID_ARGUMENT, the message naming the chunk
+// its `pieces` in `code`. INVALID_ARGUMENT, the message naming the chunk
 // (and the element of a non-finite value): index out of range, wrong size,
-// bad block scales, a non-finite value unless `drop_nonfinite` (the member
+// a malformed code (CheckPayloadPieces: block scales, sparse positions and
+// scales), a non-finite value unless `drop_nonfinite` (the member
 // is then dropped from its round instead: NonFinitePolicy::kDrop, a
 // contribution). Returns -1, or (drop_nonfinite) the first non-finite
 // element.
@@ -40,7 +41,7 @@ absl::StatusOr<int64_t> CheckChunk(absl::string_view job,
                                    const ChunkGeometry& geometry, RoundId round,
                                    uint32_t index,
                                    absl::Span<const absl::string_view> pieces,
-                                   DType dtype, bool drop_nonfinite);
+                                   WireCode code, bool drop_nonfinite);
 
 // One Sync stream of one member: feeds its chunks to the job. Created by
 // Job::BeginSync. Not thread-safe: the stream's reads are sequential.

@@ -19,6 +19,10 @@ absl::string_view DTypeName(DType dtype) {
       return "int8";
     case DType::kInt4Block:
       return "int4";
+    case DType::kSparse2:
+      return "sparse2";
+    case DType::kSparse4:
+      return "sparse4";
     case DType::kUnspecified:
       break;
   }
@@ -37,6 +41,8 @@ int DTypeSize(DType dtype) {
     case DType::kInt8Block:  // per element; scales come on top (WireBytes)
       return 1;
     case DType::kInt4Block:  // two per byte: see WireBytes
+    case DType::kSparse2:    // positions and codes of the kept: WireBytes
+    case DType::kSparse4:
     case DType::kUnspecified:
       break;
   }
@@ -119,7 +125,7 @@ absl::string_view ContributionName(Contribution contribution) {
 
 bool IsWireDType(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kBFloat16 ||
-         IsBlockDType(dtype);
+         IsCodeDType(dtype);
 }
 
 absl::Status ValidateJobId(absl::string_view job_id) {

@@ -25,6 +25,12 @@ enum class DType : int {
   // code per element (codec.h). Never a tensor's dtype.
   kInt8Block = 5,
   kInt4Block = 6,
+  // Wire only, pseudo-gradient jobs only: per block of kSparseBlock
+  // elements, the JobSettings::sparse_keep values of largest magnitude, each
+  // a 12-bit position and a 2-bit (kSparse2) or 4-bit (kSparse4) code, with
+  // the block's smallest and largest kept magnitude (src/sparse_codec.h).
+  kSparse2 = 7,
+  kSparse4 = 8,
 };
 
 // "float32", "bfloat16", ... ; "unspecified" for kUnspecified.
@@ -32,19 +38,37 @@ absl::string_view DTypeName(DType dtype);
 // Bytes per element; 0 for kUnspecified.
 int DTypeSize(DType dtype);
 // Whether chunks may travel in this dtype (float32, bfloat16, and the
-// blockwise int8 and int4 codes of pseudo-gradient jobs).
+// blockwise and sparse codes of pseudo-gradient jobs).
 bool IsWireDType(DType dtype);
 // Whether `dtype` is one of the blockwise codes (kInt8Block, kInt4Block).
 inline bool IsBlockDType(DType dtype) {
   return dtype == DType::kInt8Block || dtype == DType::kInt4Block;
 }
+// Whether `dtype` is one of the sparse codes (kSparse2, kSparse4).
+inline bool IsSparseDType(DType dtype) {
+  return dtype == DType::kSparse2 || dtype == DType::kSparse4;
+}
+// Whether `dtype` is a code of a few bits that only pseudo-gradient jobs
+// take (blockwise or sparse): a payload read whole, not element by element.
+inline bool IsCodeDType(DType dtype) {
+  return IsBlockDType(dtype) || IsSparseDType(dtype);
+}
 
 // A wire encoding in full: the dtype and what else its payloads' layout
 // depends on. Built from a bare DType for the dtypes that need nothing
-// else (every one but the sparse codes).
+// else (every one but the sparse codes, which need sparse_keep: a job's
+// comes from WireCodeOf).
 struct WireCode {
-  WireCode(DType dtype = DType::kFloat32) : dtype(dtype) {}  // NOLINT
+  WireCode(DType dtype = DType::kFloat32, uint32_t sparse_keep = 0)  // NOLINT
+      : dtype(dtype), sparse_keep(sparse_keep) {}
   DType dtype;
+  // The sparse codes: the values kept per full block, in [1, kSparseBlock].
+  uint32_t sparse_keep;
+  bool operator==(const WireCode& o) const {
+    return dtype == o.dtype &&
+           (!IsSparseDType(dtype) || sparse_keep == o.sparse_keep);
+  }
+  bool operator!=(const WireCode& o) const { return !(*this == o); }
 };
 
 // Whether `job_id` is a valid job id: [A-Za-z0-9._-]{1,128}.
@@ -178,7 +202,15 @@ struct JobSettings {
   StepBudget step_budget = StepBudget::kUnspecified;
   uint32_t min_local_steps = 0;
   uint32_t max_local_steps = 0;
+  // The sparse wire dtypes' values kept per block of 4096 (a set value in
+  // [1, 4096] whatever the dtype). 0: unset.
+  uint32_t sparse_keep = 0;
 };
+
+// A job's wire encoding: its wire dtype and, for a sparse one, its keep.
+inline WireCode WireCodeOf(const JobSettings& s) {
+  return WireCode(s.wire_dtype, s.sparse_keep);
+}
 
 // JobSettings.max_staleness's value for "no stale contributions", and the
 // largest staleness a job may accept.

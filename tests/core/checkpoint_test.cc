@@ -348,6 +348,7 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
     header.U32(static_cast<uint32_t>(c.ancestors.size()));
     for (uint64_t id : c.ancestors) header.U64(id);
   }
+  if (version >= 9) header.U32(c.settings.sparse_keep);
   header.U64(3);
   if (version >= 3) {
     header.U64(c.momentum.size());
@@ -504,7 +505,7 @@ TEST(CheckpointFormatTest, MaxStaleness_KeptAndVersion7ReadsAsOff) {
   c.settings.min_local_steps = 4;
   c.settings.max_local_steps = 64;
   c.ancestors = {0x1111ull, 0x2222ull, 0x3333ull};
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 8));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, kCheckpointFormatVersion));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->settings.max_staleness, 3);
@@ -525,6 +526,34 @@ TEST(CheckpointFormatTest, MaxStaleness_KeptAndVersion7ReadsAsOff) {
   c.ancestors.assign(kMaxStalenessLimit + 1, 7);
   EXPECT_EQ(DecodeCheckpoint(ReferenceFile(c, 8)).status().code(),
             absl::StatusCode::kDataLoss);
+}
+
+// Version 9: the sparse codes' keep; version 8 files restore with none (no
+// job of theirs had a sparse wire).
+TEST(CheckpointFormatTest, SparseKeep_KeptAndVersion8ReadsAsNone) {
+  JobCheckpoint c = FormatCheckpoint();
+  c.settings = NesterovSettings();
+  c.settings.wire_dtype = DType::kSparse2;
+  c.settings.sparse_keep = 100;
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 9));
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->settings.wire_dtype, DType::kSparse2);
+  EXPECT_EQ(back->settings.sparse_keep, 100u);
+  c.settings.wire_dtype = DType::kInt4Block;
+  back = DecodeCheckpoint(ReferenceFile(c, 8));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->settings.sparse_keep, 0u);
+  // A sparse wire with a keep no block can have: refused.
+  c.settings.wire_dtype = DType::kSparse4;
+  for (uint32_t keep : {0u, 4097u}) {
+    c.settings.sparse_keep = keep;
+    absl::StatusOr<JobCheckpoint> bad =
+        DecodeCheckpoint(ReferenceFile(c, kCheckpointFormatVersion));
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << keep;
+    EXPECT_THAT(std::string(bad.status().message()),
+                HasSubstr(absl::StrCat("sparse keep ", keep)));
+  }
 }
 
 // Every setting of the settings table (src/settings.h) survives a restart:

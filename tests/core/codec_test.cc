@@ -459,7 +459,8 @@ TEST_P(PiecesTest, NonFiniteAnywhere_FoundAtItsIndexWhateverTheCut) {
     // A cut through the bad element, one before it, one after it.
     for (size_t at : {bad * size + 1, bad * size, (bad + 1) * size}) {
       const auto pieces = Cut(bytes, {std::min(at, bytes.size())});
-      EXPECT_EQ(FirstNonFinitePieces(pieces, dtype, n), static_cast<int64_t>(bad))
+      EXPECT_EQ(FirstNonFinitePieces(pieces, dtype, n),
+                static_cast<int64_t>(bad))
           << "bad " << bad << " cut at " << at;
     }
   }
@@ -932,6 +933,97 @@ TEST(BlockCodeTest, EncodeDeltaWithFeedback_BitForBitSubtractThenEncode) {
         EXPECT_EQ(std::memcmp(residual.data(), want_residual.data(), 4 * n), 0);
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace localsgd
+
+namespace localsgd {
+namespace {
+
+// The sparse wire codes through the codec's entry points, which dispatch on
+// the WireCode: the same bytes and values as the sparse codec's own
+// functions, from contiguous bytes or cut into pieces anywhere; a delta
+// applied densely (an element not kept adds +0.0); and every malformed
+// payload named by CheckPayloadPieces.
+TEST(SparseWireCodeTest, EntryPoints_AgreeWithTheSparseCodecWhateverTheCut) {
+  for (const DType dtype : {DType::kSparse2, DType::kSparse4}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const WireCode wire(dtype, 100);
+    const SparseCode code = SparseCodeOf(wire);
+    const size_t n = kSparseBlock + 1000;  // a full block and a partial one
+    std::vector<float> values(n), base(n);
+    for (size_t i = 0; i < n; ++i) {
+      values[i] = std::sin(0.3f * static_cast<float>(i)) *
+                  static_cast<float>(1 + i % 13);
+      base[i] = i % 5 == 0 ? -0.0f : 0.01f * static_cast<float>(i);
+    }
+    ASSERT_EQ(WireBytes(wire, n), SparseWireBytes(n, code));
+    std::string bytes(WireBytes(wire, n), '\0');
+    std::vector<float> residual(n, 0.0f), decoded(n);
+    EncodeWithFeedback(values, absl::MakeSpan(residual), wire, bytes.data(),
+                       absl::MakeSpan(decoded));
+    std::string direct(SparseWireBytes(n, code), '\0');
+    std::vector<float> direct_residual(n, 0.0f);
+    EncodeSparseWithFeedback(values, absl::MakeSpan(direct_residual), code,
+                             direct.data());
+    ASSERT_EQ(bytes, direct);
+    EXPECT_EQ(residual, direct_residual);
+    std::vector<float> want(n);
+    ASSERT_TRUE(DecodeSparse(bytes, code, absl::MakeSpan(want)).ok());
+    EXPECT_EQ(decoded, want);
+    for (std::vector<size_t> at :
+         {std::vector<size_t>{}, std::vector<size_t>{1, 9, 77},
+          std::vector<size_t>{bytes.size() / 2}}) {
+      const auto pieces = Cut(bytes, at);
+      EXPECT_TRUE(CheckPayloadPieces(pieces, wire, n).ok());
+      EXPECT_EQ(FirstNonFinitePieces(pieces, wire, n), -1);
+      EXPECT_EQ(MaxAbsPieces(pieces, wire, n), SparseMaxAbs(bytes, n, code));
+      std::vector<float> got(n);
+      ASSERT_TRUE(DecodeValuesPieces(pieces, wire, absl::MakeSpan(got)).ok());
+      EXPECT_EQ(got, want);
+      std::vector<float> acc(n, 0.5f), acc_want(n, 0.5f);
+      AccumulateWeightedPieces(pieces, wire, 0.25f, absl::MakeSpan(acc));
+      ASSERT_TRUE(
+          AccumulateSparseWeighted(bytes, code, 0.25f, absl::MakeSpan(acc_want))
+              .ok());
+      EXPECT_EQ(acc, acc_want);
+      // Onto a base: every element base + value, -0.0 + 0 included.
+      std::vector<float> onto(n);
+      ASSERT_TRUE(
+          DecodeOntoPieces(pieces, wire, base, absl::MakeSpan(onto)).ok());
+      for (size_t i = 0; i < n; ++i) {
+        const float sum = base[i] + want[i];
+        ASSERT_EQ(0, std::memcmp(&onto[i], &sum, 4)) << i;
+      }
+      const ChunkMagnitude m =
+          MagnitudePieces(pieces, wire, n, /*with_norm=*/true);
+      double squares = 0;
+      for (float v : want) squares += static_cast<double>(v) * v;
+      EXPECT_EQ(m.sum_of_squares, squares);
+      EXPECT_EQ(m.max_abs, SparseMaxAbs(bytes, n, code));
+    }
+    // The size, then the structure.
+    EXPECT_THAT(
+        std::string(CheckPayloadPieces(
+                        Cut(bytes.substr(0, bytes.size() - 1), {}), wire, n)
+                        .message()),
+        HasSubstr("bytes for 5096 values"));
+    std::string inverted = bytes;
+    std::swap_ranges(inverted.begin(), inverted.begin() + 4,
+                     inverted.begin() + 4);
+    EXPECT_THAT(
+        std::string(CheckPayloadPieces(Cut(inverted, {3}), wire, n).message()),
+        HasSubstr("sparse block 0 has scales"));
+    // A block flagged non-finite: its first element.
+    std::string nan_block = bytes;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(nan_block.data() + 8, &nan, 4);
+    std::memcpy(nan_block.data() + 12, &nan, 4);
+    EXPECT_EQ(FirstNonFinitePieces(Cut(nan_block, {5}), wire, n),
+              static_cast<int64_t>(kSparseBlock));
+    EXPECT_TRUE(CheckPayloadPieces(Cut(nan_block, {}), wire, n).ok());
   }
 }
 

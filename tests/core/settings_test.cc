@@ -83,8 +83,8 @@ TEST(SettingsTableTest, Parse_BadValues_SayWhatTheyTake) {
   absl::Status st = FindJobSetting("wire_dtype")->parse("int16", s);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()),
-              HasSubstr("must be one of float32, bfloat16, int8, int4; got "
-                        "'int16'"));
+              HasSubstr("must be one of float32, bfloat16, int8, int4, "
+                        "sparse2, sparse4; got 'int16'"));
   st = FindJobSetting("chunk_elements")->parse("-5", s);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("got '-5'"));

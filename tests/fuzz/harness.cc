@@ -170,9 +170,12 @@ absl::Status Harness::DoJoin(const v1::JoinRequest& request,
   Check(s.mode == AveragingMode::kMean ||
             s.contribution == Contribution::kPseudoGradients,
         absl::StrCat(where, ": an outer rule in a job of parameters"));
-  Check(!IsBlockDType(s.wire_dtype) ||
+  Check(!IsCodeDType(s.wire_dtype) ||
             s.contribution == Contribution::kPseudoGradients,
-        absl::StrCat(where, ": a block code in a job of parameters"));
+        absl::StrCat(where, ": a block or sparse code in a job of parameters"));
+  Check(!IsSparseDType(s.wire_dtype) ||
+            ValidateSparseCode(SparseCodeOf(WireCodeOf(s))).ok(),
+        absl::StrCat(where, ": a sparse code without a valid keep"));
   Check(info->max_message_bytes == kMaxMessageBytes,
         absl::StrCat(where, ": max_message_bytes"));
   const v1::JobSettings& want = request.settings();
@@ -329,8 +332,8 @@ void Harness::CheckWrite(Reader& reader, const JobModel* model) {
       job.settings().contribution == Contribution::kPseudoGradients;
   const bool delta = w.wire->form() == StateWire::Form::kDelta;
   Check(!delta || pseudo, "a job of parameters sent a delta");
-  const DType wire =
-      pseudo && !delta ? DType::kFloat32 : job.settings().wire_dtype;
+  const WireCode wire =
+      pseudo && !delta ? WireCode(DType::kFloat32) : WireCodeOf(job.settings());
   Check(w.index == reader.chunks_read && w.index < g.num_chunks(),
         absl::StrCat("a stream sent chunk ", w.index, " after ",
                      reader.chunks_read, " of ", g.num_chunks()));
@@ -611,7 +614,7 @@ void Harness::HonestSync(const Member& member, RoundId round, uint32_t seed) {
     }
     v1::Chunk* chunk = request.mutable_chunk();
     chunk->set_index(c);
-    EncodeValues(values, job.settings().wire_dtype, chunk->mutable_data());
+    EncodeValues(values, WireCodeOf(job.settings()), chunk->mutable_data());
     chunk->set_crc32c(Crc32c(0, chunk->data()));
     OnSyncMessage(stream, request);
   }
@@ -717,7 +720,7 @@ void Harness::Apply(const Step& step) {
           const ChunkGeometry& g = job.geometry();
           chunk->set_index(chunk->index() % g.num_chunks());
           const size_t size =
-              WireBytes(job.settings().wire_dtype, g.Size(chunk->index()));
+              WireBytes(WireCodeOf(job.settings()), g.Size(chunk->index()));
           std::string data = chunk->data();
           if (data.empty()) data.assign(1, '\0');
           std::string fixed(size, '\0');

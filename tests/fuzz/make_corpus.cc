@@ -17,6 +17,7 @@
 #include "fuzz_input.pb.h"
 #include "proto/convert.h"
 #include "src/layout.h"
+#include "src/sparse_codec.h"
 
 namespace localsgd {
 namespace fuzz {
@@ -393,6 +394,58 @@ void SyncCorpus() {
     *s.add_steps() = Header(3, 1, 1);  // no anchor: INVALID_ARGUMENT
     *s.add_steps() = Fetch(2);
     Write("sync", "pseudo_gradient_int4_nesterov", s);
+  }
+  {
+    // The same over sparse2, 2048 of 4096 kept (20 of a chunk of 40, 15 of
+    // the last one of 30): valid deltas, then one whose positions descend
+    // and one with lo > hi (INVALID_ARGUMENT).
+    const SparseCode code{2048, 2};
+    auto sparse = [&](size_t n, float base) {
+      std::vector<float> values(n);
+      for (size_t i = 0; i < n; ++i) values[i] = base * (1.0f + 0.1f * i);
+      std::string data(SparseWireBytes(n, code), '\0');
+      EncodeSparseWithFeedback(values, {}, code, data.data());
+      return data;
+    };
+    SyncScript s;
+    for (int k = 0; k < 2; ++k) {
+      Step join;
+      JoinStep* j = join.mutable_join();
+      j->mutable_request()->set_job_id("sp");
+      j->mutable_request()->set_member_name(k == 0 ? "a" : "b");
+      j->mutable_request()->set_incarnation(5 + k);
+      FillLayout({70}, j->mutable_request()->mutable_layout());
+      v1::JobSettings* settings = j->mutable_request()->mutable_settings();
+      settings->set_chunk_elements(40);
+      settings->set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
+      settings->set_mode(v1::AVERAGING_MODE_OUTER_NESTEROV);
+      settings->set_wire_dtype(v1::DTYPE_SPARSE2);
+      settings->set_sparse_keep(code.keep);
+      *s.add_steps() = join;
+    }
+    *s.add_steps() = Header(0, 1, 0);
+    *s.add_steps() = ChunkStep(0, 0, Floats(std::vector<float>(40, 0.5f)));
+    *s.add_steps() = ChunkStep(0, 1, Floats(std::vector<float>(30, -0.5f)));
+    for (uint32_t m = 1; m <= 2; ++m) {
+      Step h = Header(m, m, 1);
+      h.mutable_sync()->set_fix_anchor(true);
+      *s.add_steps() = h;
+      *s.add_steps() = ChunkStep(m, 0, sparse(40, 0.01f * m));
+      *s.add_steps() = ChunkStep(m, 1, sparse(30, -0.01f * m));
+    }
+    std::string descending = sparse(40, 0.02f);
+    std::swap(descending[8], descending[10]);
+    std::string inverted = sparse(40, 0.02f);
+    std::swap_ranges(inverted.begin(), inverted.begin() + 4,
+                     inverted.begin() + 4);
+    for (uint32_t m = 3; m <= 4; ++m) {
+      Step h = Header(m, 1, 1);
+      h.mutable_sync()->set_fix_anchor(true);
+      *s.add_steps() = h;
+      *s.add_steps() = ChunkStep(m, 0, m == 3 ? descending : inverted);
+    }
+    *s.add_steps() = Fetch(2);
+    Write("sync", "pseudo_gradient_sparse2_nesterov", s);
   }
   {
     // A member whose weight is subnormal in fp32, among normal ones.

@@ -77,7 +77,8 @@ void SendChunk(FuzzedDataProvider& in, const MemberState& member,
   const uint32_t index = in.ConsumeIntegralInRange<uint32_t>(0, n);
   std::string data;
   if (in.ConsumeBool() && index < n) {
-    const DType dtype = in.ConsumeBool() ? member.wire() : DType::kFloat32;
+    const WireCode dtype =
+        in.ConsumeBool() ? member.wire() : WireCode(DType::kFloat32);
     std::vector<float> values(member.local().Size(index));
     for (float& v : values) {
       v = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);

@@ -1,7 +1,7 @@
 // Hostile input on the fields of pseudo-gradient jobs, table-driven: every
 // row sends one bad request over the real gRPC service to a job of
-// pseudo-gradients (int8 on the wire, OUTER_NESTEROV) that two honest
-// library clients run, and checks
+// pseudo-gradients (int8 on the wire, or the row's sparse code;
+// OUTER_NESTEROV) that two honest library clients run, and checks
 //   - the status code and a message that says what is wrong, and
 //   - that it changed nothing else: the honest members' next round is bit
 //     for bit the round of a twin job that saw no hostile input (two members
@@ -28,6 +28,7 @@
 #include "server/server.h"
 #include "src/codec.h"
 #include "src/crc32c.h"
+#include "src/sparse_codec.h"
 #include "tests/testkit/testkit.h"
 
 namespace localsgd {
@@ -132,11 +133,59 @@ std::string Int8WithScale(float scale) {
   return data;
 }
 
+// The sparse rows' code: 768 of 4096 kept, so that a chunk of kChunk (16)
+// values keeps 3: 8 bytes of scales, 36 bits of positions (5 bytes, 4
+// padding bits), 6 bits of codes (1 byte).
+constexpr uint32_t kSparseKeep = 768;
+constexpr SparseCode kSparseRowCode{kSparseKeep, 2};
+
+// Chunk 0 (kChunk elements) in sparse2, valid: values 0.25 + 0.01 i.
+std::string SparseChunk() {
+  std::vector<float> values(kChunk);
+  for (uint32_t i = 0; i < kChunk; ++i) values[i] = 0.25f + 0.01f * i;
+  std::string data(SparseWireBytes(kChunk, kSparseRowCode), '\0');
+  EncodeSparseWithFeedback(values, {}, kSparseRowCode, data.data());
+  return data;
+}
+
+// The sparse chunk with its scales (lo, hi) replaced.
+std::string SparseWithScales(float lo, float hi) {
+  std::string data = SparseChunk();
+  std::memcpy(data.data(), &lo, 4);
+  std::memcpy(data.data() + 4, &hi, 4);
+  return data;
+}
+
+// The sparse chunk with `width` bits at `bit` of its positions and codes
+// (which follow the 8 bytes of scales) set to `value`, LSB first.
+std::string SparseWithBits(size_t bit, size_t width, uint32_t value) {
+  std::string data = SparseChunk();
+  for (size_t k = 0; k < width; ++k) {
+    const size_t at = 64 + bit + k;
+    const char mask = static_cast<char>(1u << (at % 8));
+    data[at / 8] =
+        (value >> k) & 1 ? (data[at / 8] | mask) : (data[at / 8] & ~mask);
+  }
+  return data;
+}
+
+// Position t of the sparse chunk.
+uint32_t SparsePosition(const std::string& data, size_t t) {
+  uint32_t pos = 0;
+  for (size_t k = 0; k < 12; ++k) {
+    const size_t at = 64 + 12 * t + k;
+    pos |= ((static_cast<unsigned char>(data[at / 8]) >> (at % 8)) & 1u) << k;
+  }
+  return pos;
+}
+
 struct Row {
   std::string name;
   std::function<grpc::Status(Env&)> act;
   grpc::StatusCode code;
   std::string message;
+  // The job's wire (its sparse code keeps kSparseKeep).
+  DType wire = DType::kInt8Block;
 };
 
 void PrintTo(const Row& row, std::ostream* os) { *os << row.name; }
@@ -357,6 +406,133 @@ std::vector<Row> Rows() {
          return s;
        },
        grpc::StatusCode::OK, ""},
+      // The sparse codes: every malformed part of a payload, refused before
+      // it touches the round; the settings that go with them.
+      {"Sync_SparsePositionPastTheChunk_InvalidArgument",
+       [](Env& env) {
+         return SyncOneChunk(env, Header(env, 2), SparseWithBits(0, 12, 20));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "sparse block 0 (16 values): kept value 0 is at position 20, past the "
+       "block's end",
+       DType::kSparse2},
+      {"Sync_SparsePositionRepeated_InvalidArgument",
+       [](Env& env) {
+         const uint32_t first = SparsePosition(SparseChunk(), 0);
+         return SyncOneChunk(env, Header(env, 2),
+                             SparseWithBits(12, 12, first));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "positions must be strictly ascending", DType::kSparse2},
+      {"Sync_SparsePositionsDescending_InvalidArgument",
+       [](Env& env) {
+         const std::string good = SparseChunk();
+         std::string data = SparseWithBits(0, 12, SparsePosition(good, 1));
+         for (size_t k = 0; k < 12; ++k) {
+           const size_t at = 64 + 12 + k;
+           const char mask = static_cast<char>(1u << (at % 8));
+           data[at / 8] = (SparsePosition(good, 0) >> k) & 1
+                              ? (data[at / 8] | mask)
+                              : (data[at / 8] & ~mask);
+         }
+         return SyncOneChunk(env, Header(env, 2), data);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "kept value 1 is at position",
+       DType::kSparse2},
+      {"Sync_SparsePaddingBitSet_InvalidArgument",
+       [](Env& env) {
+         return SyncOneChunk(env, Header(env, 2), SparseWithBits(39, 1, 1));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "padding bits after the last position or code are not zero",
+       DType::kSparse2},
+      {"Sync_SparseLoAboveHi_InvalidArgument",
+       [](Env& env) {
+         return SyncOneChunk(env, Header(env, 2), SparseWithScales(2.0f, 1.0f));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "sparse block 0 has scales (2, 1)",
+       DType::kSparse2},
+      {"Sync_SparseNegativeLo_InvalidArgument",
+       [](Env& env) {
+         return SyncOneChunk(env, Header(env, 2),
+                             SparseWithScales(-1.0f, 1.0f));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "sparse block 0 has scales (-1, 1)",
+       DType::kSparse2},
+      {"Sync_SparseInfiniteHi_InvalidArgument",
+       [](Env& env) {
+         return SyncOneChunk(
+             env, Header(env, 2),
+             SparseWithScales(1.0f, std::numeric_limits<float>::infinity()));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "sparse block 0 has scales (1, inf)",
+       DType::kSparse2},
+      {"Sync_SparseOneScaleNaN_InvalidArgument",
+       [](Env& env) {
+         return SyncOneChunk(
+             env, Header(env, 2),
+             SparseWithScales(std::numeric_limits<float>::quiet_NaN(), 1.0f));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "sparse block 0 has scales (nan, 1)",
+       DType::kSparse2},
+      {"Sync_SparseBothScalesNaN_InvalidArgumentNonFinite",
+       [](Env& env) {
+         const float nan = std::numeric_limits<float>::quiet_NaN();
+         return SyncOneChunk(env, Header(env, 2), SparseWithScales(nan, nan));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "has a non-finite value at element 0", DType::kSparse2},
+      {"Sync_SparseTruncated_InvalidArgument",
+       [](Env& env) {
+         std::string data = SparseChunk();
+         data.pop_back();
+         return SyncOneChunk(env, Header(env, 2), data);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "has 13 bytes; expected 14 (16 sparse2 values, 3 kept)",
+       DType::kSparse2},
+      {"Sync_Int8PayloadInASparseJob_InvalidArgument",
+       [](Env& env) {
+         return SyncOneChunk(env, Header(env, 2), Int8WithScale(1.0f));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       absl::StrCat("has ", 4 + kChunk, " bytes; expected 14"),
+       DType::kSparse2},
+      {"Join_SparseKeepOutOfRange_InvalidArgument",
+       settings_join([](v1::JobSettings* s) { s->set_sparse_keep(4097); },
+                     "-keep"),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "sparse_keep 4097 is out of range; a sparse block keeps 1 to 4096",
+       DType::kSparse2},
+      {"Join_OtherSparseKeep_FailedPreconditionNamingBoth",
+       settings_join([](v1::JobSettings* s) { s->set_sparse_keep(64); }),
+       grpc::StatusCode::FAILED_PRECONDITION,
+       "keeps 768 values per sparse block; member asks for 64",
+       DType::kSparse2},
+      {"Join_OtherSparseCode_FailedPreconditionNamingBoth",
+       settings_join(
+           [](v1::JobSettings* s) { s->set_wire_dtype(v1::DTYPE_SPARSE4); }),
+       grpc::StatusCode::FAILED_PRECONDITION,
+       "uses wire dtype sparse2; member asks for sparse4", DType::kSparse2},
+      {"Join_NewJobSparseOfParameters_InvalidArgument",
+       settings_join(
+           [](v1::JobSettings* s) {
+             s->set_contribution(v1::CONTRIBUTION_PARAMETERS);
+             s->set_mode(v1::AVERAGING_MODE_MEAN);
+           },
+           "-other"),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "wire dtype sparse2 needs contribution pseudo_gradients",
+       DType::kSparse2},
+      {"Join_SparseTensorInTheLayout_InvalidArgument",
+       [](Env& env) {
+         v1::JoinRequest request = PseudoJoin(env.job + "-other", "bad");
+         request.mutable_layout()->mutable_tensors(0)->set_dtype(
+             v1::DTYPE_SPARSE2);
+         return Join(env, request);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "has no floating-point dtype",
+       DType::kSparse2},
   };
 }
 
@@ -401,7 +577,8 @@ TEST_P(PseudoGradientHostileInput, Row) {
   ServerOptions options = testkit::BaseServerOptions();
   options.coordinator.default_settings.contribution =
       Contribution::kPseudoGradients;
-  options.coordinator.default_settings.wire_dtype = DType::kInt8Block;
+  options.coordinator.default_settings.wire_dtype = row.wire;
+  options.coordinator.default_settings.sparse_keep = kSparseKeep;
   options.coordinator.default_settings.mode = AveragingMode::kOuterNesterov;
   auto server = testkit::StartServer(std::move(options));
   ASSERT_NE(server, nullptr);

@@ -193,6 +193,8 @@ class ShardTest : public ::testing::Test {
   std::vector<double> weights_;
   std::vector<std::string> dirs_;
   uint64_t n_ = 0;
+  // One replica against three, OUTER_NESTEROV over `wire`: bit for bit.
+  void OuterNesterovShardedEqualsOne(DType wire);
   // What the members ask for. The outlier guard off: members send
   // unrelated values (one's delta may be many times another's in a chunk),
   // which the guard would rightly refuse.
@@ -239,11 +241,20 @@ INSTANTIATE_TEST_SUITE_P(Replicas, ShardCountTest, ::testing::Values(1, 2, 3),
 // The outer optimizer's momentum and the coordinator's error feedback are
 // per element, so a sharded job (each replica holding its chunks' momentum
 // and residual) computes exactly what one coordinator does: OUTER_NESTEROV
-// over an int4 wire, two members of weight 1 (sums independent of arrival
-// order), 3 rounds, one replica against three, bit for bit.
-TEST_F(ShardTest, OuterNesterovInt4_ShardedEqualsOneCoordinatorBitForBit) {
+// over an int4 wire and over a sparse one (4 of a chunk's 16 values kept),
+// two members of weight 1 (sums independent of arrival order), 3 rounds,
+// one replica against three, bit for bit.
+TEST_F(ShardTest, OuterNesterovCodes_ShardedEqualsOneCoordinatorBitForBit) {
+  for (DType wire : {DType::kInt4Block, DType::kSparse4}) {
+    SCOPED_TRACE(DTypeName(wire));
+    OuterNesterovShardedEqualsOne(wire);
+  }
+}
+
+void ShardTest::OuterNesterovShardedEqualsOne(DType wire) {
   settings_.mode = AveragingMode::kOuterNesterov;
-  settings_.wire_dtype = DType::kInt4Block;
+  settings_.wire_dtype = wire;
+  settings_.sparse_keep = 1024;
   std::vector<std::vector<std::vector<float>>> held;  // [shards][round]
   for (uint32_t s : {1u, 3u}) {
     StartReplicas(s);
