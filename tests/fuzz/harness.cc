@@ -349,7 +349,9 @@ void Harness::CheckWrite(Reader& reader, const JobModel* model) {
                      g.num_elements(), " elements"));
   // The finite-state guard: whatever members sent, every state and every
   // result streamed is finite (values, momentum, residual, block scales).
-  Check(FirstNonFinite(w.chunk.data, wire) < 0,
+  const absl::string_view data = w.chunk.data;
+  Check(FirstNonFinitePieces(absl::MakeConstSpan(&data, 1), wire,
+                             g.Size(w.index)) < 0,
         absl::StrCat("streamed chunk ", w.index, " holds a non-finite value"));
   for (const std::vector<float>* part :
        {&state.values, &state.momentum, &state.residual}) {
@@ -370,7 +372,8 @@ void Harness::CheckWrite(Reader& reader, const JobModel* model) {
                        " is not the round's delta"));
     return;
   }
-  const std::vector<float> back = Decode(w.chunk.data, wire);
+  // Values travel in float32 or bfloat16 (never a code).
+  const std::vector<float> back = Decode(w.chunk.data, wire.dtype);
   for (uint32_t j = 0; j < g.Size(w.index); ++j) {
     // The state holds wire-dtype values: the round trip is exact.
     Check(SameBits(back[j], state.values[g.Offset(w.index) + j]),
