@@ -6,14 +6,18 @@ one coordinator for every arm below and every seed, each arm with the same
 step budget (EPOCHS passes over each worker's shard, the same samples), and
 prints a markdown table: rank 0's final test accuracy (mean and spread over
 the seeds; all workers hold the same parameters after the final sync) and
-the chunk bytes each worker sent and received (mean over workers and seeds,
-the initial seed/fetch of the state included).
+the chunk bytes each worker sent and received in its syncs (mean over
+workers and seeds; the state's first seed or fetch when a worker starts,
+the same float32 state for every arm, is not counted).
 
 Arms: synchronous (average every step, fp32), MEAN K=16 fp32, OUTER_NESTEROV
 K=16 fp32, OUTER_NESTEROV K=64 in fp32, int8 and int4 (the rule on the float32
-mean and on the encoded mean: mean encoding wire), and no averaging.
+mean and on the encoded mean: mean encoding wire), the sparse codes (the
+top 64 or 128 of every 4096 values, 2 or 4 bits each) at K=16 and K=64, and
+no averaging.
 
 Usage: bench/quality.py [--seeds 1,2,3] [--epochs 1] [--arms name,...]
+       [--worker_flags "--model=wide"]
 Environment: BUILD_DIR (build). Needs dataset-fashion-mnist.
 """
 
@@ -44,6 +48,17 @@ ARMS = [
     ("nest64i4w", "OUTER_NESTEROV K=64 int4, mean encoding wire",
      ["--k=64", "--averaging=nesterov", "--wire_dtype=int4",
       "--mean_encoding=wire"]),
+    # The sparse codes: the top 1.6% (64 of 4096) or 3.1% of the delta plus
+    # residual, 2 or 4 bits each.
+    ("nest64s2", "OUTER_NESTEROV K=64 sparse2, 64 of 4096",
+     ["--k=64", "--averaging=nesterov", "--wire_dtype=sparse2",
+      "--sparse_keep=64"]),
+    ("nest16s2", "OUTER_NESTEROV K=16 sparse2, 64 of 4096",
+     ["--k=16", "--averaging=nesterov", "--wire_dtype=sparse2",
+      "--sparse_keep=64"]),
+    ("nest16s4k128", "OUTER_NESTEROV K=16 sparse4, 128 of 4096",
+     ["--k=16", "--averaging=nesterov", "--wire_dtype=sparse4",
+      "--sparse_keep=128"]),
     ("none", "no averaging", ["--k=16", "--no_sync"]),
 ]
 
@@ -141,18 +156,17 @@ def main():
         coord.terminate()
         coord.wait()
 
-    sync_acc = statistics.mean(a for a, _, _ in results["sync"]) \
-        if "sync" in results else None
-    sync_bytes = statistics.mean(b for _, b, _ in results["sync"]) \
-        if "sync" in results else None
+    sync = results.get("sync")
+    sync_acc = statistics.mean(x[0] for x in sync) if sync else None
+    sync_bytes = statistics.mean(x[1] for x in sync) if sync else None
     print("| arm | test accuracy (mean ± spread) | vs synchronous (points) "
           "| bytes sent + received per worker | fewer bytes than synchronous |")
     print("|---|---|---|---|---|")
     for name, label, _ in arms:
-        accs = [a for a, _, _ in results[name]]
+        accs = [x[0] for x in results[name]]
         mean_acc = statistics.mean(accs)
         spread = (max(accs) - min(accs)) / 2
-        b = statistics.mean(x for _, x, _ in results[name])
+        b = statistics.mean(x[1] for x in results[name])
         vs = "" if sync_acc is None else f"{100 * (mean_acc - sync_acc):+.2f}"
         ratio = ("" if sync_bytes is None or b == 0
                  else f"{sync_bytes / b:.0f}x")

@@ -103,8 +103,13 @@ ABSL_FLAG(bool, parameters, false,
           "Send parameters (a job of parameters, the protocol before "
           "pseudo-gradients) instead of pseudo-gradients.");
 ABSL_FLAG(std::string, wire_dtype, "float32",
-          "float32, bfloat16, int8 or int4 (the job takes pseudo-gradients, "
-          "the client's default).");
+          "float32, bfloat16, int8, int4, sparse2 or sparse4 (the job takes "
+          "pseudo-gradients, the client's default). The sparse codes keep "
+          "--sparse_keep of every 4096 values: the members then agree bit "
+          "for bit (checked) but hold no mean to check against.");
+ABSL_FLAG(uint32_t, sparse_keep, 64,
+          "With --wire_dtype=sparse2 or sparse4: the values kept of every "
+          "4096.");
 ABSL_FLAG(uint32_t, chunk_elements, 0,
           "Elements per chunk the job asks for; 0: the coordinator's default.");
 ABSL_FLAG(bool, fetch, false,
@@ -254,6 +259,7 @@ struct Config {
   int64_t params = 0;
   int rounds = 0;
   DType wire = DType::kFloat32;
+  uint32_t sparse_keep = 0;
   uint32_t chunk_elements = 0;
   bool fetch = false;
   int fetch_repeats = 0;
@@ -310,6 +316,7 @@ absl::StatusOr<ClientOptions> MakeOptions(const Config& config,
   options.job_id = config.job_id;
   options.member_name = std::move(member_name);
   options.settings.wire_dtype = config.wire;
+  options.settings.sparse_keep = config.sparse_keep;
   options.settings.chunk_elements = config.chunk_elements;
   if (absl::GetFlag(FLAGS_parameters)) {
     options.settings.contribution = localsgd::Contribution::kParameters;
@@ -411,6 +418,8 @@ std::unique_ptr<Client> StartWorker(const Config& config, int rank,
                " (want ", config.world, ")"));
     }
     for (size_t i : samples) {
+      // A sparse round moves a few values of each block: no mean to check.
+      if (IsSparseDType(config.wire)) break;
       const double want = ExpectedMean(i, config.world, r + 1);
       if (std::abs(params[i] - want) >
           tolerance * std::max(1.0, std::abs(want))) {
@@ -627,8 +636,9 @@ bool GetStatusPage(const std::string& host_port) {
   const size_t n = params.size();
   const double want = ExpectedMean(n / 2, config.world, config.rounds + 1);
   const double tolerance = config.wire == DType::kBFloat16 ? 1.0 / 64 : 1e-5;
-  if (std::abs(params[n / 2] - want) >
-      tolerance * std::max(1.0, std::abs(want))) {
+  if (!IsSparseDType(config.wire) &&
+      std::abs(params[n / 2] - want) >
+          tolerance * std::max(1.0, std::abs(want))) {
     Fail(shared, who,
          absl::StrFormat("fetched element %d is %.7g, want %.7g", n / 2,
                          params[n / 2], want));
@@ -968,7 +978,10 @@ int main(int argc, char** argv) {
                 : wire == "bfloat16" ? localsgd::DType::kBFloat16
                 : wire == "int8"     ? localsgd::DType::kInt8Block
                 : wire == "int4"     ? localsgd::DType::kInt4Block
+                : wire == "sparse2"  ? localsgd::DType::kSparse2
+                : wire == "sparse4"  ? localsgd::DType::kSparse4
                                      : localsgd::DType::kUnspecified;
+  config.sparse_keep = absl::GetFlag(FLAGS_sparse_keep);
   config.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
   config.fetch =
       absl::GetFlag(FLAGS_fetch) && absl::GetFlag(FLAGS_compute_ms) <= 0;
@@ -983,7 +996,9 @@ int main(int argc, char** argv) {
   if (config.params < 1) error = "--millions must give at least 1 parameter";
   if (config.rounds < 1) error = "--rounds must be >= 1";
   if (config.wire == localsgd::DType::kUnspecified) {
-    error = "--wire_dtype must be float32, bfloat16, int8 or int4";
+    error =
+        "--wire_dtype must be float32, bfloat16, int8, int4, sparse2 or "
+        "sparse4";
   }
   if (config.fetch && !config.worker_netns.empty()) {
     error = "--fetch does not combine with --worker_netns";

@@ -19,7 +19,9 @@
 // the last --log_every steps. Only rank 0 evaluates, so test_* appear in its
 // lines only.
 // bytes_sent/bytes_received: chunk payload exchanged with the coordinator
-// (0 on the local ranks > 0 of a node group, which never talk to it).
+// by the syncs (0 on the local ranks > 0 of a node group, which never talk
+// to it; the state's first seed or fetch, when the worker starts, is not
+// counted).
 //
 // Node-local averaging (--local_world_size > 1, or LOCAL_WORLD_SIZE set as
 // torchrun does): the processes of a node form a c10d group (Gloo on CPU,
@@ -100,6 +102,8 @@ ABSL_FLAG(std::string, wire_dtype, "float32",
           "Dtype of contributions and results on the wire: float32, "
           "bfloat16, int8 or int4 (the block codes), sparse2 or sparse4 (the "
           "sparse codes; the codes: pseudo-gradients only)");
+ABSL_FLAG(std::string, model, "small",
+          "small (27,562 parameters) or wide (1,049,866): the CNN's widths");
 ABSL_FLAG(uint32_t, sparse_keep, 0,
           "With --wire_dtype=sparse2 or sparse4: the values kept of every "
           "4096 (0: the coordinator's default)");
@@ -187,20 +191,27 @@ constexpr float kPixelMean = 0.2860f;
 constexpr float kPixelStd = 0.3530f;
 constexpr int64_t kEvalBatch = 1000;
 
-// conv(1->8, 3x3) relu maxpool2, conv(8->16, 3x3) relu maxpool2, fc 400->64,
-// relu, fc 64->10. 27562 parameters; about 1.3 MFLOP per training example.
+// conv(1->c1, 3x3) relu maxpool2, conv(c1->c2, 3x3) relu maxpool2, fc
+// 25 c2->h, relu, fc h->10. --model=small: c1, c2, h = 8, 16, 64, 27562
+// parameters, about 1.3 MFLOP per training example; --model=wide: 32, 64,
+// 640, 1,049,866 parameters (where top-k behaves as on larger models: most
+// of them in one matrix).
+struct NetWidths {
+  int64_t c1, c2, hidden;
+};
 struct NetImpl : torch::nn::Module {
-  NetImpl()
+  explicit NetImpl(NetWidths w)
       : conv1(register_module(
-            "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 3)))),
+            "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, w.c1, 3)))),
         conv2(register_module(
-            "conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 3)))),
-        fc1(register_module("fc1", torch::nn::Linear(16 * 5 * 5, 64))),
-        fc2(register_module("fc2", torch::nn::Linear(64, kNumClasses))) {}
+            "conv2",
+            torch::nn::Conv2d(torch::nn::Conv2dOptions(w.c1, w.c2, 3)))),
+        fc1(register_module("fc1", torch::nn::Linear(w.c2 * 5 * 5, w.hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(w.hidden, kNumClasses))) {}
 
   torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2);  // 8 x 13 x 13
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2);  // 16 x 5 x 5
+    x = torch::max_pool2d(torch::relu(conv1(x)), 2);  // c1 x 13 x 13
+    x = torch::max_pool2d(torch::relu(conv2(x)), 2);  // c2 x 5 x 5
     x = torch::relu(fc1(x.flatten(1)));
     return fc2(x);
   }
@@ -229,6 +240,7 @@ struct Config {
   std::string data_dir;
   DType wire_dtype = DType::kFloat32;
   uint32_t sparse_keep = 0;
+  NetWidths widths{8, 16, 64};
   Contribution contribution = Contribution::kPseudoGradients;
   AveragingMode averaging = AveragingMode::kMean;
   double outer_lr = 0;
@@ -324,6 +336,12 @@ absl::StatusOr<Config> ConfigFromFlags() {
                      "sparse4"));
   }
   c.sparse_keep = absl::GetFlag(FLAGS_sparse_keep);
+  if (const std::string m = absl::GetFlag(FLAGS_model); m == "wide") {
+    c.widths = NetWidths{32, 64, 640};
+  } else if (m != "small") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model=", m, ": expected small or wide"));
+  }
   const std::string contribution = absl::GetFlag(FLAGS_contribution);
   if (contribution == "pseudo_gradients") {
     c.contribution = Contribution::kPseudoGradients;
@@ -598,7 +616,7 @@ absl::Status Run(const Config& c) {
   // The model. Every worker builds it from the same seed; the coordinator's
   // seed/fetch makes the parameters identical in any case.
   torch::manual_seed(c.seed);
-  Net model;
+  Net model(c.widths);
   model->to(device);
 
   // The node group, if any: local rank 0 is the node's only member of the

@@ -269,3 +269,38 @@ def test_info_describes_the_job(coordinator):
         e.value.message
     with pytest.raises(ValueError, match="mean_encoding"):
         py_client(c, "info-wire", "g", mean_encoding="int4")
+
+
+def test_sparse_wire_members_agree_and_move_the_largest(coordinator):
+    """Two Python members of a sparse2 job (8 of every 4096 kept, so 2 of
+    this job's 1000 values): both hold the same bits after each round, and
+    a round moves only the values the sparse code kept, the largest."""
+    c = coordinator()
+    p = py_client(c, "sparse", "p", wire_dtype="sparse2", sparse_keep=8,
+                  rendezvous=2)
+    q = py_client(c, "sparse", "q", wire_dtype="sparse2", rendezvous=2)
+    p.join(LAYOUT)
+    q.join(LAYOUT)
+    assert p.info["wire_dtype"] == "sparse2" and p.info["sparse_keep"] == 8
+    assert q.info["sparse_keep"] == 8  # the job's, unset by q
+    a = np.zeros(N, np.float32)
+    b = np.zeros(N, np.float32)
+    in_parallel(lambda: p.initialize(a), lambda: q.initialize(b))
+    a[:] = 1e-3
+    a[[10, 500]] = [2.0, -3.0]
+    b[:] = 1e-3
+    b[[10, 500]] = [2.0, -3.0]
+    in_parallel(lambda: p.sync(a), lambda: q.sync(b))
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    moved = np.flatnonzero(a)
+    assert list(moved) == [10, 500]
+    assert a[10] > 0 and a[500] < 0
+    # Another keep than the job's: refused, naming both.
+    with pytest.raises(localsgd.Error) as e:
+        py_client(c, "sparse", "r", wire_dtype="sparse2",
+                  sparse_keep=64).join(LAYOUT)
+    assert e.value.code == "FAILED_PRECONDITION"
+    assert "keeps 8 values per sparse block; member asks for 64" in \
+        e.value.message
+    with pytest.raises(ValueError, match="wire_dtype"):
+        py_client(c, "sparse", "s", wire_dtype="sparse3")
