@@ -13,8 +13,9 @@ the same float32 state for every arm, is not counted).
 Arms: synchronous (average every step, fp32), MEAN K=16 fp32, OUTER_NESTEROV
 K=16 fp32, OUTER_NESTEROV K=64 in fp32, int8 and int4 (the rule on the float32
 mean and on the encoded mean: mean encoding wire), the sparse codes (the
-top 64 or 128 of every 4096 values, 2 or 4 bits each) at K=16 and K=64, and
-no averaging.
+top 64 or 128 of every 4096 values, 2 or 4 bits each, the coordinator's step
+4 times as many) under OUTER_NESTEROV and MEAN at K=8, 16 and 64, and no
+averaging.
 
 Usage: bench/quality.py [--seeds 1,2,3] [--epochs 1] [--arms name,...]
        [--worker_flags "--model=wide"]
@@ -49,16 +50,23 @@ ARMS = [
      ["--k=64", "--averaging=nesterov", "--wire_dtype=int4",
       "--mean_encoding=wire"]),
     # The sparse codes: the top 1.6% (64 of 4096) or 3.1% of the delta plus
-    # residual, 2 or 4 bits each.
-    ("nest64s2", "OUTER_NESTEROV K=64 sparse2, 64 of 4096",
+    # residual, 2 or 4 bits each; the coordinator's step keeps 4 times as
+    # many (the mean of the 4 uploads).
+    ("nest64s2", "OUTER_NESTEROV K=64 sparse2, 64/256 of 4096",
      ["--k=64", "--averaging=nesterov", "--wire_dtype=sparse2",
-      "--sparse_keep=64"]),
-    ("nest16s2", "OUTER_NESTEROV K=16 sparse2, 64 of 4096",
+      "--sparse_keep=64", "--sparse_result_keep=256"]),
+    ("nest16s2", "OUTER_NESTEROV K=16 sparse2, 64/256 of 4096",
      ["--k=16", "--averaging=nesterov", "--wire_dtype=sparse2",
-      "--sparse_keep=64"]),
-    ("nest16s4k128", "OUTER_NESTEROV K=16 sparse4, 128 of 4096",
-     ["--k=16", "--averaging=nesterov", "--wire_dtype=sparse4",
-      "--sparse_keep=128"]),
+      "--sparse_keep=64", "--sparse_result_keep=256"]),
+    ("mean16s2", "MEAN K=16 sparse2, 64/256 of 4096",
+     ["--k=16", "--wire_dtype=sparse2", "--sparse_keep=64",
+      "--sparse_result_keep=256"]),
+    ("mean16s4k128", "MEAN K=16 sparse4, 128/512 of 4096",
+     ["--k=16", "--wire_dtype=sparse4", "--sparse_keep=128",
+      "--sparse_result_keep=512"]),
+    ("mean8s2", "MEAN K=8 sparse2, 64/256 of 4096",
+     ["--k=8", "--wire_dtype=sparse2", "--sparse_keep=64",
+      "--sparse_result_keep=256"]),
     ("none", "no averaging", ["--k=16", "--no_sync"]),
 ]
 

@@ -110,6 +110,9 @@ ABSL_FLAG(std::string, wire_dtype, "float32",
 ABSL_FLAG(uint32_t, sparse_keep, 64,
           "With --wire_dtype=sparse2 or sparse4: the values kept of every "
           "4096.");
+ABSL_FLAG(uint32_t, sparse_result_keep, 256,
+          "With --wire_dtype=sparse2 or sparse4: the values the coordinator's "
+          "step keeps of every 4096.");
 ABSL_FLAG(uint32_t, chunk_elements, 0,
           "Elements per chunk the job asks for; 0: the coordinator's default.");
 ABSL_FLAG(bool, fetch, false,
@@ -260,6 +263,7 @@ struct Config {
   int rounds = 0;
   DType wire = DType::kFloat32;
   uint32_t sparse_keep = 0;
+  uint32_t sparse_result_keep = 0;
   uint32_t chunk_elements = 0;
   bool fetch = false;
   int fetch_repeats = 0;
@@ -317,6 +321,7 @@ absl::StatusOr<ClientOptions> MakeOptions(const Config& config,
   options.member_name = std::move(member_name);
   options.settings.wire_dtype = config.wire;
   options.settings.sparse_keep = config.sparse_keep;
+  options.settings.sparse_result_keep = config.sparse_result_keep;
   options.settings.chunk_elements = config.chunk_elements;
   if (absl::GetFlag(FLAGS_parameters)) {
     options.settings.contribution = localsgd::Contribution::kParameters;
@@ -982,6 +987,7 @@ int main(int argc, char** argv) {
                 : wire == "sparse4"  ? localsgd::DType::kSparse4
                                      : localsgd::DType::kUnspecified;
   config.sparse_keep = absl::GetFlag(FLAGS_sparse_keep);
+  config.sparse_result_keep = absl::GetFlag(FLAGS_sparse_result_keep);
   config.chunk_elements = absl::GetFlag(FLAGS_chunk_elements);
   config.fetch =
       absl::GetFlag(FLAGS_fetch) && absl::GetFlag(FLAGS_compute_ms) <= 0;

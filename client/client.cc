@@ -274,7 +274,7 @@ absl::Status Client::CheckReplicaSet() const {
     const JobSettings& a = r->info().settings;
     const JobSettings& b = replicas_[0]->info().settings;
     if (a.chunk_elements != b.chunk_elements ||
-        WireCodeOf(a) != WireCodeOf(b)) {
+        WireCodeOf(a) != WireCodeOf(b) || ResultCodeOf(a) != ResultCodeOf(b)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "coordinator replicas ", replicas_[0]->address(), " and ",
           r->address(), " hold job ", options_.job_id,

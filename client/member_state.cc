@@ -10,6 +10,7 @@ namespace localsgd {
 void MemberState::OnJoined(const JoinInfo& info, uint64_t total) {
   shard_ = info.shard;
   wire_ = WireCodeOf(info.settings);
+  result_ = ResultCodeOf(info.settings);
   global_ = ChunkGeometry(total, info.settings.chunk_elements);
   local_ = ChunkGeometry(info.num_elements, info.settings.chunk_elements);
   state_round_ = info.state_round;

@@ -68,6 +68,8 @@ class MemberState {
 
   bool pseudo_gradients() const { return pseudo_gradients_; }
   WireCode wire() const { return wire_; }
+  // What the coordinator's deltas come in (ResultCodeOf).
+  WireCode result_code() const { return result_; }
   // This shard's chunks, back to back.
   const ChunkGeometry& local() const { return local_; }
   uint32_t num_chunks() const { return local_.num_chunks(); }
@@ -154,6 +156,7 @@ class MemberState {
 
   bool pseudo_gradients_ = false;
   WireCode wire_ = DType::kFloat32;
+  WireCode result_ = DType::kFloat32;
   ShardSpec shard_;
   ChunkGeometry global_;  // the whole layout
   ChunkGeometry local_;   // this shard's chunks, back to back

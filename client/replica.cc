@@ -180,7 +180,8 @@ absl::Status Replica::CheckJoinInfo(const JoinInfo& info, uint64_t total,
                                     const ShardSpec* expect_shard) const {
   if (!IsWireDType(info.settings.wire_dtype) ||
       (IsSparseDType(info.settings.wire_dtype) &&
-       !ValidateSparseCode(SparseCodeOf(WireCodeOf(info.settings))).ok()) ||
+       (!ValidateSparseCode(SparseCodeOf(WireCodeOf(info.settings))).ok() ||
+        !ValidateSparseCode(SparseCodeOf(ResultCodeOf(info.settings))).ok())) ||
       info.settings.chunk_elements == 0 || info.num_chunks == 0 ||
       info.lease_ttl <= absl::ZeroDuration()) {
     return absl::InternalError(absl::StrCat(

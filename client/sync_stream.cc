@@ -112,11 +112,11 @@ SyncClientStream::SyncClientStream(MemberState* member, StagingPool* staging,
       options_(std::move(options)),
       sink_(std::move(sink)),
       early_(member->SendsDelta() && options_.early_results),
-      chunks_("Sync result", member->num_chunks(), member->wire(),
+      chunks_("Sync result", member->num_chunks(), member->result_code(),
               [member](uint32_t j) { return member->ResultSlice(j); }) {
   if (early_) {
     // Early chunks are the round's delta against the anchor.
-    chunks_.Expect(member_->wire(),
+    chunks_.Expect(member_->result_code(),
                    [member](uint32_t j) { return member->AnchorSlice(j); });
   }
 }
@@ -272,7 +272,7 @@ absl::Status SyncClientStream::ExpectResult(const v1::SyncResult& result) {
   MemberState* const member = member_;
   switch (result.payload()) {
     case v1::RESULT_PAYLOAD_DELTA:
-      chunks_.Expect(member->wire(),
+      chunks_.Expect(member->result_code(),
                      [member](uint32_t j) { return member->AnchorSlice(j); });
       return absl::OkStatus();
     case v1::RESULT_PAYLOAD_STATE:

@@ -107,6 +107,9 @@ ABSL_FLAG(std::string, model, "small",
 ABSL_FLAG(uint32_t, sparse_keep, 0,
           "With --wire_dtype=sparse2 or sparse4: the values kept of every "
           "4096 (0: the coordinator's default)");
+ABSL_FLAG(uint32_t, sparse_result_keep, 0,
+          "With --wire_dtype=sparse2 or sparse4: the values the coordinator's "
+          "step keeps of every 4096 (0: the coordinator's default)");
 ABSL_FLAG(std::string, contribution, "pseudo_gradients",
           "What this worker sends: pseudo_gradients (its change since the "
           "last global state) or parameters");
@@ -240,6 +243,7 @@ struct Config {
   std::string data_dir;
   DType wire_dtype = DType::kFloat32;
   uint32_t sparse_keep = 0;
+  uint32_t sparse_result_keep = 0;
   NetWidths widths{8, 16, 64};
   Contribution contribution = Contribution::kPseudoGradients;
   AveragingMode averaging = AveragingMode::kMean;
@@ -336,6 +340,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
                      "sparse4"));
   }
   c.sparse_keep = absl::GetFlag(FLAGS_sparse_keep);
+  c.sparse_result_keep = absl::GetFlag(FLAGS_sparse_result_keep);
   if (const std::string m = absl::GetFlag(FLAGS_model); m == "wide") {
     c.widths = NetWidths{32, 64, 640};
   } else if (m != "small") {
@@ -656,6 +661,7 @@ absl::Status Run(const Config& c) {
     options.settings.local_sgd_steps = static_cast<uint32_t>(c.k);
     options.settings.wire_dtype = c.wire_dtype;
     options.settings.sparse_keep = c.sparse_keep;
+    options.settings.sparse_result_keep = c.sparse_result_keep;
     options.settings.contribution = c.contribution;
     options.settings.mode = c.averaging;
     options.settings.outer_lr = static_cast<float>(c.outer_lr);

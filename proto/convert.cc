@@ -292,6 +292,7 @@ absl::StatusOr<JobSettings> SettingsFromProto(const v1::JobSettings& proto) {
   settings.min_local_steps = proto.min_local_steps();
   settings.max_local_steps = proto.max_local_steps();
   settings.sparse_keep = proto.sparse_keep();
+  settings.sparse_result_keep = proto.sparse_result_keep();
   return settings;
 }
 
@@ -314,6 +315,7 @@ void SettingsToProto(const JobSettings& settings, v1::JobSettings* proto) {
   proto->set_min_local_steps(settings.min_local_steps);
   proto->set_max_local_steps(settings.max_local_steps);
   proto->set_sparse_keep(settings.sparse_keep);
+  proto->set_sparse_result_keep(settings.sparse_result_keep);
 }
 
 absl::StatusOr<MemberId> ParseMemberId(const std::string& hex) {

@@ -97,6 +97,7 @@ LOCALSGD_SETTING_FLAG(mean_encoding);
 LOCALSGD_SETTING_FLAG(max_staleness);
 LOCALSGD_SETTING_FLAG(step_budget);
 LOCALSGD_SETTING_FLAG(sparse_keep);
+LOCALSGD_SETTING_FLAG(sparse_result_keep);
 #undef LOCALSGD_SETTING_FLAG
 
 ABSL_FLAG(bool, keep_freed_memory, true,

@@ -144,7 +144,7 @@ absl::Status ReplicaApplier::Add(const v1::ReplicaStateChunk& m) {
     a->replica.partial_values.assign(n, 0.0f);
     if (!momentum.empty()) a->partial->momentum.assign(n, 0.0f);
     if (!residual.empty()) a->partial->residual.assign(n, 0.0f);
-    const WireCode wire = WireCodeOf(a->replica.settings);
+    const WireCode wire = ResultCodeOf(a->replica.settings);
     const size_t last = a->sizes.size() - 1;
     a->partial->delta.assign(
         WireBytes(wire, a->replica.settings.chunk_elements) * last +
@@ -161,7 +161,7 @@ absl::Status ReplicaApplier::Add(const v1::ReplicaStateChunk& m) {
   if (residual.size() == values.size() && p.residual.size() == n) {
     std::copy(residual.begin(), residual.end(), p.residual.begin() + offset);
   }
-  const WireCode wire = WireCodeOf(a->replica.settings);
+  const WireCode wire = ResultCodeOf(a->replica.settings);
   const size_t at =
       WireBytes(wire, a->replica.settings.chunk_elements) * m.index();
   if (m.delta().size() != WireBytes(wire, values.size()) ||

@@ -394,7 +394,7 @@ bool ReplicationHub::WriteCatchUp(uint64_t id, FollowStream* stream) {
       p->set_residual(part(s.residual));
       if (!write(chunk)) return false;
     }
-    const WireCode wire = WireCodeOf(replica.settings);
+    const WireCode wire = ResultCodeOf(replica.settings);
     for (uint32_t c : replica.final_chunks) {
       v1::ReplicaUpdate chunk;
       chunk.set_epoch(epoch_());

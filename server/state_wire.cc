@@ -94,7 +94,7 @@ std::shared_ptr<const StateWire> WireCache::For(
   // or FetchState: the state as the coordinator holds it).
   const WireCode code = pseudo_gradients && form == StateWire::Form::kValues
                             ? WireCode(DType::kFloat32)
-                            : WireCodeOf(job.settings());
+                            : ResultCodeOf(job.settings());
   absl::MutexLock lock(&mu_);
   std::weak_ptr<const StateWire>& entry =
       by_job_[form == StateWire::Form::kDelta ? job.id() + "/delta" : job.id()];

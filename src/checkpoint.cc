@@ -109,8 +109,11 @@ std::string ContentProblem(const JobCheckpoint& c, uint64_t num_values,
                         static_cast<int>(c.settings.wire_dtype));
   }
   if (IsSparseDType(c.settings.wire_dtype) &&
-      (c.settings.sparse_keep < 1 || c.settings.sparse_keep > kSparseBlock)) {
-    return absl::StrCat("sparse keep ", c.settings.sparse_keep, " for wire ",
+      (c.settings.sparse_keep < 1 || c.settings.sparse_keep > kSparseBlock ||
+       c.settings.sparse_result_keep < 1 ||
+       c.settings.sparse_result_keep > kSparseBlock)) {
+    return absl::StrCat("sparse keep ", c.settings.sparse_keep, " (results ",
+                        c.settings.sparse_result_keep, ") for wire ",
                         DTypeName(c.settings.wire_dtype));
   }
   if (!IsKnownMode(c.settings.mode)) {
@@ -230,6 +233,7 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values,
   PutU32(&h, static_cast<uint32_t>(c.ancestors.size()));
   for (uint64_t id : c.ancestors) PutU64(&h, id);
   PutU32(&h, c.settings.sparse_keep);
+  PutU32(&h, c.settings.sparse_result_keep);
   PutU64(&h, num_values);
   PutU64(&h, num_momentum);
   PutU64(&h, num_residual);
@@ -557,7 +561,8 @@ absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
       if (!r.U64(&id)) return Malformed(r, "ancestor ids");
     }
   }
-  if (version >= 9 && !r.U32(&c->settings.sparse_keep)) {
+  if (version >= 9 && (!r.U32(&c->settings.sparse_keep) ||
+                       !r.U32(&c->settings.sparse_result_keep))) {
     return Malformed(r, "sparse keep");
   }
   ArrayCounts counts;

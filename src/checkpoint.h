@@ -29,7 +29,7 @@
 //                   u32 min_local_steps, u32 max_local_steps (version 8)
 //                   u32 A, A x u64: the ids of the states before this
 //                     one, newest first, A <= 64         (version 8)
-//                   u32 sparse_keep                      (version 9)
+//                   u32 sparse_keep, u32 sparse_result_keep (version 9)
 //                   u64 N: number of values (the shard's elements)
 //                   u64 M, u64 R: momentum and residual values, each 0
 //                     or N                               (version 3)

@@ -53,7 +53,8 @@ struct CoordinatorOptions {
                                /*step_budget=*/StepBudget::kFixed,
                                /*min_local_steps=*/0,
                                /*max_local_steps=*/0,
-                               /*sparse_keep=*/64};
+                               /*sparse_keep=*/64,
+                               /*sparse_result_keep=*/256};
   // The chunks this coordinator owns when several replicas share the jobs
   // (chunk i of a layout goes to replica i mod shard.count). A job's state
   // here holds only those chunks, back to back.

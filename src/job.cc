@@ -1532,7 +1532,7 @@ absl::Status Job::ImportReplica(const JobReplica& replica) {
   mirror->final.assign(geometry_.num_chunks(), false);
   StateSnapshot& next = *mirror->next;
   const StateSnapshot& from = *replica.partial;
-  const WireCode wire = WireCodeOf(settings_);
+  const WireCode wire = ResultCodeOf(settings_);
   for (uint32_t c : replica.final_chunks) {
     if (c >= geometry_.num_chunks() || mirror->final[c]) {
       return absl::InvalidArgumentError(

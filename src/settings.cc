@@ -339,6 +339,19 @@ const JobSettingSpec kSpecs[] = {
      },
      LOCALSGD_NUMBER_TEXT(sparse_keep, ParseNumber),
      [](JobSettings& s) { s.sparse_keep = 100; }},
+    {"sparse_result_keep", "sparse_result_keep", "256",
+     "Default for new jobs of the values the coordinator's step keeps per "
+     "block of 4096 in a sparse wire dtype, in [1, 4096] (the mean of W "
+     "uploads has up to W x sparse_keep non-zero values per block).",
+     LOCALSGD_SETTING(sparse_result_keep, 0u),
+     [](const JobSettings& job, const JobSettings& asked) {
+       return absl::StrCat("keeps ", job.sparse_result_keep,
+                           " values per sparse block of a result; member "
+                           "asks for ",
+                           asked.sparse_result_keep);
+     },
+     LOCALSGD_NUMBER_TEXT(sparse_result_keep, ParseNumber),
+     [](JobSettings& s) { s.sparse_result_keep = 300; }},
 };
 
 #undef LOCALSGD_SETTING
@@ -349,8 +362,8 @@ const JobSettingSpec kSpecs[] = {
 // one its row in kSpecs (and see settings.h for the other layers).
 [[maybe_unused]] void EveryFieldHasARow(const JobSettings& s) {
   [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11,
-                                f12, f13, f14, f15, f16, f17] = s;
-  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 17,
+                                f12, f13, f14, f15, f16, f17, f18] = s;
+  static_assert(sizeof(kSpecs) / sizeof(kSpecs[0]) == 18,
                 "one row of kSpecs per field of JobSettings");
 }
 
@@ -379,12 +392,14 @@ absl::Status ValidateSetFields(const JobSettings& s,
                      " is not supported; use float32, bfloat16, int8, int4, "
                      "sparse2 or sparse4"));
   }
-  if (s.sparse_keep != 0 &&
-      !ValidateSparseCode(SparseCode{s.sparse_keep, 2}).ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, "sparse_keep ", s.sparse_keep,
-                     " is out of range; a sparse block keeps 1 to ",
-                     kSparseBlock, " of its ", kSparseBlock, " values"));
+  for (const auto& [name, keep] :
+       {std::pair<const char*, uint32_t>{"sparse_keep", s.sparse_keep},
+        {"sparse_result_keep", s.sparse_result_keep}}) {
+    if (keep != 0 && !ValidateSparseCode(SparseCode{keep, 2}).ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, name, " ", keep, " is out of range; a sparse block keeps 1 to ",
+          kSparseBlock, " of its ", kSparseBlock, " values"));
+    }
   }
   if (s.contribution != Contribution::kUnspecified &&
       s.contribution != Contribution::kParameters &&
@@ -489,9 +504,11 @@ absl::Status ValidateComplete(const JobSettings& s,
     return absl::InvalidArgumentError(
         absl::StrCat(what, "wire dtype must be float32 or bfloat16"));
   }
-  if (IsSparseDType(s.wire_dtype) && s.sparse_keep == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, "wire dtype ", DTypeName(s.wire_dtype), " needs a sparse_keep"));
+  if (IsSparseDType(s.wire_dtype) &&
+      (s.sparse_keep == 0 || s.sparse_result_keep == 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "wire dtype ", DTypeName(s.wire_dtype),
+                     " needs a sparse_keep and a sparse_result_keep"));
   }
   if (s.nonfinite_policy == NonFinitePolicy::kUnspecified) {
     return absl::InvalidArgumentError(

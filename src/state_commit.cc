@@ -137,7 +137,7 @@ std::shared_ptr<StateSnapshot> StateCommit::Mean(RoundAccumulator sums) const {
 
 std::shared_ptr<StateSnapshot> StateCommit::NewNext() {
   HarvestRetired();
-  const WireCode wire = WireCodeOf(settings_);
+  const WireCode wire = ResultCodeOf(settings_);
   const size_t n = geometry_.num_elements();
   auto next = std::make_shared<StateSnapshot>();
   next->previous_id = state_->id;
@@ -168,7 +168,7 @@ bool StateCommit::FinalizeChunk(RoundAccumulator& sums, uint32_t c,
 void StateCommit::EncodeMean(absl::Span<float> chunk, uint32_t c,
                              StateSnapshot& next,
                              std::string* encoded_mean) const {
-  const WireCode wire = WireCodeOf(settings_);
+  const WireCode wire = ResultCodeOf(settings_);
   const size_t offset = geometry_.Offset(c);
   const absl::Span<float> residual =
       absl::MakeSpan(next.mean_residual).subspan(offset, chunk.size());
@@ -181,7 +181,7 @@ absl::Status StateCommit::DecodeMean(absl::string_view encoded_mean, uint32_t c,
                                      StateSnapshot& next,
                                      absl::Span<float> chunk,
                                      absl::string_view what) const {
-  const WireCode wire = WireCodeOf(settings_);
+  const WireCode wire = ResultCodeOf(settings_);
   const size_t bytes = WireBytes(wire, chunk.size());
   if (encoded_mean.size() != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -213,7 +213,7 @@ absl::Status StateCommit::DecodeMean(absl::string_view encoded_mean, uint32_t c,
 bool StateCommit::FinalizeMean(absl::Span<float> chunk, bool contributed,
                                uint32_t c, StateSnapshot& next,
                                absl::string_view encoded_mean) const {
-  const WireCode wire = WireCodeOf(settings_);
+  const WireCode wire = ResultCodeOf(settings_);
   const StateSnapshot& old = *state_;
   const size_t offset = geometry_.Offset(c);
   const size_t len = chunk.size();

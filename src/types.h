@@ -202,14 +202,23 @@ struct JobSettings {
   StepBudget step_budget = StepBudget::kUnspecified;
   uint32_t min_local_steps = 0;
   uint32_t max_local_steps = 0;
-  // The sparse wire dtypes' values kept per block of 4096 (a set value in
-  // [1, 4096] whatever the dtype). 0: unset.
+  // The sparse wire dtypes' values kept per block of 4096: in a member's
+  // upload, and in the coordinator's step (the mean of W uploads has up to
+  // W times as many non-zero values). A set value in [1, 4096] whatever
+  // the dtype; 0: unset.
   uint32_t sparse_keep = 0;
+  uint32_t sparse_result_keep = 0;
 };
 
-// A job's wire encoding: its wire dtype and, for a sparse one, its keep.
+// A job's wire encoding of what members upload: its wire dtype and, for a
+// sparse one, sparse_keep.
 inline WireCode WireCodeOf(const JobSettings& s) {
   return WireCode(s.wire_dtype, s.sparse_keep);
+}
+// And of what the coordinator sends back as a round's delta (its step, or
+// the encoded mean): the same, but a sparse one keeps sparse_result_keep.
+inline WireCode ResultCodeOf(const JobSettings& s) {
+  return WireCode(s.wire_dtype, s.sparse_result_keep);
 }
 
 // JobSettings.max_staleness's value for "no stale contributions", and the

@@ -259,7 +259,8 @@ class LocalSGD:
         "sparse4" (the job's); LOCALSGD_WIRE_DTYPE ("float32").
     sparse_keep: with "sparse2" or "sparse4", the values kept of every 4096,
         1 to 4096 (the job's); LOCALSGD_SPARSE_KEEP (0: the coordinator's
-        default, 64).
+        default, 64). sparse_result_keep, LOCALSGD_SPARSE_RESULT_KEEP: the
+        same for the coordinator's step (default 256).
     averaging: "mean", "nesterov" or "outer_sgd" (the job's);
         LOCALSGD_AVERAGING ("mean"); with outer_lr and outer_momentum,
         LOCALSGD_OUTER_LR and LOCALSGD_OUTER_MOMENTUM (0: the coordinator's
@@ -321,7 +322,8 @@ class LocalSGD:
                  keep_training_when_unavailable=True, rpc_timeout=30.0,
                  sync_timeout=1800.0, max_retry_time=60.0, client=None,
                  overlap=False, deadline_mode=None, mean_encoding=None,
-                 max_staleness=None, step_budget=None, sparse_keep=None):
+                 max_staleness=None, step_budget=None, sparse_keep=None,
+                 sparse_result_keep=None):
         if accelerator is None and model is not None and \
                 not isinstance(model, torch.nn.Module) and \
                 isinstance(coordinator, torch.nn.Module):
@@ -434,7 +436,8 @@ class LocalSGD:
                         deadline_mode=deadline_mode,
                         mean_encoding=mean_encoding,
                         max_staleness=max_staleness,
-                        step_budget=step_budget, sparse_keep=sparse_keep)
+                        step_budget=step_budget, sparse_keep=sparse_keep,
+                        sparse_result_keep=sparse_result_keep)
                 self._client = client
                 self._client.join(layout)
                 self._flatten_into(self._host)
@@ -457,7 +460,8 @@ class LocalSGD:
                      wire_dtype, averaging, outer_lr, outer_momentum,
                      member_name, tls_ca, tls_cert, tls_key, tls_server_name,
                      token, token_file, deadline_mode, mean_encoding,
-                     max_staleness, step_budget, sparse_keep, **rest):
+                     max_staleness, step_budget, sparse_keep,
+                     sparse_result_keep, **rest):
         """The leader's Client, from the arguments and, for those not
         given, the environment (see the class's documentation)."""
         if not coordinator and not replicas:
@@ -509,6 +513,9 @@ class LocalSGD:
             step_budget=pick(step_budget, "LOCALSGD_STEP_BUDGET", ""),
             sparse_keep=sparse_keep if sparse_keep is not None else
             _env_number("LOCALSGD_SPARSE_KEEP", int, 0),
+            sparse_result_keep=sparse_result_keep
+            if sparse_result_keep is not None else
+            _env_number("LOCALSGD_SPARSE_RESULT_KEEP", int, 0),
             **rest)
 
     @property

@@ -364,6 +364,7 @@ class PyClient {
     d["chunk_elements"] = i.settings.chunk_elements;
     d["wire_dtype"] = std::string(DTypeName(i.settings.wire_dtype));
     d["sparse_keep"] = i.settings.sparse_keep;
+    d["sparse_result_keep"] = i.settings.sparse_result_keep;
     d["averaging"] = std::string(AveragingModeName(i.settings.mode));
     d["contribution"] = std::string(ContributionName(i.settings.contribution));
     d["outer_lr"] = i.settings.outer_lr;
@@ -437,7 +438,8 @@ ClientOptions MakeOptions(
     const std::string& token_file, double rpc_timeout, double sync_timeout,
     double max_retry_time, const std::string& deadline_mode,
     const std::string& mean_encoding, const std::string& max_staleness,
-    const std::string& step_budget, uint32_t sparse_keep) {
+    const std::string& step_budget, uint32_t sparse_keep,
+    uint32_t sparse_result_keep) {
   ClientOptions o;
   o.target = target;
   o.job_id = job;
@@ -455,6 +457,7 @@ ClientOptions MakeOptions(
                                                {"sparse2", DType::kSparse2},
                                                {"sparse4", DType::kSparse4}});
   o.settings.sparse_keep = sparse_keep;
+  o.settings.sparse_result_keep = sparse_result_keep;
   o.settings.mode =
       averaging.empty()
           ? AveragingMode::kUnspecified
@@ -610,14 +613,15 @@ localsgd.Error (.code: the gRPC status code name, .message).
                        double max_retry_time, const std::string& deadline_mode,
                        const std::string& mean_encoding,
                        const std::string& max_staleness,
-                       const std::string& step_budget, uint32_t sparse_keep) {
+                       const std::string& step_budget, uint32_t sparse_keep,
+                       uint32_t sparse_result_keep) {
              return std::make_unique<PyClient>(localsgd::python::MakeOptions(
                  target, job, member_name, weight, replicas, local_sgd_steps,
                  wire_dtype, averaging, outer_lr, outer_momentum, contribution,
                  chunk_elements, rendezvous, tls_ca, tls_cert, tls_key,
                  tls_server_name, token, token_file, rpc_timeout, sync_timeout,
                  max_retry_time, deadline_mode, mean_encoding, max_staleness,
-                 step_budget, sparse_keep));
+                 step_budget, sparse_keep, sparse_result_keep));
            }),
            py::kw_only(), py::arg("target"), py::arg("job"),
            py::arg("member_name") = "", py::arg("weight") = 1.0,
@@ -633,7 +637,8 @@ localsgd.Error (.code: the gRPC status code name, .message).
            py::arg("rpc_timeout") = 30.0, py::arg("sync_timeout") = 1800.0,
            py::arg("max_retry_time") = 60.0, py::arg("deadline_mode") = "",
            py::arg("mean_encoding") = "", py::arg("max_staleness") = "",
-           py::arg("step_budget") = "", py::arg("sparse_keep") = 0)
+           py::arg("step_budget") = "", py::arg("sparse_keep") = 0,
+           py::arg("sparse_result_keep") = 0)
       .def("join", &PyClient::Join, py::arg("tensors"),
            "Joins the job with the layout [(name, shape, dtype), ...] "
            "(dtype: float32, bfloat16, float16, float64) and starts "

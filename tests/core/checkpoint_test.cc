@@ -348,7 +348,10 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
     header.U32(static_cast<uint32_t>(c.ancestors.size()));
     for (uint64_t id : c.ancestors) header.U64(id);
   }
-  if (version >= 9) header.U32(c.settings.sparse_keep);
+  if (version >= 9) {
+    header.U32(c.settings.sparse_keep);
+    header.U32(c.settings.sparse_result_keep);
+  }
   header.U64(3);
   if (version >= 3) {
     header.U64(c.momentum.size());
@@ -535,15 +538,18 @@ TEST(CheckpointFormatTest, SparseKeep_KeptAndVersion8ReadsAsNone) {
   c.settings = NesterovSettings();
   c.settings.wire_dtype = DType::kSparse2;
   c.settings.sparse_keep = 100;
+  c.settings.sparse_result_keep = 400;
   EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 9));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->settings.wire_dtype, DType::kSparse2);
   EXPECT_EQ(back->settings.sparse_keep, 100u);
+  EXPECT_EQ(back->settings.sparse_result_keep, 400u);
   c.settings.wire_dtype = DType::kInt4Block;
   back = DecodeCheckpoint(ReferenceFile(c, 8));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->settings.sparse_keep, 0u);
+  EXPECT_EQ(back->settings.sparse_result_keep, 0u);
   // A sparse wire with a keep no block can have: refused.
   c.settings.wire_dtype = DType::kSparse4;
   for (uint32_t keep : {0u, 4097u}) {

@@ -174,7 +174,8 @@ absl::Status Harness::DoJoin(const v1::JoinRequest& request,
             s.contribution == Contribution::kPseudoGradients,
         absl::StrCat(where, ": a block or sparse code in a job of parameters"));
   Check(!IsSparseDType(s.wire_dtype) ||
-            ValidateSparseCode(SparseCodeOf(WireCodeOf(s))).ok(),
+            ValidateSparseCode(SparseCodeOf(WireCodeOf(s))).ok() &&
+                ValidateSparseCode(SparseCodeOf(ResultCodeOf(s))).ok(),
         absl::StrCat(where, ": a sparse code without a valid keep"));
   Check(info->max_message_bytes == kMaxMessageBytes,
         absl::StrCat(where, ": max_message_bytes"));
@@ -332,8 +333,8 @@ void Harness::CheckWrite(Reader& reader, const JobModel* model) {
       job.settings().contribution == Contribution::kPseudoGradients;
   const bool delta = w.wire->form() == StateWire::Form::kDelta;
   Check(!delta || pseudo, "a job of parameters sent a delta");
-  const WireCode wire =
-      pseudo && !delta ? WireCode(DType::kFloat32) : WireCodeOf(job.settings());
+  const WireCode wire = pseudo && !delta ? WireCode(DType::kFloat32)
+                                         : ResultCodeOf(job.settings());
   Check(w.index == reader.chunks_read && w.index < g.num_chunks(),
         absl::StrCat("a stream sent chunk ", w.index, " after ",
                      reader.chunks_read, " of ", g.num_chunks()));

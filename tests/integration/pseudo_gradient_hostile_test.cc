@@ -509,6 +509,17 @@ std::vector<Row> Rows() {
        grpc::StatusCode::FAILED_PRECONDITION,
        "keeps 768 values per sparse block; member asks for 64",
        DType::kSparse2},
+      {"Join_SparseResultKeepZeroIsDefaultButOutOfRangeRefused_InvalidArgument",
+       settings_join(
+           [](v1::JobSettings* s) { s->set_sparse_result_keep(5000); },
+           "-keep"),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "sparse_result_keep 5000 is out of range", DType::kSparse2},
+      {"Join_OtherSparseResultKeep_FailedPreconditionNamingBoth",
+       settings_join([](v1::JobSettings* s) { s->set_sparse_result_keep(64); }),
+       grpc::StatusCode::FAILED_PRECONDITION,
+       "keeps 256 values per sparse block of a result; member asks for 64",
+       DType::kSparse2},
       {"Join_OtherSparseCode_FailedPreconditionNamingBoth",
        settings_join(
            [](v1::JobSettings* s) { s->set_wire_dtype(v1::DTYPE_SPARSE4); }),

@@ -1,7 +1,8 @@
 // The sparse wire dtypes end to end, over the real gRPC service: members
 // that upload the top values of their deltas (2 or 4 bits each, error
 // feedback) and a coordinator that accumulates them, applies its rule and
-// sends its step sparse with its own residual.
+// sends its step sparse (keeping more per block: the mean of several
+// uploads) with its own residual.
 //
 //   - MEAN: after every round the members hold, bit for bit, the state an
 //     independent computation gives from the codec's encoders alone (each
@@ -36,6 +37,8 @@ namespace {
 constexpr uint32_t kChunkElements = 5000;
 constexpr uint64_t kN = 10000;
 constexpr uint32_t kKeep = 64;
+// The coordinator's step keeps more: the mean of two uploads.
+constexpr uint32_t kResultKeep = 128;
 
 struct Case {
   DType wire;
@@ -61,6 +64,7 @@ ServerOptions Options(const Case& c, const std::string& checkpoint_dir = "") {
   s.wire_dtype = c.wire;
   s.mode = c.mode;
   s.sparse_keep = kKeep;
+  s.sparse_result_keep = kResultKeep;
   s.rendezvous_members = 2;
   if (!checkpoint_dir.empty()) {
     options.state_dir = checkpoint_dir;
@@ -95,6 +99,7 @@ class IndependentMean {
  public:
   IndependentMean(DType wire, const std::vector<float>& theta)
       : code_(SparseCodeOf(WireCode(wire, kKeep))),
+        result_code_(SparseCodeOf(WireCode(wire, kResultKeep))),
         state_(theta),
         coordinator_residual_(kN, 0.0f),
         member_residual_(2, std::vector<float>(kN, 0.0f)) {}
@@ -118,9 +123,10 @@ class IndependentMean {
       }
       for (float& v : mean) v /= 2.0f;
       std::vector<float> step(n);
+      std::string result(SparseWireBytes(n, result_code_), '\0');
       EncodeSparseWithFeedback(
-          mean, absl::MakeSpan(coordinator_residual_).subspan(first, n), code_,
-          bytes.data(), absl::MakeSpan(step));
+          mean, absl::MakeSpan(coordinator_residual_).subspan(first, n),
+          result_code_, result.data(), absl::MakeSpan(step));
       for (size_t k = 0; k < n; ++k)
         next[first + k] = state_[first + k] + step[k];
     }
@@ -131,6 +137,7 @@ class IndependentMean {
 
  private:
   SparseCode code_;
+  SparseCode result_code_;
   std::vector<float> state_;
   std::vector<float> coordinator_residual_;
   std::vector<std::vector<float>> member_residual_;
