@@ -139,6 +139,7 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
   uint16_t* bin = s.bin;
   const uint32_t top = ValuesAndBins(v, kDelta ? a : nullptr, r, e, bin, nb);
   const bool finite = top < kNonFiniteBin;
+  size_t kv = kb;  // the entries that are kept values; the rest pad
   float lo = std::numeric_limits<float>::quiet_NaN();
   float hi = lo;
   if (finite) {
@@ -153,15 +154,25 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
     for (; i < nb; ++i) ++s.hist[0][bin[i]];
     // The lowest bin reached: the highest `star` with at least kb values in
     // bins >= star; `ties` of its values are kept, the first in index order.
+    // Bin 0 (zeros, and magnitudes below 2^-125) is never kept: a block
+    // with fewer than kb values above it keeps those (kv < kb) and pads.
     size_t above = 0;
     uint32_t star = top;
-    for (;; --star) {
-      const size_t in = size_t{s.hist[0][star]} + s.hist[1][star] +
-                        s.hist[2][star] + s.hist[3][star];
-      if (above + in >= kb) break;
-      above += in;
+    if (top == 0) {
+      kv = 0;
+    } else {
+      for (;; --star) {
+        const size_t in = size_t{s.hist[0][star]} + s.hist[1][star] +
+                          s.hist[2][star] + s.hist[3][star];
+        if (above + in >= kb) break;
+        if (star == 1) {
+          kv = above + in;
+          break;
+        }
+        above += in;
+      }
     }
-    size_t ties = kb - above;
+    size_t ties = kv - above;
     size_t count = 0;
     auto consider = [&](size_t at) {
       const uint32_t b = bin[at];
@@ -199,10 +210,17 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
     for (; i < nb; ++i) consider(i);
     lo = std::numeric_limits<float>::max();
     hi = 0;
-    for (size_t j = 0; j < kb; ++j) {
+    for (size_t j = 0; j < kv; ++j) {
       const float m = std::fabs(e[s.pos[j]]);
       lo = m < lo ? m : lo;
       hi = m > hi ? m : hi;
+    }
+    if (kv == 0) {
+      // Nothing to keep: one entry at position 0 that decodes to 0 (lo =
+      // hi = 0), then padding.
+      lo = 0;
+      s.pos[0] = 0;
+      kv = 1;
     }
   } else {
     for (size_t j = 0; j < kb; ++j) s.pos[j] = static_cast<uint16_t>(j);
@@ -214,7 +232,7 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
   const unsigned levels = 1u << (code.bits - 1);
   const double d = static_cast<double>(hi) - static_cast<double>(lo);
   const double per = d > 0 ? levels / d : 0;  // NaN scales: d > 0 is false
-  for (size_t j = 0; j < kb; ++j) {
+  for (size_t j = 0; j < kv; ++j) {
     const float x = e[s.pos[j]];
     unsigned c = 0;
     if (per > 0) {
@@ -227,13 +245,16 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
     PutCode(codes, j0 + j, code.bits,
             (negative ? levels : 0u) | c);  // the sign is the top bit
   }
+  // Padding: the last kept position again, code 0.
+  for (size_t j = kv; j < kb; ++j)
+    PutPosition(positions, j0 + j, s.pos[kv - 1]);
   if (r != nullptr) {
     // r holds e: the kept ones lose what they decode to.
-    for (size_t j = 0; j < kb; ++j) r[s.pos[j]] = r[s.pos[j]] - s.kept_value[j];
+    for (size_t j = 0; j < kv; ++j) r[s.pos[j]] = r[s.pos[j]] - s.kept_value[j];
   }
   if (decoded != nullptr) {
     std::memset(decoded, 0, nb * sizeof(float));
-    for (size_t j = 0; j < kb; ++j) decoded[s.pos[j]] = s.kept_value[j];
+    for (size_t j = 0; j < kv; ++j) decoded[s.pos[j]] = s.kept_value[j];
   }
 }
 
@@ -277,11 +298,16 @@ void ForEachKept(absl::string_view data, size_t n, SparseCode code, Fn fn) {
     const size_t first = b * kSparseBlock;
     const size_t nb = BlockLength(n, b);
     const size_t kb = KeptInBlock(nb, code);
+    int64_t previous = -1;
     for (size_t t = 0; t < kb; ++t, ++j) {
       const uint32_t pos = GetPosition(positions, j);
       const uint32_t c = GetCode(codes, j, code.bits);
       const float m = mag[c & (levels - 1)];
-      if (pos < nb) fn(first + pos, (c & levels) != 0 ? -m : m);
+      // A position not after the one before is padding.
+      if (pos<nb&& static_cast<int64_t>(pos)> previous) {
+        fn(first + pos, (c & levels) != 0 ? -m : m);
+      }
+      previous = std::max<int64_t>(previous, pos);
     }
   }
 }
@@ -376,16 +402,32 @@ absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code) {
     const size_t nb = BlockLength(n, b);
     const size_t kb = KeptInBlock(nb, code);
     int64_t previous = -1;
+    bool padding = false;
     for (size_t t = 0; t < kb; ++t, ++j) {
       const uint32_t pos = GetPosition(positions, j);
-      if (pos >= nb || static_cast<int64_t>(pos) <= previous) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sparse block ", b, " (", nb, " values): kept value ", t,
-            " is at position ", pos,
-            pos >= nb ? ", past the block's end"
-                      : absl::StrCat(", not after the one before (", previous,
-                                     "); positions must be strictly "
-                                     "ascending")));
+      const std::string where =
+          absl::StrCat("sparse block ", b, " (", nb, " values): entry ", t,
+                       " is at position ", pos);
+      if (pos >= nb) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ", past the block's end"));
+      }
+      if (static_cast<int64_t>(pos) < previous) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ", before the one before (", previous,
+                         "); positions must ascend"));
+      }
+      if (static_cast<int64_t>(pos) == previous) {
+        // Padding: the block keeps fewer values than it has entries.
+        if (const uint32_t c = GetCode(codes, j, code.bits); c != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, " again with code ", c,
+                           "; a repeated position is padding, its code 0"));
+        }
+        padding = true;
+      } else if (padding) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " after padding; padding ends a block"));
       }
       previous = pos;
     }

@@ -17,7 +17,10 @@
 //   2. the kept values' positions in their block, 12 bits each: kept value
 //      j of the payload (block after block) in bits [12 j, 12 j + 12) of
 //      this part, least significant bit first (bit 0 of a position at bit
-//      12 j mod 8 of byte 12 j / 8); strictly ascending within a block;
+//      12 j mod 8 of byte 12 j / 8); ascending within a block, where an
+//      entry whose position equals the one before is padding (code 0,
+//      decodes to nothing; only padding may follow it in the block: a block
+//      keeps fewer than k_b values when fewer lie above bin 0);
 //      ceil(12 K / 8) bytes, the bits past the last position zero;
 //   3. their codes, `bits` each, in the same order and packing
 //      (ceil(bits K / 8) bytes, the bits past the last code zero): the top
@@ -93,8 +96,8 @@ void EncodeSparseDeltaWithFeedback(absl::Span<const float> params,
 
 // INVALID_ARGUMENT, naming the first offence (the block and what), unless
 // `data` is a well-formed payload of n values: its size SparseWireBytes(n),
-// valid scales, positions within their block and strictly ascending, zero
-// padding bits.
+// valid scales, positions within their block and ascending (a repeat being
+// padding, code 0, nothing but padding after it), zero padding bits.
 absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code);
 
 // out[i] = the value of element i, n = out.size(). INVALID_ARGUMENT,

@@ -77,6 +77,12 @@ std::vector<uint32_t> ReferenceKept(const std::vector<float>& e, size_t k) {
   std::stable_sort(order.begin(), order.end(),
                    [&](uint32_t a, uint32_t b) { return bin(a) > bin(b); });
   order.resize(k);
+  // Bin 0 (zeros and magnitudes below 2^-125) is never kept; a block with
+  // nothing else keeps position 0 (as 0).
+  order.erase(std::remove_if(order.begin(), order.end(),
+                             [&](uint32_t i) { return bin(i) == 0; }),
+              order.end());
+  if (order.empty()) order.push_back(0);
   std::sort(order.begin(), order.end());
   return order;
 }
@@ -127,16 +133,26 @@ void CheckAgainstFormat(const std::vector<float>& v,
     const size_t kb = (code.keep * nb + kSparseBlock - 1) / kSparseBlock;
     SCOPED_TRACE(testing::Message() << "block " << b << " keeps " << kb);
     const Block& blk = blocks[b];
-    ASSERT_EQ(blk.positions, ReferenceKept(e, kb));
+    // The kept values, then padding: the last position again, code 0.
+    const std::vector<uint32_t> kept = ReferenceKept(e, kb);
+    const size_t kv = kept.size();
+    ASSERT_EQ(std::vector<uint32_t>(blk.positions.begin(),
+                                    blk.positions.begin() + kv),
+              kept);
+    for (size_t t = kv; t < kb; ++t) {
+      EXPECT_EQ(blk.positions[t], kept.back());
+      EXPECT_EQ(blk.codes[t], 0u);
+    }
     float lo = std::numeric_limits<float>::infinity(), hi = 0;
-    for (uint32_t p : blk.positions) {
+    for (uint32_t p : kept) {
       lo = std::min(lo, std::fabs(e[p]));
       hi = std::max(hi, std::fabs(e[p]));
     }
+    if (kv == 1 && std::fabs(e[kept[0]]) < 1e-37f) lo = hi = 0;  // nothing
     EXPECT_TRUE(SameBits(blk.lo, lo));
     EXPECT_TRUE(SameBits(blk.hi, hi));
     std::vector<bool> is_kept(nb, false);
-    for (size_t t = 0; t < kb; ++t) {
+    for (size_t t = 0; t < kv; ++t) {
       const uint32_t p = blk.positions[t];
       const uint32_t c = blk.codes[t];
       is_kept[p] = true;
@@ -231,12 +247,29 @@ TEST(SparseCodecTest, TiesAndEdges_MatchTheFormat) {
   for (SparseCode code : {SparseCode{64, 2}, SparseCode{200, 4}}) {
     CheckAgainstFormat(v, none, code);
   }
-  // A block of zeros keeps its first values, which decode to 0.
+  // A block of zeros keeps position 0, as 0, then pads.
   std::vector<float> zeros(4096, 0.0f);
   const Encoded enc = Encode(zeros, zeros, {5, 2});
   EXPECT_THAT(Parse(enc.payload, 4096, {5, 2})[0].positions,
-              testing::ElementsAre(0u, 1u, 2u, 3u, 4u));
+              testing::ElementsAre(0u, 0u, 0u, 0u, 0u));
   for (float x : enc.decoded) EXPECT_EQ(x, 0.0f);
+  // A block with fewer non-zero values than it keeps: those, then padding
+  // (a mean of a few sparse uploads, re-encoded with a larger keep).
+  std::vector<float> few(4096, 0.0f);
+  few[7] = 1.0f;
+  few[900] = -3.0f;
+  const Encoded some = Encode(few, std::vector<float>(4096, 0.0f), {4, 2});
+  const Block blk = Parse(some.payload, 4096, {4, 2})[0];
+  EXPECT_THAT(blk.positions, testing::ElementsAre(7u, 900u, 900u, 900u));
+  EXPECT_THAT(blk.codes, testing::ElementsAre(0u, 3u, 0u, 0u));
+  EXPECT_EQ(blk.lo, 1.0f);
+  EXPECT_EQ(blk.hi, 3.0f);
+  EXPECT_TRUE(CheckSparse(some.payload, 4096, {4, 2}).ok());
+  for (size_t i = 0; i < 4096; ++i) {
+    if (i != 7 && i != 900) ASSERT_EQ(some.decoded[i], 0.0f) << i;
+  }
+  EXPECT_EQ(some.decoded[7], 1.5f);     // lo + (hi - lo) / 4
+  EXPECT_EQ(some.decoded[900], -2.5f);  // -(lo + 3 (hi - lo) / 4)
 }
 
 TEST(SparseCodecTest, NonFiniteBlock_FlaggedByNaNScales) {
@@ -447,9 +480,15 @@ TEST(SparseCodecTest, CheckSparse_RefusesMalformedPayloads) {
     return s;
   };
   const std::vector<Block> blocks = Parse(good, n, code);
+  // A repeated position is padding: its code must be 0 and no kept value
+  // may follow it in its block (one of the two, whichever the code is).
   EXPECT_THAT(
-      CheckSparse(with_position(1, blocks[0].positions[0]), n, code).message(),
-      HasSubstr("strictly ascending"));
+      std::string(CheckSparse(with_position(1, blocks[0].positions[0]), n, code)
+                      .message()),
+      HasSubstr("padding"));
+  ASSERT_GT(blocks[0].positions[0], 0u);
+  EXPECT_THAT(std::string(CheckSparse(with_position(1, 0), n, code).message()),
+              HasSubstr("before the one before"));
   EXPECT_THAT(CheckSparse(with_position(64, 4000), n, code).message(),
               HasSubstr("past the block's end"));
   EXPECT_THAT(CheckSparse(with_position(0, 4095), n, code).message(),

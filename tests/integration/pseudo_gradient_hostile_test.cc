@@ -413,7 +413,7 @@ std::vector<Row> Rows() {
          return SyncOneChunk(env, Header(env, 2), SparseWithBits(0, 12, 20));
        },
        grpc::StatusCode::INVALID_ARGUMENT,
-       "sparse block 0 (16 values): kept value 0 is at position 20, past the "
+       "sparse block 0 (16 values): entry 0 is at position 20, past the "
        "block's end",
        DType::kSparse2},
       {"Sync_SparsePositionRepeated_InvalidArgument",
@@ -423,7 +423,8 @@ std::vector<Row> Rows() {
                              SparseWithBits(12, 12, first));
        },
        grpc::StatusCode::INVALID_ARGUMENT,
-       "positions must be strictly ascending", DType::kSparse2},
+       "again with code 1; a repeated position is padding, its code 0",
+       DType::kSparse2},
       {"Sync_SparsePositionsDescending_InvalidArgument",
        [](Env& env) {
          const std::string good = SparseChunk();
@@ -437,7 +438,8 @@ std::vector<Row> Rows() {
          }
          return SyncOneChunk(env, Header(env, 2), data);
        },
-       grpc::StatusCode::INVALID_ARGUMENT, "kept value 1 is at position",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "entry 1 is at position 13, before the one before (14)",
        DType::kSparse2},
       {"Sync_SparsePaddingBitSet_InvalidArgument",
        [](Env& env) {
