@@ -154,7 +154,7 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
     for (; i < nb; ++i) ++s.hist[0][bin[i]];
     // The lowest bin reached: the highest `star` with at least kb values in
     // bins >= star; `ties` of its values are kept, the first in index order.
-    // Bin 0 (zeros, and magnitudes below 2^-125) is never kept: a block
+    // Bin 0 (zeros, and magnitudes below 2^-129) is never kept: a block
     // with fewer than kb values above it keeps those (kv < kb) and pads.
     size_t above = 0;
     uint32_t star = top;
@@ -215,9 +215,10 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
       lo = m < lo ? m : lo;
       hi = m > hi ? m : hi;
     }
-    if (kv == 0) {
+    if (kv == 0 && kb > 0) {
       // Nothing to keep: one entry at position 0 that decodes to 0 (lo =
-      // hi = 0), then padding.
+      // hi = 0), then padding. (kb >= 1 for a valid code; the guard keeps
+      // an invalid one from writing past its payload.)
       lo = 0;
       s.pos[0] = 0;
       kv = 1;
@@ -405,29 +406,32 @@ absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code) {
     bool padding = false;
     for (size_t t = 0; t < kb; ++t, ++j) {
       const uint32_t pos = GetPosition(positions, j);
-      const std::string where =
-          absl::StrCat("sparse block ", b, " (", nb, " values): entry ", t,
-                       " is at position ", pos);
+      // Formatted on an error only: this loop runs for every entry of
+      // every upload.
+      auto where = [&] {
+        return absl::StrCat("sparse block ", b, " (", nb, " values): entry ", t,
+                            " is at position ", pos);
+      };
       if (pos >= nb) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, ", past the block's end"));
+            absl::StrCat(where(), ", past the block's end"));
       }
       if (static_cast<int64_t>(pos) < previous) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, ", before the one before (", previous,
+            absl::StrCat(where(), ", before the one before (", previous,
                          "); positions must ascend"));
       }
       if (static_cast<int64_t>(pos) == previous) {
         // Padding: the block keeps fewer values than it has entries.
         if (const uint32_t c = GetCode(codes, j, code.bits); c != 0) {
           return absl::InvalidArgumentError(
-              absl::StrCat(where, " again with code ", c,
+              absl::StrCat(where(), " again with code ", c,
                            "; a repeated position is padding, its code 0"));
         }
         padding = true;
       } else if (padding) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, " after padding; padding ends a block"));
+            absl::StrCat(where(), " after padding; padding ends a block"));
       }
       previous = pos;
     }

@@ -77,7 +77,7 @@ std::vector<uint32_t> ReferenceKept(const std::vector<float>& e, size_t k) {
   std::stable_sort(order.begin(), order.end(),
                    [&](uint32_t a, uint32_t b) { return bin(a) > bin(b); });
   order.resize(k);
-  // Bin 0 (zeros and magnitudes below 2^-125) is never kept; a block with
+  // Bin 0 (zeros and magnitudes below 2^-129) is never kept; a block with
   // nothing else keeps position 0 (as 0).
   order.erase(std::remove_if(order.begin(), order.end(),
                              [&](uint32_t i) { return bin(i) == 0; }),

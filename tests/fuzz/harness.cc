@@ -174,8 +174,8 @@ absl::Status Harness::DoJoin(const v1::JoinRequest& request,
             s.contribution == Contribution::kPseudoGradients,
         absl::StrCat(where, ": a block or sparse code in a job of parameters"));
   Check(!IsSparseDType(s.wire_dtype) ||
-            ValidateSparseCode(SparseCodeOf(WireCodeOf(s))).ok() &&
-                ValidateSparseCode(SparseCodeOf(ResultCodeOf(s))).ok(),
+            (ValidateSparseCode(SparseCodeOf(WireCodeOf(s))).ok() &&
+             ValidateSparseCode(SparseCodeOf(ResultCodeOf(s))).ok()),
         absl::StrCat(where, ": a sparse code without a valid keep"));
   Check(info->max_message_bytes == kMaxMessageBytes,
         absl::StrCat(where, ": max_message_bytes"));

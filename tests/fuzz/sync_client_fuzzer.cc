@@ -78,7 +78,7 @@ void SendChunk(FuzzedDataProvider& in, const MemberState& member,
   std::string data;
   if (in.ConsumeBool() && index < n) {
     const WireCode dtype =
-        in.ConsumeBool() ? member.wire() : WireCode(DType::kFloat32);
+        in.ConsumeBool() ? member.result_code() : WireCode(DType::kFloat32);
     std::vector<float> values(member.local().Size(index));
     for (float& v : values) {
       v = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);
