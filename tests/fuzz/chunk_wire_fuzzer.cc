@@ -122,8 +122,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // What we read, written back, reads the same.
   auto owner = std::make_shared<std::string>(joined);
-  const grpc::ByteBuffer again = localsgd::ChunkMessage(
-      view.index, view.crc32c, *owner, owner);
+  const grpc::ByteBuffer again =
+      localsgd::ChunkMessage(view.index, view.crc32c, *owner, owner);
   localsgd::ChunkView back;
   Check(localsgd::ParseChunkMessage(again, &back) ==
                 localsgd::ChunkParse::kChunk &&

@@ -146,6 +146,31 @@ void SendAll(SyncScript& script, uint32_t stream, float v) {
   *script.add_steps() = ChunkStep(stream, 1, Floats({v, -v, v, -v}));
 }
 
+// Two members "a" and "b" join `job` (70 elements in chunks of 40 and 30,
+// OUTER_NESTEROV over `wire`, sparse_keep `keep` if not 0) by Join steps,
+// and "a" seeds it in float32.
+void JoinAndSeedPseudoGradientJob(SyncScript& s, const std::string& job,
+                                  v1::DType wire, uint32_t keep) {
+  for (int k = 0; k < 2; ++k) {
+    Step join;
+    JoinStep* j = join.mutable_join();
+    j->mutable_request()->set_job_id(job);
+    j->mutable_request()->set_member_name(k == 0 ? "a" : "b");
+    j->mutable_request()->set_incarnation(5 + k);
+    FillLayout({70}, j->mutable_request()->mutable_layout());
+    v1::JobSettings* settings = j->mutable_request()->mutable_settings();
+    settings->set_chunk_elements(40);
+    settings->set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
+    settings->set_mode(v1::AVERAGING_MODE_OUTER_NESTEROV);
+    settings->set_wire_dtype(wire);
+    if (keep != 0) settings->set_sparse_keep(keep);
+    *s.add_steps() = join;
+  }
+  *s.add_steps() = Header(0, 1, 0);
+  *s.add_steps() = ChunkStep(0, 0, Floats(std::vector<float>(40, 0.5f)));
+  *s.add_steps() = ChunkStep(0, 1, Floats(std::vector<float>(30, -0.5f)));
+}
+
 void SyncCorpus() {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -364,23 +389,7 @@ void SyncCorpus() {
     // int4, a float32 seed, then rounds of deltas against the current state
     // (fix_anchor) and one against no state at all.
     SyncScript s;
-    for (int k = 0; k < 2; ++k) {
-      Step join;
-      JoinStep* j = join.mutable_join();
-      j->mutable_request()->set_job_id("pg");
-      j->mutable_request()->set_member_name(k == 0 ? "a" : "b");
-      j->mutable_request()->set_incarnation(5 + k);
-      FillLayout({70}, j->mutable_request()->mutable_layout());
-      v1::JobSettings* settings = j->mutable_request()->mutable_settings();
-      settings->set_chunk_elements(40);
-      settings->set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
-      settings->set_mode(v1::AVERAGING_MODE_OUTER_NESTEROV);
-      settings->set_wire_dtype(v1::DTYPE_INT4_BLOCK);
-      *s.add_steps() = join;
-    }
-    *s.add_steps() = Header(0, 1, 0);
-    *s.add_steps() = ChunkStep(0, 0, Floats(std::vector<float>(40, 0.5f)));
-    *s.add_steps() = ChunkStep(0, 1, Floats(std::vector<float>(30, -0.5f)));
+    JoinAndSeedPseudoGradientJob(s, "pg", v1::DTYPE_INT4_BLOCK, 0);
     for (uint32_t m = 1; m <= 2; ++m) {
       Step h = Header(m, m, 1);
       h.mutable_sync()->set_fix_anchor(true);
@@ -408,24 +417,7 @@ void SyncCorpus() {
       return data;
     };
     SyncScript s;
-    for (int k = 0; k < 2; ++k) {
-      Step join;
-      JoinStep* j = join.mutable_join();
-      j->mutable_request()->set_job_id("sp");
-      j->mutable_request()->set_member_name(k == 0 ? "a" : "b");
-      j->mutable_request()->set_incarnation(5 + k);
-      FillLayout({70}, j->mutable_request()->mutable_layout());
-      v1::JobSettings* settings = j->mutable_request()->mutable_settings();
-      settings->set_chunk_elements(40);
-      settings->set_contribution(v1::CONTRIBUTION_PSEUDO_GRADIENTS);
-      settings->set_mode(v1::AVERAGING_MODE_OUTER_NESTEROV);
-      settings->set_wire_dtype(v1::DTYPE_SPARSE2);
-      settings->set_sparse_keep(code.keep);
-      *s.add_steps() = join;
-    }
-    *s.add_steps() = Header(0, 1, 0);
-    *s.add_steps() = ChunkStep(0, 0, Floats(std::vector<float>(40, 0.5f)));
-    *s.add_steps() = ChunkStep(0, 1, Floats(std::vector<float>(30, -0.5f)));
+    JoinAndSeedPseudoGradientJob(s, "sp", v1::DTYPE_SPARSE2, code.keep);
     for (uint32_t m = 1; m <= 2; ++m) {
       Step h = Header(m, m, 1);
       h.mutable_sync()->set_fix_anchor(true);

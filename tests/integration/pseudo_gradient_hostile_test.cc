@@ -156,16 +156,22 @@ std::string SparseWithScales(float lo, float hi) {
   return data;
 }
 
-// The sparse chunk with `width` bits at `bit` of its positions and codes
-// (which follow the 8 bytes of scales) set to `value`, LSB first.
-std::string SparseWithBits(size_t bit, size_t width, uint32_t value) {
-  std::string data = SparseChunk();
+// Sets `width` bits at `bit` of a sparse chunk's positions and codes
+// (which follow the 8 bytes of scales) to `value`, LSB first.
+void SetSparseBits(std::string& data, size_t bit, size_t width,
+                   uint32_t value) {
   for (size_t k = 0; k < width; ++k) {
     const size_t at = 64 + bit + k;
     const char mask = static_cast<char>(1u << (at % 8));
     data[at / 8] =
         (value >> k) & 1 ? (data[at / 8] | mask) : (data[at / 8] & ~mask);
   }
+}
+
+// The sparse chunk with those bits set.
+std::string SparseWithBits(size_t bit, size_t width, uint32_t value) {
+  std::string data = SparseChunk();
+  SetSparseBits(data, bit, width, value);
   return data;
 }
 
@@ -428,14 +434,9 @@ std::vector<Row> Rows() {
       {"Sync_SparsePositionsDescending_InvalidArgument",
        [](Env& env) {
          const std::string good = SparseChunk();
+         // The first two positions swapped.
          std::string data = SparseWithBits(0, 12, SparsePosition(good, 1));
-         for (size_t k = 0; k < 12; ++k) {
-           const size_t at = 64 + 12 + k;
-           const char mask = static_cast<char>(1u << (at % 8));
-           data[at / 8] = (SparsePosition(good, 0) >> k) & 1
-                              ? (data[at / 8] | mask)
-                              : (data[at / 8] & ~mask);
-         }
+         SetSparseBits(data, 12, 12, SparsePosition(good, 0));
          return SyncOneChunk(env, Header(env, 2), data);
        },
        grpc::StatusCode::INVALID_ARGUMENT,
