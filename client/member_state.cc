@@ -22,6 +22,7 @@ void MemberState::OnJoined(const JoinInfo& info, uint64_t total) {
     next_.resize(local_.num_elements());
     if (wire_.dtype != DType::kFloat32) {
       residual_.resize(local_.num_elements(), 0.0f);
+      residual_next_.resize(local_.num_elements(), 0.0f);
     }
   }
   kept_chunk_.assign(local_.num_chunks(), false);
@@ -54,7 +55,10 @@ void MemberState::BeginSync(const SyncPlan& plan, absl::Span<float> params) {
 
 void MemberState::BeginAttempt() {
   RollBack();
-  if (SendsDelta() && !residual_.empty()) residual_next_ = residual_;
+  // Each chunk's error feedback starts from the committed residual when the
+  // chunk is encoded (EncodeDelta), in the stream, rather than in one copy
+  // of the whole residual here before it.
+  residual_encoded_.assign(residual_.empty() ? 0 : local_.num_chunks(), false);
 }
 
 WireCode MemberState::SendCode() const {
@@ -88,10 +92,20 @@ void MemberState::EncodeDelta(uint32_t c, absl::Span<const float> params,
     SubtractTo(params, anchor, out);
     return;
   }
-  const absl::Span<float> residual =
-      residual_next_.empty() ? absl::Span<float>()
-                             : absl::MakeSpan(residual_next_)
-                                   .subspan(local_.Offset(c), params.size());
+  absl::Span<float> residual;
+  if (!residual_.empty()) {
+    // This attempt's feedback for the chunk starts from the committed one
+    // (a chunk encoded again in the attempt encodes the same bytes).
+    residual =
+        absl::MakeSpan(residual_next_).subspan(local_.Offset(c), params.size());
+    const auto from =
+        absl::MakeConstSpan(residual_).subspan(local_.Offset(c), params.size());
+    std::copy(from.begin(), from.end(), residual.begin());
+    if (residual_encoded_.size() != local_.num_chunks()) {
+      residual_encoded_.assign(local_.num_chunks(), false);
+    }
+    residual_encoded_[c] = true;
+  }
   if (IsCodeDType(wire_.dtype) && !residual.empty()) {
     // The delta and its encoding in one pass, nothing kept but the residual.
     EncodeDeltaWithFeedback(params, anchor, residual, wire_, out);
@@ -143,6 +157,14 @@ void MemberState::SetAnchorId(uint64_t id, bool contributed) {
   anchor_id_ = id;
   if (residual_.empty()) return;
   if (contributed) {
+    // A chunk this Sync did not encode keeps its residual.
+    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+      if (j < residual_encoded_.size() && residual_encoded_[j]) continue;
+      const auto from = absl::MakeConstSpan(residual_).subspan(local_.Offset(j),
+                                                               local_.Size(j));
+      std::copy(from.begin(), from.end(),
+                residual_next_.begin() + local_.Offset(j));
+    }
     residual_.swap(residual_next_);
   } else {
     std::fill(residual_.begin(), residual_.end(), 0.0f);

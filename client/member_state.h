@@ -171,6 +171,8 @@ class MemberState {
   uint64_t anchor_id_ = 0;
   std::vector<float> residual_;
   std::vector<float> residual_next_;
+  // The chunks whose residual_next_ this attempt's encoding wrote.
+  std::vector<bool> residual_encoded_;
   std::vector<float> delta_;
   std::vector<float> decoded_;
 
