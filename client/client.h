@@ -193,6 +193,9 @@ class Client {
   // `work.local_steps` (>= 0): the local steps `params` hold since the
   // state they were trained from; the coordinator counts them by fate
   // (merged or thrown away: the job's goodput). -1: not said.
+  // `work.weight`: this contribution's weight in place of
+  // ClientOptions::weight (times its step weight); for a member that
+  // stands for a varying number of others.
   absl::StatusOr<SyncOutcome> Sync(absl::Span<float> params,
                                    SyncWork work = {});
 

@@ -27,6 +27,7 @@
 #define LOCALSGD_CLIENT_MEMBER_STATE_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,6 +51,9 @@ struct SyncPlan {
   // The local steps the contribution holds (SyncHeader.local_steps; -1:
   // not said).
   int64_t local_steps = -1;
+  // The contribution's weight in place of the member's (SyncHeader.weight;
+  // none: the member's).
+  std::optional<double> weight;
 };
 
 class MemberState {

@@ -295,6 +295,7 @@ absl::StatusOr<SyncOutcome> Replica::Sync(const Layout& layout,
   SyncPlan plan;
   plan.round = member_.state_round() + 1;
   plan.local_steps = work.local_steps;
+  plan.weight = work.weight;
   absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, plan, params);
   // The coordinator forgot the member or the job, or is behind it
   // (rejoin_policy.h): joining again mends it. Again if the member is
@@ -345,6 +346,7 @@ absl::StatusOr<SyncOutcome> Replica::Rejoin(const Layout& layout,
       SyncPlan plan;
       plan.round = decision.round;
       plan.local_steps = work.local_steps;
+      plan.weight = work.weight;
       outcome = SyncRound(layout, plan, params);
       break;
     }

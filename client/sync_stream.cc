@@ -135,6 +135,9 @@ void SyncClientStream::Start() {
   if (member_->SendsDelta()) header->set_anchor_state_id(member_->anchor_id());
   if (member_->SendsAnchor()) header->set_seed_state_id(plan.origin.state_id);
   header->set_early_results(early_);
+  if (plan.round != 0 && plan.weight.has_value()) {
+    header->set_weight(*plan.weight);
+  }
   if (plan.round != 0 && plan.local_steps >= 0) {
     header->set_local_steps(static_cast<uint32_t>(plan.local_steps));
   }

@@ -176,7 +176,9 @@ void SyncServerStream::OnHeader(const v1::SyncHeader& header) {
         header.anchor_state_id(), std::move(on_final),
         SyncWork{header.has_local_steps()
                      ? static_cast<int64_t>(header.local_steps())
-                     : -1});
+                     : -1,
+                 header.has_weight() ? std::optional<double>(header.weight())
+                                     : std::nullopt});
     absl::MutexLock lock(&mu_);
     if (!session.ok()) {
       callback_pending_ = false;

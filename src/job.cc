@@ -220,6 +220,16 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
                        "' for round ", round, " says local_steps ",
                        work.local_steps, "; at most ", kMaxLocalSteps));
     }
+    if (work.weight.has_value() &&
+        (round == 0 || !pseudo_gradients() || !std::isfinite(*work.weight) ||
+         *work.weight < 1e-6 || *work.weight > 1e6)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sync header of member ", info->name, " of job '", id_,
+          "' for round ", round, " says weight ", *work.weight,
+          round == 0 || !pseudo_gradients()
+              ? "; only a pseudo-gradient contribution (round >= 1) has one"
+              : "; a weight is finite and in [1e-6, 1e6]"));
+    }
     if (round == 0) {
       if (commit_.state() == nullptr && seed_ == nullptr && draining_) {
         return Draining("starts no seed");
@@ -258,7 +268,7 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
         }
         session =
             BeginStaleLocked(*info, anchor, static_cast<uint32_t>(staleness),
-                             work.local_steps, done, now, deferred);
+                             work, done, now, deferred);
       }
       if (session == nullptr) {
         if (round == state_round + 1) {
@@ -274,9 +284,8 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
       if (open_ == nullptr && draining_) {
         return Draining("opens no new round");
       }
-      session =
-          BeginRoundLocked(*info, round, std::move(done), std::move(on_final),
-                           work.local_steps, now, deferred);
+      session = BeginRoundLocked(*info, round, std::move(done),
+                                 std::move(on_final), work, now, deferred);
     } else {
       return absl::FailedPreconditionError(absl::StrCat(
           "member ", info->name, " syncs for round ", round, " but job '", id_,
@@ -291,7 +300,9 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
 
 std::unique_ptr<SyncSession> Job::BeginStaleLocked(
     const MemberInfo& member, uint64_t anchor, uint32_t staleness,
-    int64_t steps, SyncCallback& done, absl::Time now, Deferred& deferred) {
+    const SyncWork& work, SyncCallback& done, absl::Time now,
+    Deferred& deferred) {
+  const int64_t steps = work.local_steps;
   const RoundId next = commit_.state()->round + 1;
   if (open_ != nullptr && open_->round.Banked(member.id, anchor)) {
     // A retry of a contribution banked in the open round: counted.
@@ -308,7 +319,8 @@ std::unique_ptr<SyncSession> Job::BeginStaleLocked(
   // Its staleness as of the open round's previous state, which is the
   // job's current one.
   if (!open_->round.BeginContribution(member.id, steps, anchor, staleness,
-                                      StepWeight(steps, settings_), now)) {
+                                      StepWeight(steps, settings_), now,
+                                      work.weight.value_or(0))) {
     return nullptr;
   }
   const Participant* p = open_->round.Find(member.id);
@@ -420,13 +432,15 @@ std::unique_ptr<SyncSession> Job::BeginLateLocked(
 
 std::unique_ptr<SyncSession> Job::BeginRoundLocked(
     const MemberInfo& member, RoundId round, SyncCallback done,
-    FinalChunksCallback on_final, int64_t steps, absl::Time now,
+    FinalChunksCallback on_final, const SyncWork& work, absl::Time now,
     Deferred& deferred) {
+  const int64_t steps = work.local_steps;
   if (open_ == nullptr) OpenRoundLocked(round, now);
   const bool participant = open_->round.Find(member.id) != nullptr;
   if (participant) {
     open_->round.BeginContribution(member.id, steps, 0, 0,
-                                   StepWeight(steps, settings_), now);
+                                   StepWeight(steps, settings_), now,
+                                   work.weight.value_or(0));
   }
   // A fresh contribution starts the clock of a round a stale one opened.
   open_->round.StartClock(now);

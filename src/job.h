@@ -230,7 +230,9 @@ class Job : public std::enable_shared_from_this<Job> {
   //
   // `work`: what the Sync says of its contribution (its local steps,
   // counted by fate in the round's record and the job's totals;
-  // INVALID_ARGUMENT above kMaxLocalSteps).
+  // INVALID_ARGUMENT above kMaxLocalSteps; and its weight, which replaces
+  // the member's weight times its step weight: INVALID_ARGUMENT unless a
+  // pseudo-gradient contribution's, finite and in [1e-6, 1e6]).
   //
   // `origin` (round 0 only): what the seed continues. A re-seed
   // (origin.round > 0) makes the state round origin.round, so that numbering
@@ -373,15 +375,15 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<SyncSession> BeginRoundLocked(
       const MemberInfo& member, RoundId round, SyncCallback done,
-      FinalChunksCallback on_final, int64_t steps, absl::Time now,
+      FinalChunksCallback on_final, const SyncWork& work, absl::Time now,
       Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A stale contribution (see BeginSync): merged into the open round
   // (opened if none is) if its member can still give it; null otherwise
   // (the caller answers it as late). `staleness` >= 1.
   std::unique_ptr<SyncSession> BeginStaleLocked(
       const MemberInfo& member, uint64_t anchor, uint32_t staleness,
-      int64_t steps, SyncCallback& done, absl::Time now, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      const SyncWork& work, SyncCallback& done, absl::Time now,
+      Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The answer to a retry of a stale contribution that was counted: the
   // current state, whole, contributed.
   std::unique_ptr<SyncSession> AnswerCountedStaleLocked(

@@ -122,7 +122,8 @@ const Participant* RoundState::Find(const MemberId& member) const {
 
 bool RoundState::BeginContribution(const MemberId& member, int64_t steps,
                                    uint64_t anchor, uint32_t staleness,
-                                   double weight_factor, absl::Time now) {
+                                   double weight_factor, absl::Time now,
+                                   double weight) {
   auto it = participants_.find(member);
   if (it == participants_.end() || it->second.gone) return false;
   Participant& p = it->second;
@@ -139,7 +140,9 @@ bool RoundState::BeginContribution(const MemberId& member, int64_t steps,
     p.anchor = anchor;
     p.staleness = staleness;
   }
-  if (staleness > 0 || weight_factor != 1.0) {
+  if (weight > 0) {
+    p.weight = static_cast<float>(weight / (1.0 + staleness));
+  } else if (staleness > 0 || weight_factor != 1.0) {
     p.weight = static_cast<float>(static_cast<double>(p.weight) *
                                   weight_factor / (1.0 + staleness));
   }

@@ -123,10 +123,12 @@ class RoundState {
   // changes nothing) unless `member` is a participant that is not gone and
   // has given nothing yet, or has given chunks against that same anchor.
   // Its weight is also multiplied by `weight_factor` (step budgets: its
-  // steps / K; the sums' scale refit if it grew). `now`: when it began.
+  // steps / K; the sums' scale refit if it grew), or, if `weight` > 0 (the
+  // Sync said one), is `weight` instead of the member's weight times
+  // `weight_factor`. `now`: when it began.
   bool BeginContribution(const MemberId& member, int64_t steps, uint64_t anchor,
                          uint32_t staleness, double weight_factor,
-                         absl::Time now);
+                         absl::Time now, double weight = 0);
   // Banks `member`'s stale contribution, complete: its sums stay in the
   // round and count at the close with its weight (as a stale contribution
   // that was counted), and its participant slot is fresh again (as

@@ -3,6 +3,7 @@
 #define LOCALSGD_SRC_TYPES_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -325,6 +326,9 @@ inline constexpr uint32_t kMaxLocalSteps = 1u << 20;
 struct SyncWork {
   // The local steps its delta holds; -1: not said.
   int64_t local_steps = -1;
+  // The contribution's weight in place of its member's weight times its
+  // step weight (SyncHeader.weight); none: not said.
+  std::optional<double> weight;
 };
 
 // Local steps by their fate (localsgd.v1.StepCounts): those whose effect

@@ -5,8 +5,10 @@
 // independently in the test from the deltas sent (closed forms for MEAN and
 // OUTER_SGD at staleness 0, 1, S and S + 1), with a fake clock driving the
 // deadlines that leave a member behind.
+#include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,22 +84,21 @@ class StaleContributionTest : public ::testing::Test {
     return r.ok() ? r->member_id : MemberId();
   }
 
-  absl::StatusOr<std::unique_ptr<SyncSession>> Begin(const MemberId& m,
-                                                     RoundId round,
-                                                     uint64_t anchor,
-                                                     SyncCapture& capture,
-                                                     int64_t steps = -1) {
+  absl::StatusOr<std::unique_ptr<SyncSession>> Begin(
+      const MemberId& m, RoundId round, uint64_t anchor, SyncCapture& capture,
+      int64_t steps = -1, std::optional<double> weight = std::nullopt) {
     return job_->BeginSync(m, round, capture.Callback(), {}, anchor, nullptr,
-                           SyncWork{steps});
+                           SyncWork{steps, weight});
   }
 
   // A whole contribution of `values` (float32) for `round` against `anchor`.
   SyncCapture Send(const MemberId& m, RoundId round,
                    const std::vector<float>& values, uint64_t anchor,
-                   int64_t steps = -1) {
+                   int64_t steps = -1,
+                   std::optional<double> weight = std::nullopt) {
     SyncCapture capture;
     absl::StatusOr<std::unique_ptr<SyncSession>> session =
-        Begin(m, round, anchor, capture, steps);
+        Begin(m, round, anchor, capture, steps, weight);
     EXPECT_TRUE(session.ok()) << session.status();
     if (!session.ok()) return capture;
     const ChunkGeometry& g = job_->geometry();
@@ -221,6 +222,69 @@ TEST_F(StaleContributionTest, Mean_Staleness1_CountsWithHalfWeight) {
 
 // Staleness S (here 2) still merges, with weight 1/3 (banked: b is
 // answered at once and the round closes at its deadline without b's next).
+// A Sync that says its weight (SyncHeader.weight: a member that stands for
+// several, a regional coordinator) counts with it instead of its member's:
+// fresh, and stale (divided by 1 + s as any weight).
+TEST_F(StaleContributionTest, Mean_SyncSaysItsWeight_CountsWithIt) {
+  MakeJob(StaleSettings(2));
+  const MemberId a = Join("a", 2), b = Join("b", 1), c = Join("c", 1);
+  const std::vector<float> theta0 = Filled(1.0f);
+  const uint64_t s0 = Seed(a, theta0);
+  // Round 1: a says 3 (its member's weight is 2), b says 0.5; c trains on.
+  const std::vector<float> da = Filled(0.5f), db = Filled(-2.0f);
+  SyncCapture ra = Send(a, 1, da, s0, 16, 3.0);
+  SyncCapture rb = Send(b, 1, db, s0, -1, 0.5);
+  PassDeadline();
+  ASSERT_TRUE(ra.result().ok()) << ra.result().status();
+  EXPECT_DOUBLE_EQ(ra.result()->contributor_weight, 3.5);
+  const std::vector<float> state1 = Values(*ra.result());
+  for (size_t i = 0; i < kElements; ++i) {
+    EXPECT_FLOAT_EQ(state1[i], theta0[i] + (3.0f * da[i] + 0.5f * db[i]) / 3.5f)
+        << i;
+  }
+  EXPECT_EQ(Values(*rb.result()), state1);
+
+  // Round 2: a from round 1's state saying 1, c from the seed (one round
+  // stale) saying 3, which counts 3 / 2.
+  const uint64_t s1 = ra.result()->state_id;
+  const std::vector<float> da2 = Filled(1.0f), dc = Filled(-1.0f);
+  SyncCapture rc = Send(c, 1, dc, s0, 16, 3.0);
+  ASSERT_TRUE(rc.result().ok()) << "banked: answered at once";
+  EXPECT_EQ(rc.result()->staleness, 1u);
+  SyncCapture ra2 = Send(a, 2, da2, s1, 16, 1.0);
+  PassDeadline();
+  ASSERT_TRUE(ra2.result().ok()) << ra2.result().status();
+  EXPECT_DOUBLE_EQ(ra2.result()->contributor_weight, 2.5);
+  const std::vector<float> state2 = Values(*ra2.result());
+  for (size_t i = 0; i < kElements; ++i) {
+    EXPECT_FLOAT_EQ(state2[i],
+                    state1[i] + (1.0f * da2[i] + 1.5f * dc[i]) / 2.5f)
+        << i;
+  }
+}
+
+// A weight a Sync says outside [1e-6, 1e6], not finite, or on a seed:
+// INVALID_ARGUMENT naming it; the round goes on without it.
+TEST_F(StaleContributionTest, SyncSaysABadWeight_InvalidArgument) {
+  MakeJob(StaleSettings(2));
+  const MemberId a = Join("a"), b = Join("b");
+  const uint64_t s0 = Seed(a, Filled(1.0f));
+  for (double w : {0.0, -1.0, 2e6, std::nan("")}) {
+    SyncCapture capture;
+    auto session = Begin(a, 1, s0, capture, -1, w);
+    ASSERT_FALSE(session.ok()) << w;
+    EXPECT_EQ(session.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(session.status().message(),
+                HasSubstr("a weight is finite and in [1e-6, 1e6]"));
+  }
+  SyncCapture seed;
+  auto reseed = Begin(b, 0, 0, seed, -1, 2.0);
+  ASSERT_FALSE(reseed.ok());
+  EXPECT_THAT(reseed.status().message(),
+              HasSubstr("only a pseudo-gradient contribution (round >= 1)"));
+  EXPECT_FALSE(job_->Status(10).round_open) << "no round opened";
+}
+
 TEST_F(StaleContributionTest, Mean_StalenessS_MergesWithWeightOneThird) {
   MakeJob(StaleSettings(2));
   const MemberId a = Join("a"), b = Join("b");

@@ -397,6 +397,40 @@ std::vector<Row> Rows() {
        },
        grpc::StatusCode::INVALID_ARGUMENT,
        "says local_steps 1048577; at most 1048576"},
+      {"Sync_WeightNaN_InvalidArgument",
+       [](Env& env) {
+         v1::SyncHeader h = Header(env, 2);
+         h.set_weight(std::numeric_limits<double>::quiet_NaN());
+         return SyncChunks(env, h, AllInt8Chunks());
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "says weight nan; a weight is finite and in [1e-6, 1e6]"},
+      {"Sync_WeightZero_InvalidArgument",
+       [](Env& env) {
+         v1::SyncHeader h = Header(env, 2);
+         h.set_weight(0);
+         return SyncChunks(env, h, AllInt8Chunks());
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "says weight 0; a weight is finite and in [1e-6, 1e6]"},
+      {"Sync_WeightAbsurd_InvalidArgument",
+       [](Env& env) {
+         v1::SyncHeader h = Header(env, 2);
+         h.set_weight(1e7);
+         return SyncChunks(env, h, AllInt8Chunks());
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "says weight 1e+07; a weight is finite and in [1e-6, 1e6]"},
+      {"Sync_WeightOnASeed_InvalidArgument",
+       [](Env& env) {
+         v1::SyncHeader h = Header(env, 0);
+         h.set_anchor_state_id(0);
+         h.set_weight(2);
+         return SyncChunks(env, h, AllInt8Chunks());
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "for round 0 says weight 2; only a pseudo-gradient contribution "
+       "(round >= 1) has one"},
       // An anchor the job never issued (a stale one, with or without
       // max_staleness): adopted, never averaged.
       {"Sync_DeltaAgainstAnotherAnchor_AdoptsTheStateNotAveraged",
