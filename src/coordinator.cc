@@ -43,6 +43,12 @@ absl::Status CoordinatorOptions::Validate() const {
     return absl::InvalidArgumentError(
         "max_join_rate must be finite and >= 0, join_burst >= 1");
   }
+  if (upstream != nullptr &&
+      (shard.count > 1 || replicator != nullptr || defer_restore)) {
+    return absl::InvalidArgumentError(
+        "a regional coordinator (an upstream) runs without shards and "
+        "without standbys");
+  }
   if (shard.count < 1 || shard.index >= shard.count) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard index ", shard.index, " of ", shard.count,
@@ -110,6 +116,27 @@ absl::Status CheckFinite(const JobCheckpoint& c) {
   return absl::OkStatus();
 }
 
+// A regional coordinator's job averages its members' deltas as they are
+// (MEAN over float32): the outer rule and its wire are the upstream job's.
+absl::Status RegionalSettingsError(const JobSettings& settings,
+                                   absl::string_view target) {
+  if (settings.contribution == Contribution::kPseudoGradients &&
+      settings.mode == AveragingMode::kMean &&
+      settings.wire_dtype == DType::kFloat32) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this coordinator is regional (a member of the job of the same name at ",
+      target,
+      "): its jobs average pseudo-gradients with MEAN over float32, and the "
+      "upstream job applies the outer rule and its own wire; the settings "
+      "ask for ",
+      settings.contribution == Contribution::kPseudoGradients ? ""
+                                                              : "parameters, ",
+      "mode ", AveragingModeName(settings.mode), ", wire ",
+      DTypeName(settings.wire_dtype)));
+}
+
 }  // namespace
 
 absl::Status Coordinator::Restore() {
@@ -138,6 +165,9 @@ absl::Status Coordinator::Restore() {
                        "replica its own state directory"));
     }
     if (s.ok()) s = CheckFinite(c);
+    if (s.ok() && options_.upstream != nullptr) {
+      s = RegionalSettingsError(c.settings, options_.upstream->target());
+    }
     if (s.ok() && jobs_.size() >= options_.max_jobs) {
       s = absl::ResourceExhaustedError(
           "more checkpointed jobs than --max_jobs");
@@ -153,6 +183,10 @@ absl::Status Coordinator::Restore() {
                                      c.settings, options_.policy, clock_,
                                      checkpointer_.get(), options_.observer,
                                      options_.replicator, options_.alarm);
+    if (options_.upstream != nullptr) {
+      job->SetUpstream(
+          options_.upstream->ForJob(c.job_id, c.layout, shard_elements));
+    }
     job->RestoreState(c.round, std::move(c.values), c.state_id,
                       std::move(c.momentum), std::move(c.residual),
                       std::move(c.mean_residual), std::move(c.ancestors));
@@ -275,6 +309,13 @@ absl::StatusOr<std::shared_ptr<Job>> Coordinator::FindOrCreateJob(
           !s.ok()) {
         return s;
       }
+      if (options_.upstream != nullptr) {
+        if (absl::Status s =
+                RegionalSettingsError(settings, options_.upstream->target());
+            !s.ok()) {
+          return s;
+        }
+      }
       const uint64_t shard_elements =
           ShardElements(num_elements, settings.chunk_elements, options_.shard);
       if (shard_elements == 0) {
@@ -291,6 +332,10 @@ absl::StatusOr<std::shared_ptr<Job>> Coordinator::FindOrCreateJob(
                                   settings, options_.policy, clock_,
                                   checkpointer_.get(), options_.observer,
                                   options_.replicator, options_.alarm);
+      if (options_.upstream != nullptr) {
+        job->SetUpstream(
+            options_.upstream->ForJob(job_id, params.layout, shard_elements));
+      }
       jobs_.emplace(job_id, job);
       LOG(INFO) << "job " << job_id
                 << " created: " << params.layout.tensors.size() << " tensors, "

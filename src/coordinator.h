@@ -26,6 +26,7 @@
 #include "src/settings.h"
 #include "src/tick_alarm.h"
 #include "src/types.h"
+#include "src/upstream.h"
 
 namespace localsgd {
 
@@ -94,6 +95,12 @@ struct CoordinatorOptions {
   // be null: deadlines close rounds at the periodic Tick); must outlive the
   // coordinator.
   TickAlarm* alarm = nullptr;
+  // A regional coordinator's (src/upstream.h; may be null; must outlive the
+  // coordinator): every job is a member of the job of its name upstream,
+  // through the Upstream this makes for it. Its jobs average
+  // pseudo-gradients with MEAN over float32 (RegionalSettingsError); not
+  // with shards or a replicator (standbys).
+  UpstreamFactory* upstream = nullptr;
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;

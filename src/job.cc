@@ -262,7 +262,8 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
           session =
               AnswerCountedStaleLocked(*info, round, std::move(done), deferred);
         }
-      } else if (stale && round > info->last_counted_round) {
+      } else if (stale && round > info->last_counted_round &&
+                 sealed_ == nullptr) {
         if (open_ == nullptr && draining_) {
           return Draining("opens no new round");
         }
@@ -280,6 +281,11 @@ absl::StatusOr<std::unique_ptr<SyncSession>> Job::BeginSync(
         session = BeginLateLocked(*info, round, anchor, work.local_steps,
                                   std::move(done), deferred);
       }
+    } else if (round == commit_.state()->round + 1 && sealed_ != nullptr &&
+               (!pseudo_gradients() || anchor == commit_.state()->id)) {
+      // A regional job's round waiting for its upstream answer: the Sync
+      // adopts its result.
+      session = WaitSealedLocked(*info, round, std::move(done));
     } else if (round == commit_.state()->round + 1) {
       if (open_ == nullptr && draining_) {
         return Draining("opens no new round");
@@ -563,7 +569,10 @@ absl::Status Job::ApplyChunkLocked(const SyncSession& session, uint32_t index,
       absl::StatusOr<bool> complete =
           seed_->state.Add(index, pieces, ChunkCode(session));
       if (!complete.ok()) return complete.status();
-      if (*complete) CompleteSeedLocked(now, deferred);
+      // A regional job's seed gone up waits for its answer.
+      if (*complete && seed_->upstream_serial == 0) {
+        CompleteSeedLocked(now, deferred);
+      }
       return absl::OkStatus();
     }
     case SyncSession::Role::kContribute:
@@ -830,6 +839,10 @@ void Job::ArmAlarmLocked(const CloseDecision& decision, absl::Time now) {
 
 void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
                            Deferred& deferred) {
+  if (upstream_ != nullptr && pseudo_gradients()) {
+    SealRoundLocked(reason, now, deferred);
+    return;
+  }
   std::unique_ptr<OpenRound> round = std::move(open_);
   std::shared_ptr<StateSnapshot> state;
   if (pseudo_gradients()) {
@@ -865,6 +878,14 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
       }
     }
   }
+  RoundClosure closure = AccountCloseLocked(*round, reason, now);
+  CommitLocked(std::move(closure.record), std::move(state),
+               std::move(round->waiters), closure.refused, deferred);
+}
+
+RoundClosure Job::AccountCloseLocked(OpenRound& open, CloseReason reason,
+                                     absl::Time now) {
+  OpenRound* round = &open;
   RoundClosure closure = round->round.Close(reason, now);
   if (guard_.RoundClosed(round->outlier_refused,
                          static_cast<uint32_t>(closure.contributed.size()))) {
@@ -893,6 +914,142 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
   }
   steps_.Add(closure.record.steps);
   pacing_.Closed(closure);
+  return closure;
+}
+
+void Job::SetUpstream(std::unique_ptr<Upstream> upstream) {
+  upstream_ = std::move(upstream);
+}
+
+void Job::SealRoundLocked(CloseReason reason, absl::Time now,
+                          Deferred& deferred) {
+  std::unique_ptr<OpenRound> round = std::move(open_);
+  // The weighted mean delta of each chunk (zeros where no one gave it),
+  // the sums kept for the commit.
+  RoundAccumulator& sums = round->round.sums();
+  std::vector<float> mean(geometry_.num_elements(), 0.0f);
+  for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
+    if (sums.chunk_weight(c) <= 0) continue;
+    const absl::Span<const float> sum = sums.scaled_sums(c);
+    const absl::Span<float> to =
+        absl::MakeSpan(mean).subspan(geometry_.Offset(c), sum.size());
+    std::copy(sum.begin(), sum.end(), to.begin());
+    DivideInPlace(to, sums.scaled_weight(c));
+  }
+  round->closure = AccountCloseLocked(*round, reason, now);
+  UpstreamRequest request;
+  request.kind = UpstreamRequest::Kind::kRound;
+  request.serial = ++upstream_serial_;
+  request.round = round->round.id();
+  request.base = commit_.shared_state();
+  request.values = std::move(mean);
+  request.weight = round->closure.contributed.empty()
+                       ? 0
+                       : round->closure.record.contributor_weight;
+  const StepCounts& steps = round->closure.record.steps;
+  if (steps.merged > 0)
+    request.local_steps = static_cast<int64_t>(steps.merged);
+  round->upstream_serial = request.serial;
+  LOG(INFO) << "job " << id_ << ": round " << request.round << " ("
+            << round->closure.contributed.size() << " contributors, weight "
+            << request.weight << ") goes to the upstream job";
+  sealed_ = std::move(round);
+  deferred.push_back([upstream = upstream_.get(),
+                      job = std::weak_ptr<Job>(shared_from_this()),
+                      request = std::move(request)]() mutable {
+    upstream->Submit(job, std::move(request));
+  });
+}
+
+std::unique_ptr<SyncSession> Job::WaitSealedLocked(const MemberInfo& member,
+                                                   RoundId round,
+                                                   SyncCallback done) {
+  const uint64_t waiter_id = next_waiter_id_++;
+  sealed_->waiters.emplace(waiter_id,
+                           Waiter{member.id, std::move(done), false, nullptr});
+  return NewSession(member.id, round, SyncSession::Role::kAdopt, waiter_id);
+}
+
+void Job::CompleteUpstream(uint64_t serial, UpstreamAnswer answer) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    if (answer.status.ok() &&
+        answer.values.size() != geometry_.num_elements()) {
+      answer.status = absl::InternalError(
+          absl::StrCat("the upstream answer has ", answer.values.size(),
+                       " values; the job has ", geometry_.num_elements()));
+    }
+    for (size_t i = 0; answer.status.ok() && i < answer.values.size(); ++i) {
+      if (!std::isfinite(answer.values[i])) {
+        answer.status = absl::DataLossError(absl::StrCat(
+            "the upstream answer holds a non-finite value at element ", i));
+      }
+    }
+    if (seed_ != nullptr && seed_->upstream_serial == serial) {
+      if (!answer.status.ok()) {
+        AbortSeedLocked(
+            absl::StrCat("its upstream: ", answer.status.ToString()), deferred);
+      } else {
+        // The state the upstream job holds (this seed, if it had none).
+        seed_->state.TakeUpstream(answer.values);
+        LOG(INFO) << "job " << id_ << ": the upstream job's state of round "
+                  << answer.upstream_round << " seeds it";
+        CompleteSeedLocked(clock_->Now(), deferred);
+      }
+    } else if (sealed_ != nullptr && sealed_->upstream_serial == serial) {
+      CommitSealedLocked(std::move(answer), deferred);
+    }
+  }
+  RunDeferred(deferred);
+}
+
+void Job::CommitSealedLocked(UpstreamAnswer answer, Deferred& deferred) {
+  std::unique_ptr<OpenRound> round = std::move(sealed_);
+  const RoundId id = round->round.id();
+  if (!answer.status.ok()) {
+    LOG(WARNING) << "job " << id_ << ": round " << id
+                 << " failed upstream; its members retry it: " << answer.status;
+    FailAll(round->waiters,
+            absl::Status(answer.status.code(),
+                         absl::StrCat("round ", id, " of job '", id_,
+                                      "' failed at its upstream job (",
+                                      answer.status.message(), "); retry")),
+            deferred);
+    return;
+  }
+  RoundClosure& closure = round->closure;
+  std::shared_ptr<StateSnapshot> state;
+  if (answer.delta) {
+    // The upstream round's step onto the state, as every member adds it.
+    RoundAccumulator& sums = round->round.sums();
+    for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
+      const absl::Span<float> chunk = sums.scaled_sums(c);
+      const auto step = absl::MakeConstSpan(answer.values)
+                            .subspan(geometry_.Offset(c), chunk.size());
+      std::copy(step.begin(), step.end(), chunk.begin());
+      if (!commit_.FinalizeMean(chunk, /*contributed=*/true, c, *round->next)) {
+        LOG(ERROR) << "job " << id_ << ": chunk " << c << " of round " << id
+                   << "'s upstream step was not finite; it keeps its state";
+      }
+    }
+    state = commit_.FinishNext(std::move(sums), {}, std::move(round->next));
+  } else {
+    // The upstream state whole: what the round's members gave did not
+    // count there; they adopt it.
+    state = std::make_shared<StateSnapshot>();
+    state->values = commit_.TakeBuffer();
+    std::copy(answer.values.begin(), answer.values.end(),
+              state->values.begin());
+    LOG(WARNING) << "job " << id_ << ": round " << id
+                 << " takes the upstream job's state of round "
+                 << answer.upstream_round
+                 << " whole; its contributions did not count there";
+    closure.record.contributors.clear();
+    closure.record.contributor_ids.clear();
+    closure.record.contributor_weight = 0;
+  }
   CommitLocked(std::move(closure.record), std::move(state),
                std::move(round->waiters), closure.refused, deferred);
 }
@@ -928,6 +1085,8 @@ void Job::FinalizeChunkLocked(OpenRound& round, uint32_t c) {
 
 void Job::MaybeFinalizeChunkLocked(uint32_t c, absl::Time now,
                                    Deferred& deferred) {
+  // A regional job's chunks are final only with the upstream's answer.
+  if (upstream_ != nullptr) return;
   OpenRound& round = *open_;
   if (!round.round.ChunkReady(c, pacing_.Gathers(round.round, now))) return;
   FinalizeChunkLocked(round, c);
@@ -940,7 +1099,9 @@ void Job::FinalizeHeldChunksLocked(absl::Time now, Deferred& deferred) {
 }
 
 void Job::FinalizeGivenChunksLocked(absl::Time now, Deferred& deferred) {
-  if (open_ == nullptr || open_->next == nullptr) return;
+  if (open_ == nullptr || open_->next == nullptr || upstream_ != nullptr) {
+    return;
+  }
   const std::vector<uint32_t> ready =
       open_->round.ReadyChunks(pacing_.Gathers(open_->round, now));
   for (uint32_t c : ready) FinalizeChunkLocked(*open_, c);
@@ -1028,6 +1189,23 @@ void Job::AbortSeedLocked(absl::string_view why, Deferred& deferred) {
 }
 
 void Job::CompleteSeedLocked(absl::Time now, Deferred& deferred) {
+  if (upstream_ != nullptr && pseudo_gradients() &&
+      seed_->upstream_serial == 0) {
+    // A regional job's seed: the upstream job's state is what it commits
+    // (this seed, if that job has none).
+    UpstreamRequest request;
+    request.kind = UpstreamRequest::Kind::kSeed;
+    request.serial = ++upstream_serial_;
+    request.values = seed_->state.values();
+    seed_->upstream_serial = request.serial;
+    LOG(INFO) << "job " << id_ << ": its seed goes to the upstream job";
+    deferred.push_back([upstream = upstream_.get(),
+                        job = std::weak_ptr<Job>(shared_from_this()),
+                        request = std::move(request)]() mutable {
+      upstream->Submit(job, std::move(request));
+    });
+    return;
+  }
   std::unique_ptr<Seed> seed = std::move(seed_);
   // A new state: what the outlier guard learned was of the old one.
   guard_.Reset();
@@ -1277,11 +1455,13 @@ bool Job::AwaitIdle(absl::Time deadline) {
           +[](Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu_) {
             return job->sink_calls_pending_ == 0 &&
                    (job->stopped_ ||
-                    (job->open_ == nullptr && job->seed_ == nullptr));
+                    (job->open_ == nullptr && job->sealed_ == nullptr &&
+                     job->seed_ == nullptr));
           },
           this),
       deadline);
-  return open_ == nullptr && seed_ == nullptr && sink_calls_pending_ == 0;
+  return open_ == nullptr && sealed_ == nullptr && seed_ == nullptr &&
+         sink_calls_pending_ == 0;
 }
 
 void Job::Stop() {
@@ -1291,6 +1471,7 @@ void Job::Stop() {
     if (stopped_) return;
     stopped_ = true;
     if (open_ != nullptr) FailAll(open_->waiters, Stopping(), deferred);
+    if (sealed_ != nullptr) FailAll(sealed_->waiters, Stopping(), deferred);
     if (seed_ != nullptr) FailAll(seed_->waiters, Stopping(), deferred);
     // A state that another thread is handing to the sink right now (a round
     // that closed just before) must reach it before the caller stops the
@@ -1302,6 +1483,8 @@ void Job::Stop() {
         this));
   }
   RunDeferred(deferred);
+  // A regional job's link answers nothing from now on.
+  if (upstream_ != nullptr) upstream_->Stop();
 }
 
 LearnedDeadline Job::learned_deadline() {
@@ -1620,6 +1803,12 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   if (open_ != nullptr) {
     DescribeOpenRound(open_->round, pacing_.Decide(open_->round, clock_->Now()),
                       s, &guard_);
+  } else if (sealed_ != nullptr) {
+    CloseDecision waiting;
+    waiting.why_open =
+        "closed here; waiting for the upstream job's round (its result is "
+        "this round's)";
+    DescribeOpenRound(sealed_->round, std::move(waiting), s, nullptr);
   }
   s.recent_rounds = history_.Recent(max_rounds);
   s.steps = steps_;

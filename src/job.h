@@ -91,6 +91,7 @@
 #include "src/sync_session.h"
 #include "src/tick_alarm.h"
 #include "src/types.h"
+#include "src/upstream.h"
 #include "src/work.h"
 
 namespace localsgd {
@@ -167,6 +168,24 @@ class Job : public std::enable_shared_from_this<Job> {
   JobReplica ExportReplica() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ImportReplica(const JobReplica& replica)
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A regional coordinator's job (src/upstream.h): its seed and rounds
+  // take their results from `upstream`. A round that closes (by the usual
+  // rules) is sealed: its record is taken, its weighted mean delta goes up
+  // as one contribution, and a Sync for it waits (adopting) until the
+  // answer commits it: the step the upstream round took, added to the
+  // state (members get it as the round's delta), or the upstream state
+  // whole (members get it as a state; their contributions did not count).
+  // An answer that is an error fails the round's Syncs with it (the
+  // members retry the round). No per-chunk finality. Call once, before the
+  // job is shared; the job stops `upstream` when it stops.
+  void SetUpstream(std::unique_ptr<Upstream> upstream);
+  // The answer to the request `serial` (UpstreamRequest); ignored if the job
+  // no longer waits for it (stopped, its seed abandoned).
+  void CompleteUpstream(uint64_t serial, UpstreamAnswer answer)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Null unless a regional job.
+  const Upstream* upstream() const { return upstream_.get(); }
 
   const Layout& layout() const { return layout_; }
 
@@ -334,6 +353,10 @@ class Job : public std::enable_shared_from_this<Job> {
     std::vector<float> prefinal_values;
     // Participants the outlier guard refused.
     uint32_t outlier_refused = 0;
+    // A regional job's round sealed at its close (SetUpstream): the request
+    // that answers it and the round's record.
+    uint64_t upstream_serial = 0;
+    RoundClosure closure;
   };
   // A standby's round in progress: the chunks of its result the primary
   // finalized so far (values and next state), until its commit.
@@ -349,6 +372,9 @@ class Job : public std::enable_shared_from_this<Job> {
     explicit Seed(SeedState s) : state(std::move(s)) {}
     SeedState state;
     Waiters waiters;
+    // A regional job's complete seed gone up (SetUpstream): the request
+    // that answers it; 0 before.
+    uint64_t upstream_serial = 0;
   };
   using Deferred = std::vector<std::function<void()>>;
 
@@ -486,6 +512,22 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseRoundLocked(CloseReason reason, absl::Time now, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A round's close without its state: its record, and what it tells the
+  // members' bookkeeping, the outlier guard, the step rates and the pacing.
+  RoundClosure AccountCloseLocked(OpenRound& round, CloseReason reason,
+                                  absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A regional job (SetUpstream): the round closes into sealed_, its mean
+  // goes up; and the answer commits it.
+  void SealRoundLocked(CloseReason reason, absl::Time now, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitSealedLocked(UpstreamAnswer answer, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A Sync for the sealed round: it waits for its result, adopting.
+  std::unique_ptr<SyncSession> WaitSealedLocked(const MemberInfo& member,
+                                                RoundId round,
+                                                SyncCallback done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortSeedLocked(absl::string_view why, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteSeedLocked(absl::Time now, Deferred& deferred)
@@ -578,6 +620,9 @@ class Job : public std::enable_shared_from_this<Job> {
   CoordinatorObserver* const observer_;  // may be null
   Replicator* const replicator_;         // may be null
   TickAlarm* const alarm_;               // may be null
+  // A regional job's (SetUpstream, before the job is shared; null
+  // otherwise).
+  std::unique_ptr<Upstream> upstream_;
   // When the job's state was last committed (its members answered).
   absl::Time state_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
@@ -621,6 +666,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // A standby's round in progress; after Promote, the round that opens
   // with its final chunks fixed.
   std::unique_ptr<Mirror> mirror_ ABSL_GUARDED_BY(mu_);
+  // A regional job's round closed and waiting for its upstream answer
+  // (open_ is null meanwhile: no round opens before it commits), and the
+  // serial of the last request to the upstream.
+  std::unique_ptr<OpenRound> sealed_ ABSL_GUARDED_BY(mu_);
+  uint64_t upstream_serial_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace localsgd

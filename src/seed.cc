@@ -1,7 +1,10 @@
 #include "src/seed.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <utility>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "src/codec.h"
 
@@ -47,8 +50,19 @@ SeedState::Completed SeedState::Complete(const std::string& name, double weight,
   out.state = std::make_shared<StateSnapshot>();
   out.state->round = origin_.round;
   out.state->values = std::move(values_);
-  out.state->id = origin_.state_id;
+  out.state->id = renamed_ ? 0 : origin_.state_id;
   return out;
+}
+
+void SeedState::TakeUpstream(absl::Span<const float> values) {
+  if (!std::equal(values.begin(), values.end(), values_.begin(), values_.end(),
+                  [](float a, float b) {
+                    return absl::bit_cast<uint32_t>(a) ==
+                           absl::bit_cast<uint32_t>(b);
+                  })) {
+    renamed_ = true;
+  }
+  std::copy(values.begin(), values.end(), values_.begin());
 }
 
 std::string SeedState::Describe() const {

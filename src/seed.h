@@ -55,6 +55,13 @@ class SeedState {
   // The values' buffer, handed back (an abandoned seed).
   std::vector<float> TakeValues() { return std::move(values_); }
 
+  // A regional job's complete seed takes its upstream job's state
+  // (src/upstream.h): `values` (as many as the seed's) replace its own and,
+  // if they differ, the state is named anew at its commit rather than as
+  // the origin named it.
+  void TakeUpstream(absl::Span<const float> values);
+  const std::vector<float>& values() const { return values_; }
+
   // "seeds the global state", or for a re-seed "re-seeds the global state at
   // round r (n contributed to it)".
   std::string Describe() const;
@@ -66,6 +73,7 @@ class SeedState {
   std::vector<float> values_;
   std::vector<bool> got_;
   uint32_t received_ = 0;
+  bool renamed_ = false;
 };
 
 }  // namespace localsgd
