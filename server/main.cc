@@ -30,6 +30,7 @@
 #include "ha/election.h"
 #include "server/server.h"
 #include "server/serving_gate.h"
+#include "server/upstream_link.h"
 #include "src/malloc_tuning.h"
 #include "src/settings.h"
 
@@ -213,6 +214,31 @@ ABSL_FLAG(absl::Duration, ha_lease_ttl, absl::Seconds(2),
           "primary that cannot renew it stops serving before it expires; a "
           "standby takes over once it has. Shorter: faster failover, more "
           "false failovers when etcd or the network is slow.");
+ABSL_FLAG(std::string, upstream, "",
+          "A regional coordinator: the upstream coordinator's address "
+          "(host:port; a sharded upstream's replicas separated by ',', a "
+          "shard's standbys by '|'). Set, every job here is one member of "
+          "the job of the same name there: a round here averages its "
+          "members' deltas (MEAN over float32; other settings are refused), "
+          "contributes that mean upstream with its contributors' weight, and "
+          "commits the upstream round's result as its own. Not with "
+          "--shard_count > 1 or --ha_etcd. Empty: not regional.");
+ABSL_FLAG(std::string, upstream_member, "",
+          "A regional coordinator: its member name in the upstream jobs. "
+          "Empty: '<hostname>/regional'.");
+ABSL_FLAG(std::string, upstream_token_file, "",
+          "A regional coordinator: a file holding the upstream jobs' bearer "
+          "token (one token; the upstream's --token_file names it for each "
+          "job). Empty: no token.");
+ABSL_FLAG(std::string, upstream_tls_ca, "",
+          "A regional coordinator: TLS to the upstream, the PEM CA bundle "
+          "that signed its certificate. Empty: plaintext.");
+ABSL_FLAG(std::string, upstream_tls_cert, "",
+          "A regional coordinator: with --upstream_tls_ca, the PEM "
+          "certificate it presents to an upstream that asks for client "
+          "certificates (with --upstream_tls_key).");
+ABSL_FLAG(std::string, upstream_tls_key, "",
+          "A regional coordinator: the PEM key of --upstream_tls_cert.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
           "The drain on SIGTERM/SIGINT: health goes NOT_SERVING at once and "
           "no new round opens; rounds already open get this long to close, "
@@ -362,6 +388,42 @@ absl::StatusOr<localsgd::ServerOptions> OptionsFromFlags() {
   // Checked by Start, with the gate.
   options.ha_tls_ca_file = absl::GetFlag(FLAGS_ha_tls_ca);
   return options;
+}
+
+// --upstream: the links of a regional coordinator's jobs (null without).
+absl::StatusOr<std::unique_ptr<localsgd::UpstreamLinkFactory>>
+UpstreamFromFlags(bool ha, uint32_t shard_count) {
+  const std::string target = absl::GetFlag(FLAGS_upstream);
+  if (target.empty()) return nullptr;
+  if (ha || shard_count > 1) {
+    return absl::InvalidArgumentError(
+        "--upstream (a regional coordinator) runs without --ha_etcd and "
+        "without --shard_count > 1");
+  }
+  localsgd::ClientOptions client;
+  if (absl::StrContains(target, ',')) {
+    client.replicas = absl::StrSplit(target, ',');
+  } else {
+    client.target = target;
+  }
+  client.member_name = absl::GetFlag(FLAGS_upstream_member);
+  if (client.member_name.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    client.member_name = absl::StrCat(host, "/regional");
+  }
+  client.security.token_file = absl::GetFlag(FLAGS_upstream_token_file);
+  client.security.tls_ca_file = absl::GetFlag(FLAGS_upstream_tls_ca);
+  client.security.tls_cert_file = absl::GetFlag(FLAGS_upstream_tls_cert);
+  client.security.tls_key_file = absl::GetFlag(FLAGS_upstream_tls_key);
+  // The job here is the client's job id, set per link; a placeholder to
+  // validate the rest.
+  client.job_id = "upstream";
+  if (absl::Status s = client.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--upstream*: ", s.message()));
+  }
+  return std::make_unique<localsgd::UpstreamLinkFactory>(std::move(client));
 }
 
 // The exit status of a primary that lost its lease.
@@ -591,6 +653,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool ha = !absl::GetFlag(FLAGS_ha_etcd).empty();
+  absl::StatusOr<std::unique_ptr<localsgd::UpstreamLinkFactory>> upstream =
+      UpstreamFromFlags(ha, options->coordinator.shard.count);
+  if (!upstream.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram,
+                 std::string(upstream.status().message()).c_str());
+    return 2;
+  }
+  options->coordinator.upstream = upstream->get();
   std::unique_ptr<HaRole> ha_role;
   if (ha) {
     // The advertise address is known only once the port is bound; the gate

@@ -1,0 +1,324 @@
+// Regional coordinators end to end, over the real gRPC service: two regional
+// coordinators (--upstream) of two members each, members of one upstream
+// job, against a flat coordinator with the same four members.
+//
+//   - a two-level MEAN is the flat weighted mean within float32 rounding
+//     (both checked against a double-precision computation), with weights
+//     that differ within and between regions; every member of both regions
+//     holds the upstream state bit for bit after every round, and a late
+//     joiner of a region fetches the same bits;
+//   - under OUTER_NESTEROV upstream (the outer rule at the top, MEAN in the
+//     regions), every member holds the upstream state bit for bit;
+//   - a regional coordinator killed between rounds and restarted from its
+//     checkpoint goes on: its members hold the upstream state again, and
+//     their contributions count again upstream;
+//   - a regional job refuses settings other than MEAN over float32 with
+//     FAILED_PRECONDITION, naming them.
+#include <unistd.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+#include "server/upstream_link.h"
+#include "tests/testkit/testkit.h"
+
+namespace localsgd {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kChunkElements = 3000;
+constexpr uint64_t kN = 10000;
+constexpr char kJob[] = "regional";
+
+// Member i's change in round r at element j.
+float Change(int i, int r, uint64_t j) {
+  const float x = static_cast<float>(j);
+  return 1e-2f * std::sin(0.37f * x + 1.3f * i + 0.71f * r) *
+         (1.0f + static_cast<float>((j * 7 + i * 3 + r) % 11));
+}
+
+std::vector<float> Theta0() {
+  std::vector<float> theta(kN);
+  for (uint64_t j = 0; j < kN; ++j) {
+    theta[j] = std::cos(0.01f * static_cast<float>(j));
+  }
+  return theta;
+}
+
+ServerOptions Options(uint32_t rendezvous, AveragingMode mode,
+                      const std::string& state_dir = "") {
+  ServerOptions options = testkit::BaseServerOptions(kChunkElements);
+  JobSettings& s = options.coordinator.default_settings;
+  s.contribution = Contribution::kPseudoGradients;
+  s.wire_dtype = DType::kFloat32;
+  s.mode = mode;
+  s.outer_lr = 0.7f;
+  s.outer_momentum = 0.5f;
+  s.rendezvous_members = rendezvous;
+  options.coordinator.policy.lease_ttl = absl::Seconds(3);
+  options.state_dir = state_dir;
+  return options;
+}
+
+// The upstream's client options for a region named `name`.
+ClientOptions UpstreamOptions(const CoordinatorServer& upstream,
+                              const std::string& name) {
+  return testkit::BaseClientOptions(upstream, kJob, name);
+}
+
+struct Member {
+  std::unique_ptr<Client> client;
+  std::vector<float> params;
+  int index = 0;  // which Change it adds
+};
+
+std::unique_ptr<Client> Joined(const CoordinatorServer& server,
+                               const std::string& name, double weight) {
+  ClientOptions options = testkit::BaseClientOptions(server, kJob, name);
+  options.settings.contribution = Contribution::kPseudoGradients;
+  options.weight = weight;
+  options.max_retry_time = absl::Seconds(20);
+  auto client = Client::Create(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (!client.ok()) return nullptr;
+  absl::Status s = (*client)->Join(testkit::LayoutOfSizes({kN}));
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? *std::move(client) : nullptr;
+}
+
+// Initializes every member at once (each region's first seeds it, and the
+// upstream job through it).
+void InitializeAll(std::vector<Member*> members) {
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> status(members.size());
+  for (size_t k = 0; k < members.size(); ++k) {
+    threads.emplace_back([&, k] {
+      status[k] =
+          members[k]->client->Initialize(absl::MakeSpan(members[k]->params));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
+}
+
+// Every member adds its change for round r and syncs, all at once.
+std::vector<absl::StatusOr<SyncOutcome>> SyncAll(std::vector<Member*> members,
+                                                 int r) {
+  std::vector<absl::StatusOr<SyncOutcome>> out(members.size());
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < members.size(); ++k) {
+    Member& m = *members[k];
+    for (uint64_t j = 0; j < kN; ++j) m.params[j] += Change(m.index, r, j);
+    threads.emplace_back([&, k] {
+      out[k] = members[k]->client->Sync(absl::MakeSpan(members[k]->params));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+// Two regions of two members under one upstream, and the same four members
+// flat: weights 1 and 3 in region a, 2 and 2 in region b.
+class RegionalTest : public ::testing::Test {
+ protected:
+  void Start(AveragingMode upstream_mode) {
+    upstream_ = testkit::StartServer(Options(2, upstream_mode));
+    ASSERT_NE(upstream_, nullptr);
+    for (int g = 0; g < 2; ++g) {
+      links_[g] = std::make_unique<UpstreamLinkFactory>(
+          UpstreamOptions(*upstream_, absl::StrCat("region-", g)));
+      ServerOptions options = Options(2, AveragingMode::kMean, dirs_[g]);
+      options.coordinator.upstream = links_[g].get();
+      regions_[g] = testkit::StartServer(std::move(options));
+      ASSERT_NE(regions_[g], nullptr);
+    }
+    const double weights[4] = {1, 3, 2, 2};
+    for (int i = 0; i < 4; ++i) {
+      members_[i].index = i;
+      members_[i].params = Theta0();
+      members_[i].client =
+          Joined(*regions_[i / 2], absl::StrCat("m", i), weights[i]);
+      ASSERT_NE(members_[i].client, nullptr);
+    }
+    InitializeAll(all());
+  }
+
+  std::vector<Member*> all() {
+    return {&members_[0], &members_[1], &members_[2], &members_[3]};
+  }
+
+  // The upstream job's state.
+  std::vector<float> UpstreamState() {
+    auto client = Client::Create(UpstreamOptions(*upstream_, "watcher"));
+    EXPECT_TRUE(client.ok());
+    std::vector<float> state(kN);
+    ClientOptions options = UpstreamOptions(*upstream_, "watcher");
+    options.settings.contribution = Contribution::kPseudoGradients;
+    auto watcher = Client::Create(options);
+    EXPECT_TRUE(watcher.ok()) << watcher.status();
+    if (!watcher.ok()) return state;
+    EXPECT_TRUE((*watcher)->Join(testkit::LayoutOfSizes({kN})).ok());
+    EXPECT_TRUE((*watcher)->FetchState(absl::MakeSpan(state)).ok());
+    EXPECT_TRUE((*watcher)->Leave().ok());
+    return state;
+  }
+
+  std::string dirs_[2];
+  std::unique_ptr<CoordinatorServer> upstream_;
+  std::unique_ptr<UpstreamLinkFactory> links_[2];
+  std::unique_ptr<CoordinatorServer> regions_[2];
+  Member members_[4];
+};
+
+TEST_F(RegionalTest, TwoLevelMean_EqualsFlatWeightedMean_MembersIdentical) {
+  Start(AveragingMode::kMean);
+  if (HasFatalFailure()) return;
+  // The same four members, flat.
+  auto flat = testkit::StartServer(Options(4, AveragingMode::kMean));
+  ASSERT_NE(flat, nullptr);
+  const double weights[4] = {1, 3, 2, 2};
+  Member flat_members[4];
+  std::vector<Member*> flats;
+  for (int i = 0; i < 4; ++i) {
+    flat_members[i].index = i;
+    flat_members[i].params = Theta0();
+    flat_members[i].client = Joined(*flat, absl::StrCat("m", i), weights[i]);
+    ASSERT_NE(flat_members[i].client, nullptr);
+    flats.push_back(&flat_members[i]);
+  }
+  InitializeAll(flats);
+  // The weighted mean in double, from the changes alone.
+  std::vector<double> exact(kN);
+  const std::vector<float> theta0 = Theta0();
+  for (uint64_t j = 0; j < kN; ++j) exact[j] = theta0[j];
+  for (int r = 1; r <= 5; ++r) {
+    auto regional = SyncAll(all(), r);
+    auto flat_out = SyncAll(flats, r);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(regional[i].ok())
+          << "round " << r << " member " << i << ": " << regional[i].status();
+      ASSERT_TRUE(flat_out[i].ok()) << flat_out[i].status();
+      EXPECT_TRUE(regional[i]->contributed) << "round " << r << " member " << i;
+    }
+    for (uint64_t j = 0; j < kN; ++j) {
+      double sum = 0;
+      for (int i = 0; i < 4; ++i) sum += weights[i] * Change(i, r, j);
+      exact[j] += sum / 8;
+    }
+    for (int i = 1; i < 4; ++i) {
+      ASSERT_EQ(members_[i].params, members_[0].params)
+          << "round " << r << ": member " << i << " of region " << i / 2;
+    }
+    for (uint64_t j = 0; j < kN; ++j) {
+      const double tolerance = 4e-7 * (1.0 + std::fabs(exact[j])) * r;
+      ASSERT_NEAR(flat_members[0].params[j], exact[j], tolerance)
+          << "flat, round " << r << ", element " << j;
+      ASSERT_NEAR(members_[0].params[j], exact[j], tolerance)
+          << "two-level, round " << r << ", element " << j;
+    }
+  }
+  EXPECT_EQ(UpstreamState(), members_[0].params);
+  // A late joiner of region b fetches the same bits.
+  auto late = Joined(*regions_[1], "late", 1);
+  ASSERT_NE(late, nullptr);
+  std::vector<float> fetched(kN);
+  ASSERT_TRUE(late->Initialize(absl::MakeSpan(fetched)).ok());
+  EXPECT_EQ(fetched, members_[0].params);
+  // The upstream job has the two regions as its members.
+  const JobStatusSnapshot status =
+      upstream_->coordinator()->FindJob(kJob).value()->Status(1);
+  ASSERT_EQ(status.members.size(), 2u);
+  EXPECT_EQ(status.members[0].name, "region-0");
+  EXPECT_EQ(status.members[1].name, "region-1");
+  EXPECT_DOUBLE_EQ(status.recent_rounds[0].contributor_weight, 8.0);
+}
+
+TEST_F(RegionalTest, OuterNesterovUpstream_MembersHoldTheUpstreamState) {
+  Start(AveragingMode::kOuterNesterov);
+  if (HasFatalFailure()) return;
+  for (int r = 1; r <= 4; ++r) {
+    auto out = SyncAll(all(), r);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(out[i].ok()) << "round " << r << ": " << out[i].status();
+    }
+    for (int i = 1; i < 4; ++i) {
+      ASSERT_EQ(members_[i].params, members_[0].params) << "round " << r;
+    }
+  }
+  EXPECT_EQ(UpstreamState(), members_[0].params);
+  EXPECT_NE(members_[0].params, Theta0());
+}
+
+TEST_F(RegionalTest, RegionRestartsFromCheckpoint_MembersGoOnWithTheUpstream) {
+  dirs_[0] = absl::StrCat(::testing::TempDir(), "/lsgd-regional-", getpid());
+  Start(AveragingMode::kMean);
+  if (HasFatalFailure()) return;
+  for (int r = 1; r <= 2; ++r) {
+    auto out = SyncAll(all(), r);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(out[i].ok()) << out[i].status();
+  }
+  // Region a dies after round 2 (its checkpoint survives) and comes back on
+  // the same port; its members' next Sync finds it.
+  const int port = regions_[0]->port();
+  regions_[0]->coordinator()->FlushCheckpoints();
+  regions_[0]->Shutdown(absl::ZeroDuration());
+  regions_[0].reset();
+  ServerOptions again = Options(2, AveragingMode::kMean, dirs_[0]);
+  again.coordinator.upstream = links_[0].get();
+  again.listen_address = absl::StrCat("127.0.0.1:", port);
+  regions_[0] = testkit::StartServer(std::move(again));
+  ASSERT_NE(regions_[0], nullptr);
+  bool counted_again = false;
+  for (int r = 3; r <= 8 && !counted_again; ++r) {
+    auto out = SyncAll(all(), r);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(out[i].ok()) << "round " << r << ": " << out[i].status();
+    }
+    for (int i = 1; i < 4; ++i) {
+      ASSERT_EQ(members_[i].params, members_[0].params) << "round " << r;
+    }
+    // Both regions' weight in the upstream round: region a counted again.
+    const JobStatusSnapshot up =
+        upstream_->coordinator()->FindJob(kJob).value()->Status(1);
+    counted_again = out[0]->contributed && !up.recent_rounds.empty() &&
+                    up.recent_rounds[0].contributor_weight == 8.0;
+  }
+  EXPECT_TRUE(counted_again)
+      << "region a's members never counted upstream again";
+  EXPECT_EQ(UpstreamState(), members_[0].params);
+}
+
+TEST(RegionalSettingsTest, OtherThanMeanOverFloat32_FailedPrecondition) {
+  ServerOptions upstream_options = Options(1, AveragingMode::kMean);
+  auto upstream = testkit::StartServer(std::move(upstream_options));
+  ASSERT_NE(upstream, nullptr);
+  UpstreamLinkFactory links(UpstreamOptions(*upstream, "region"));
+  ServerOptions options = Options(1, AveragingMode::kMean);
+  options.coordinator.upstream = &links;
+  auto region = testkit::StartServer(std::move(options));
+  ASSERT_NE(region, nullptr);
+  ClientOptions client = testkit::BaseClientOptions(*region, kJob, "m");
+  client.settings.contribution = Contribution::kPseudoGradients;
+  client.settings.wire_dtype = DType::kInt4Block;
+  auto member = Client::Create(client);
+  ASSERT_TRUE(member.ok());
+  const absl::Status s = (*member)->Join(testkit::LayoutOfSizes({kN}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("this coordinator is regional"));
+  EXPECT_THAT(s.message(), HasSubstr("wire int4"));
+  EXPECT_EQ(region->coordinator()->FindJob(kJob).status().code(),
+            absl::StatusCode::kNotFound)
+      << "no job was made";
+}
+
+}  // namespace
+}  // namespace localsgd
