@@ -75,6 +75,14 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
   for (const auto& n : s.stragglers) proto->add_stragglers(n);
   StepCountsToProto(s.steps, proto->mutable_steps());
   proto->set_goodput(s.steps.goodput());
+  if (s.upstream.has_value()) {
+    v1::UpstreamStatus* u = proto->mutable_upstream();
+    u->set_target(s.upstream->target);
+    u->set_member_name(s.upstream->member);
+    u->set_upstream_round(s.upstream->upstream_round);
+    u->set_answered(s.upstream->rounds);
+    u->set_last_error(s.upstream->last_error);
+  }
   for (const RoundRecord& r : s.recent_rounds) {
     RoundRecordToProto(r, proto->add_recent_rounds());
   }

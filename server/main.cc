@@ -226,6 +226,11 @@ ABSL_FLAG(std::string, upstream, "",
 ABSL_FLAG(std::string, upstream_member, "",
           "A regional coordinator: its member name in the upstream jobs. "
           "Empty: '<hostname>/regional'.");
+ABSL_FLAG(uint32_t, upstream_rendezvous, 0,
+          "A regional coordinator: the regions an upstream job it creates "
+          "waits for before its first round (its rendezvous_members; every "
+          "region should say the same). 0: none, the first round takes the "
+          "regions that joined by then.");
 ABSL_FLAG(std::string, upstream_token_file, "",
           "A regional coordinator: a file holding the upstream jobs' bearer "
           "token (one token; the upstream's --token_file names it for each "
@@ -412,6 +417,7 @@ UpstreamFromFlags(bool ha, uint32_t shard_count) {
     gethostname(host, sizeof(host) - 1);
     client.member_name = absl::StrCat(host, "/regional");
   }
+  client.settings.rendezvous_members = absl::GetFlag(FLAGS_upstream_rendezvous);
   client.security.token_file = absl::GetFlag(FLAGS_upstream_token_file);
   client.security.tls_ca_file = absl::GetFlag(FLAGS_upstream_tls_ca);
   client.security.tls_cert_file = absl::GetFlag(FLAGS_upstream_tls_cert);

@@ -946,9 +946,19 @@ void Job::SealRoundLocked(CloseReason reason, absl::Time now,
   request.weight = round->closure.contributed.empty()
                        ? 0
                        : round->closure.record.contributor_weight;
+  // What a Sync may say (the limits of SyncHeader.weight and local_steps):
+  // a region heavier than a member may be goes up as heavy as one may.
+  if (request.weight > 1e6) {
+    LOG(WARNING) << "job " << id_ << ": round " << round->round.id()
+                 << "'s weight " << request.weight
+                 << " goes up as 1e6, the most a contribution may weigh";
+    request.weight = 1e6;
+  }
   const StepCounts& steps = round->closure.record.steps;
-  if (steps.merged > 0)
-    request.local_steps = static_cast<int64_t>(steps.merged);
+  if (steps.merged > 0) {
+    request.local_steps =
+        static_cast<int64_t>(std::min<uint64_t>(steps.merged, kMaxLocalSteps));
+  }
   round->upstream_serial = request.serial;
   LOG(INFO) << "job " << id_ << ": round " << request.round << " ("
             << round->closure.contributed.size() << " contributors, weight "
@@ -1812,6 +1822,7 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   }
   s.recent_rounds = history_.Recent(max_rounds);
   s.steps = steps_;
+  if (upstream_ != nullptr) s.upstream = upstream_->Status();
   if (settings_.deadline_mode == DeadlineMode::kAdaptive) {
     s.learned_deadline = pacing_.learned();
     s.stragglers = Stragglers(s.members);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,15 @@ struct RoundRecord {
   bool replicated = false;
 };
 
+// What status says of a job's upstream.
+struct UpstreamStatus {
+  std::string target;
+  std::string member;  // the regional job's member name upstream
+  RoundId upstream_round = 0;
+  uint64_t rounds = 0;  // requests answered OK
+  std::string last_error;
+};
+
 struct JobStatusSnapshot {
   std::string job_id;
   JobSettings settings;
@@ -156,6 +166,8 @@ struct JobStatusSnapshot {
   std::vector<MemberInfo> members;  // sorted by name
   bool has_state = false;
   RoundId state_round = 0;
+  // A regional job's upstream (Job::SetUpstream).
+  std::optional<UpstreamStatus> upstream;
   bool round_open = false;
   RoundId open_round = 0;
   std::vector<std::string> open_round_participants;

@@ -70,15 +70,6 @@ struct UpstreamAnswer {
   RoundId upstream_round = 0;
 };
 
-// What status says of a job's upstream.
-struct UpstreamStatus {
-  std::string target;
-  std::string member;  // the regional job's member name upstream
-  RoundId upstream_round = 0;
-  uint64_t rounds = 0;  // requests answered OK
-  std::string last_error;
-};
-
 class Upstream {
  public:
   virtual ~Upstream() = default;

@@ -12,6 +12,9 @@
 //   - a regional coordinator killed between rounds and restarted from its
 //     checkpoint goes on: its members hold the upstream state again, and
 //     their contributions count again upstream;
+//   - a region that stops: the upstream job goes on without it;
+//   - each region's status names its upstream, the upstream's lists the
+//     regions as its members;
 //   - a regional job refuses settings other than MEAN over float32 with
 //     FAILED_PRECONDITION, naming them.
 #include <unistd.h>
@@ -240,6 +243,50 @@ TEST_F(RegionalTest, TwoLevelMean_EqualsFlatWeightedMean_MembersIdentical) {
   EXPECT_EQ(status.members[0].name, "region-0");
   EXPECT_EQ(status.members[1].name, "region-1");
   EXPECT_DOUBLE_EQ(status.recent_rounds[0].contributor_weight, 8.0);
+  // Each region's status names its upstream: the tree's other level.
+  for (int g = 0; g < 2; ++g) {
+    const JobStatusSnapshot region =
+        regions_[g]->coordinator()->FindJob(kJob).value()->Status(1);
+    ASSERT_TRUE(region.upstream.has_value());
+    EXPECT_EQ(region.upstream->member, absl::StrCat("region-", g));
+    EXPECT_EQ(region.upstream->target, testkit::Target(*upstream_));
+    EXPECT_EQ(region.upstream->upstream_round, 5u);
+    EXPECT_EQ(region.upstream->rounds, 6u) << "the seed and 5 rounds";
+    EXPECT_EQ(region.upstream->last_error, "");
+    EXPECT_EQ(region.state_round, 5u);
+  }
+}
+
+// A region that stops for good is a member that left: its link leaves the
+// upstream job as its job stops (a region that dies without it is dropped
+// at its lease's end, as any member), the upstream rounds go on without it,
+// and the other region's members keep the upstream state.
+TEST_F(RegionalTest, RegionStops_UpstreamGoesOnWithoutIt) {
+  Start(AveragingMode::kMean);
+  if (HasFatalFailure()) return;
+  {
+    auto out = SyncAll(all(), 1);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(out[i].ok()) << out[i].status();
+  }
+  // Region 1's members go, then the region, without a drain.
+  members_[2].client.reset();
+  members_[3].client.reset();
+  regions_[1]->Shutdown(absl::ZeroDuration());
+  regions_[1].reset();
+  std::vector<Member*> left = {&members_[0], &members_[1]};
+  for (int r = 2; r <= 3; ++r) {
+    auto out = SyncAll(left, r);
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(out[i].ok()) << "round " << r << ": " << out[i].status();
+      EXPECT_TRUE(out[i]->contributed);
+    }
+    ASSERT_EQ(members_[0].params, members_[1].params);
+  }
+  EXPECT_EQ(UpstreamState(), members_[0].params);
+  const JobStatusSnapshot up =
+      upstream_->coordinator()->FindJob(kJob).value()->Status(1);
+  ASSERT_EQ(up.members.size(), 1u);
+  EXPECT_EQ(up.members[0].name, "region-0");
 }
 
 TEST_F(RegionalTest, OuterNesterovUpstream_MembersHoldTheUpstreamState) {
