@@ -17,8 +17,14 @@ top 64 or 128 of every 4096 values, 2 or 4 bits each, the coordinator's step
 4 times as many) under OUTER_NESTEROV and MEAN at K=8, 16 and 64, and no
 averaging.
 
+With --regions R (R >= 2), the workers split evenly among R regional
+coordinators (--upstream) under one upstream coordinator: the regions
+average with MEAN over float32, and an arm's rule and wire are the
+upstream job's (the upstream coordinator is started per arm with them as
+its defaults). Bytes are then the workers' own, inside their region.
+
 Usage: bench/quality.py [--seeds 1,2,3] [--epochs 1] [--arms name,...]
-       [--worker_flags "--model=wide"]
+       [--worker_flags "--model=wide"] [--regions 2]
 Environment: BUILD_DIR (build). Needs dataset-fashion-mnist.
 """
 
@@ -88,7 +94,12 @@ def main():
                    help="for the nesterov arms; 0: the coordinator's 0.9")
     p.add_argument("--worker_flags", default="",
                    help="extra flags for every worker, space separated")
+    p.add_argument("--regions", type=int, default=0,
+                   help="0: one coordinator; R >= 2: R regional "
+                   "coordinators under one upstream")
     args = p.parse_args()
+    if args.regions == 1 or (args.regions and args.workers % args.regions):
+        sys.exit("[quality] --regions must be 0, or >= 2 and divide --workers")
     build = os.environ.get("BUILD_DIR", "build")
     coordinator = os.path.join(build, "server", "localsgd-coordinator")
     worker = os.path.join(build, "examples", "localsgd-fashion-mnist")
@@ -102,36 +113,69 @@ def main():
     arms = [a for a in ARMS if a[0] in args.arms.split(",")]
 
     tmp = tempfile.mkdtemp(prefix="localsgd-quality.")
-    port_file = os.path.join(tmp, "port")
-    coord = subprocess.Popen(
-        [coordinator, "--listen=127.0.0.1:0", f"--port_file={port_file}",
-         "--metrics_listen="],
-        stdout=open(os.path.join(tmp, "coordinator.log"), "w"),
-        stderr=subprocess.STDOUT)
-    try:
+    coords = []
+
+    def launch(name, flags):
+        """A coordinator on a free port; returns its port."""
+        port_file = os.path.join(tmp, f"{name}.port")
+        coords.append(subprocess.Popen(
+            [coordinator, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+             "--metrics_listen="] + flags,
+            stdout=open(os.path.join(tmp, f"{name}.log"), "w"),
+            stderr=subprocess.STDOUT))
         for _ in range(300):
             if os.path.exists(port_file) and open(port_file).read().strip():
-                break
-            if coord.poll() is not None:
-                sys.exit("[quality] the coordinator exited")
+                return open(port_file).read().strip()
+            if coords[-1].poll() is not None:
+                sys.exit(f"[quality] coordinator {name} exited (logs in {tmp})")
             time.sleep(0.1)
-        port = open(port_file).read().strip()
+        sys.exit(f"[quality] coordinator {name} wrote no port")
+
+    def stop():
+        for c in coords:
+            c.terminate()
+        for c in coords:
+            c.wait()
+        coords.clear()
+
+    # A regional arm's rule and wire are the upstream's: the worker flags
+    # that set them, as the upstream coordinator's defaults.
+    upstream_flag = {"--averaging": "--averaging", "--wire_dtype": "--wire_dtype",
+                     "--mean_encoding": "--mean_encoding",
+                     "--sparse_keep": "--sparse_keep",
+                     "--sparse_result_keep": "--sparse_result_keep",
+                     "--outer_lr": "--outer_lr",
+                     "--outer_momentum": "--outer_momentum"}
+    try:
+        ports = [] if args.regions else [launch("coordinator", [])]
         results = {}
         for name, label, flags in arms:
+            extra = list(flags)
+            if "--averaging=nesterov" in flags:
+                if args.outer_lr:
+                    extra.append(f"--outer_lr={args.outer_lr}")
+                if args.outer_momentum:
+                    extra.append(f"--outer_momentum={args.outer_momentum}")
+            if args.regions:
+                up = [f.replace("=nesterov", "=outer_nesterov") for f in extra
+                      if f.split("=")[0] in upstream_flag]
+                extra = [f for f in extra if f.split("=")[0] not in upstream_flag]
+                upstream = launch(f"{name}.upstream", up)
+                ports = [launch(f"{name}.region{g}",
+                               [f"--upstream=127.0.0.1:{upstream}",
+                                f"--upstream_member=region-{g}",
+                                f"--upstream_rendezvous={args.regions}"])
+                         for g in range(args.regions)]
+                extra.append(f"--rendezvous={args.workers // args.regions}")
             for seed in seeds:
-                extra = list(flags)
-                if "--averaging=nesterov" in flags:
-                    if args.outer_lr:
-                        extra.append(f"--outer_lr={args.outer_lr}")
-                    if args.outer_momentum:
-                        extra.append(f"--outer_momentum={args.outer_momentum}")
                 job = f"quality-{name}-{seed}-{os.getpid()}"
                 procs = []
                 start = time.time()
                 for r in range(args.workers):
                     log = open(os.path.join(tmp, f"{name}.{seed}.{r}.log"), "w")
                     procs.append(subprocess.Popen(
-                        [worker, f"--coordinator=127.0.0.1:{port}",
+                        [worker, "--coordinator=127.0.0.1:" +
+                         ports[r * len(ports) // args.workers],
                          f"--job={job}", f"--world={args.workers}",
                          f"--rank={r}", f"--epochs={args.epochs}",
                          f"--seed={seed}", "--eval_every_sync=0",
@@ -160,9 +204,10 @@ def main():
                 print(f"[quality] {name} seed {seed}: accuracy {acc:.4f}, "
                       f"{statistics.mean(bytes_):.0f} bytes/worker, "
                       f"{seconds:.1f} s", file=sys.stderr, flush=True)
+            if args.regions:
+                stop()
     finally:
-        coord.terminate()
-        coord.wait()
+        stop()
 
     sync = results.get("sync")
     sync_acc = statistics.mean(x[0] for x in sync) if sync else None
@@ -181,7 +226,10 @@ def main():
         print(f"| {label} | {mean_acc:.4f} ± {spread:.4f} | {vs} | "
               f"{b:,.0f} | {ratio} |")
     print()
-    print(f"{args.workers} workers, {args.epochs} epoch(s) over each "
+    where = (f"in {args.regions} regions (regional coordinators, MEAN over "
+             f"float32, under one upstream with the arm's rule and wire)"
+             if args.regions else "with one coordinator")
+    print(f"{args.workers} workers {where}, {args.epochs} epoch(s) over each "
           f"worker's shard, seeds {args.seeds}, {os.cpu_count()} cores.")
 
 
