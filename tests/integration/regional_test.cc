@@ -13,6 +13,8 @@
 //     checkpoint goes on: its members hold the upstream state again, and
 //     their contributions count again upstream;
 //   - a region that stops: the upstream job goes on without it;
+//   - the upstream killed between rounds and restarted from its
+//     checkpoint: the round in flight goes through, the regions go on;
 //   - each region's status names its upstream, the upstream's lists the
 //     regions as its members;
 //   - a regional job refuses settings other than MEAN over float32 with
@@ -134,7 +136,7 @@ std::vector<absl::StatusOr<SyncOutcome>> SyncAll(std::vector<Member*> members,
 class RegionalTest : public ::testing::Test {
  protected:
   void Start(AveragingMode upstream_mode) {
-    upstream_ = testkit::StartServer(Options(2, upstream_mode));
+    upstream_ = testkit::StartServer(Options(2, upstream_mode, upstream_dir_));
     ASSERT_NE(upstream_, nullptr);
     for (int g = 0; g < 2; ++g) {
       links_[g] = std::make_unique<UpstreamLinkFactory>(
@@ -176,6 +178,7 @@ class RegionalTest : public ::testing::Test {
   }
 
   std::string dirs_[2];
+  std::string upstream_dir_;
   std::unique_ptr<CoordinatorServer> upstream_;
   std::unique_ptr<UpstreamLinkFactory> links_[2];
   std::unique_ptr<CoordinatorServer> regions_[2];
@@ -341,6 +344,47 @@ TEST_F(RegionalTest, RegionRestartsFromCheckpoint_MembersGoOnWithTheUpstream) {
   }
   EXPECT_TRUE(counted_again)
       << "region a's members never counted upstream again";
+  EXPECT_EQ(UpstreamState(), members_[0].params);
+}
+
+// The upstream coordinator killed between rounds and restarted from its
+// checkpoint: the regions' links re-join it (their client's retries), the
+// round in flight goes through, and every member holds the upstream state.
+TEST_F(RegionalTest, UpstreamRestartsFromCheckpoint_RegionsGoOn) {
+  upstream_dir_ =
+      absl::StrCat(::testing::TempDir(), "/lsgd-regional-up-", getpid());
+  Start(AveragingMode::kOuterNesterov);
+  if (HasFatalFailure()) return;
+  for (int r = 1; r <= 2; ++r) {
+    auto out = SyncAll(all(), r);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(out[i].ok()) << out[i].status();
+  }
+  const int port = upstream_->port();
+  upstream_->coordinator()->FlushCheckpoints();
+  upstream_->Shutdown(absl::ZeroDuration());
+  upstream_.reset();
+  // Round 3 starts while the upstream is down; it comes back on its port.
+  std::vector<absl::StatusOr<SyncOutcome>> out;
+  std::thread round3([&] { out = SyncAll(all(), 3); });
+  ServerOptions again =
+      Options(2, AveragingMode::kOuterNesterov, upstream_dir_);
+  again.listen_address = absl::StrCat("127.0.0.1:", port);
+  upstream_ = testkit::StartServer(std::move(again));
+  round3.join();
+  ASSERT_NE(upstream_, nullptr);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(out[i].ok()) << "member " << i << ": " << out[i].status();
+  }
+  for (int r = 4; r <= 5; ++r) {
+    auto next = SyncAll(all(), r);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(next[i].ok()) << "round " << r << ": " << next[i].status();
+      EXPECT_TRUE(next[i]->contributed) << "round " << r << " member " << i;
+    }
+    for (int i = 1; i < 4; ++i) {
+      ASSERT_EQ(members_[i].params, members_[0].params) << "round " << r;
+    }
+  }
   EXPECT_EQ(UpstreamState(), members_[0].params);
 }
 
