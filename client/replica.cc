@@ -335,7 +335,7 @@ absl::StatusOr<SyncOutcome> Replica::Rejoin(const Layout& layout,
       outcome = ReseedThenContribute(
           layout,
           SeedOrigin{trained_from, trained_from > 0 ? last_contributors : 0},
-          params);
+          params, work);
       break;
     case RejoinAction::kContribute: {
       // Asking for the round it was syncing: the parameters (and anchor)
@@ -386,7 +386,8 @@ absl::StatusOr<SyncOutcome> Replica::Rejoin(const Layout& layout,
 // were trained from, which the other members hold too), named by its id,
 // and the parameters then go as a delta against it.
 absl::StatusOr<SyncOutcome> Replica::ReseedThenContribute(
-    const Layout& layout, SeedOrigin origin, absl::Span<float> params) {
+    const Layout& layout, SeedOrigin origin, absl::Span<float> params,
+    const SyncWork& work) {
   const bool pseudo_gradients = member_.pseudo_gradients();
   // (A first seed, origin.round 0, seeds the parameters: there is no state
   // they were trained from that another member could hold.)
@@ -414,6 +415,8 @@ absl::StatusOr<SyncOutcome> Replica::ReseedThenContribute(
   if (!pseudo_gradients) member_.RestoreContribution();
   SyncPlan next;
   next.round = member_.state_round() + 1;
+  next.local_steps = work.local_steps;
+  next.weight = work.weight;
   return SyncRound(layout, next, params);
 }
 

@@ -69,9 +69,12 @@ class Replica {
                              const ShardSpec* expect_shard) const;
   absl::StatusOr<SyncOutcome> Rejoin(const Layout& layout,
                                      absl::Span<float> params, SyncWork work);
+  // `work`: what the contribution after the seed says (its steps, its
+  // weight).
   absl::StatusOr<SyncOutcome> ReseedThenContribute(const Layout& layout,
                                                    SeedOrigin origin,
-                                                   absl::Span<float> params);
+                                                   absl::Span<float> params,
+                                                   const SyncWork& work);
   // Sends the replica's chunks of `params` as `plan` says and stores the
   // result (MemberState: a failed Sync leaves `params` as they were).
   absl::StatusOr<SyncOutcome> SyncRound(const Layout& layout,

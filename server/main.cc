@@ -224,8 +224,10 @@ ABSL_FLAG(std::string, upstream, "",
           "commits the upstream round's result as its own. Not with "
           "--shard_count > 1 or --ha_etcd. Empty: not regional.");
 ABSL_FLAG(std::string, upstream_member, "",
-          "A regional coordinator: its member name in the upstream jobs. "
-          "Empty: '<hostname>/regional'.");
+          "A regional coordinator: its member name in the upstream jobs "
+          "(the same after a restart: it then takes its own place). Empty: "
+          "'<hostname>/regional-<port>' (the --listen port; the pid with "
+          "port 0).");
 ABSL_FLAG(uint32_t, upstream_rendezvous, 0,
           "A regional coordinator: the regions an upstream job it creates "
           "waits for before its first round (its rendezvous_members; every "
@@ -415,7 +417,14 @@ UpstreamFromFlags(bool ha, uint32_t shard_count) {
   if (client.member_name.empty()) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
-    client.member_name = absl::StrCat(host, "/regional");
+    // Two regional coordinators of one host (or of one name: network
+    // namespaces) must not take each other's place upstream: the port
+    // they listen on, or their pid where it is chosen at start.
+    const std::string listen = absl::GetFlag(FLAGS_listen);
+    const std::string port = listen.substr(listen.rfind(':') + 1);
+    client.member_name = port.empty() || port == "0"
+                             ? absl::StrCat(host, "/regional-", getpid())
+                             : absl::StrCat(host, "/regional-", port);
   }
   client.settings.rendezvous_members = absl::GetFlag(FLAGS_upstream_rendezvous);
   client.security.token_file = absl::GetFlag(FLAGS_upstream_token_file);

@@ -92,15 +92,20 @@ void UpstreamLink::Submit(std::weak_ptr<Job> job, UpstreamRequest request) {
 
 void UpstreamLink::Stop() {
   if (!thread_.joinable()) return;
+  // The thread itself may drop the last reference to its job: it never
+  // waits for itself.
+  const bool self = thread_.get_id() == std::this_thread::get_id();
   bool exited = false;
   {
     absl::MutexLock lock(&core_->mu);
     core_->stopping = true;
     core_->queue.clear();
-    exited = core_->mu.AwaitWithTimeout(absl::Condition(&core_->exited),
-                                        absl::Seconds(5));
+    if (!self) {
+      exited = core_->mu.AwaitWithTimeout(absl::Condition(&core_->exited),
+                                          absl::Seconds(5));
+    }
   }
-  if (exited && thread_.get_id() != std::this_thread::get_id()) {
+  if (exited) {
     thread_.join();
   } else {
     // Still in a call upstream (or this is the thread itself, dropping the
@@ -173,8 +178,18 @@ UpstreamAnswer UpstreamLink::Core::Answer(UpstreamRequest& request) {
     answer.status = s;
     return answer;
   }
-  return request.kind == UpstreamRequest::Kind::kSeed ? Seed(request)
-                                                      : Round(request);
+  UpstreamAnswer answer = request.kind == UpstreamRequest::Kind::kSeed
+                              ? Seed(request)
+                              : Round(request);
+  if (!answer.status.ok()) {
+    // Whatever went wrong (the upstream restarted without its members, a
+    // sharded upstream's shards went different ways), the next request
+    // starts over: a new member (same name: it takes the old one's place),
+    // joined, and the upstream state fetched.
+    client.reset();
+    initialized = false;
+  }
+  return answer;
 }
 
 absl::Status UpstreamLink::Core::Joined() {
@@ -266,8 +281,6 @@ UpstreamAnswer UpstreamLink::Core::Round(UpstreamRequest& request) {
   absl::StatusOr<SyncOutcome> outcome =
       client->Sync(absl::MakeSpan(params), work);
   if (!outcome.ok()) {
-    // The client put its anchor back (the base); so do its parameters.
-    params.assign(base.begin(), base.end());
     UpstreamAnswer answer;
     answer.status = outcome.status();
     return answer;

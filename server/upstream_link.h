@@ -17,6 +17,12 @@
 // regional coordinator restarted while the upstream job went on) is answered
 // with the upstream state whole, contributing nothing.
 //
+// A request that fails (the client's retries spent, a refusal) drops the
+// client: the next one joins again as a new incarnation of the same member
+// name (taking the old one's place upstream) and fetches the upstream
+// state, whatever went wrong (an upstream restarted without its members,
+// a sharded upstream whose shards went different ways).
+//
 // Memory: the upstream state (one float per element) besides the client's
 // anchor and result buffers (two).
 #ifndef LOCALSGD_SERVER_UPSTREAM_LINK_H_

@@ -772,6 +772,10 @@ bool Job::CancelWaiter(const SyncSession& session) {
         session.round_ != 0) {
       removed = open_->waiters.erase(session.waiter_id_) > 0;
     }
+    if (sealed_ != nullptr && sealed_->round.id() == session.round_ &&
+        session.round_ != 0) {
+      removed = sealed_->waiters.erase(session.waiter_id_) > 0 || removed;
+    }
     if (session.round_ == 0 && seed_ != nullptr) {
       removed = seed_->waiters.erase(session.waiter_id_) > 0;
       if (session.role_ == SyncSession::Role::kSeed &&
@@ -885,8 +889,13 @@ void Job::CloseRoundLocked(CloseReason reason, absl::Time now,
 
 RoundClosure Job::AccountCloseLocked(OpenRound& open, CloseReason reason,
                                      absl::Time now) {
+  RoundClosure closure = open.round.Close(reason, now);
+  ApplyClosureLocked(open, closure);
+  return closure;
+}
+
+void Job::ApplyClosureLocked(OpenRound& open, const RoundClosure& closure) {
   OpenRound* round = &open;
-  RoundClosure closure = round->round.Close(reason, now);
   if (guard_.RoundClosed(round->outlier_refused,
                          static_cast<uint32_t>(closure.contributed.size()))) {
     LOG(WARNING) << "job " << id_ << ": round " << round->round.id()
@@ -914,7 +923,6 @@ RoundClosure Job::AccountCloseLocked(OpenRound& open, CloseReason reason,
   }
   steps_.Add(closure.record.steps);
   pacing_.Closed(closure);
-  return closure;
 }
 
 void Job::SetUpstream(std::unique_ptr<Upstream> upstream) {
@@ -936,7 +944,10 @@ void Job::SealRoundLocked(CloseReason reason, absl::Time now,
     std::copy(sum.begin(), sum.end(), to.begin());
     DivideInPlace(to, sums.scaled_weight(c));
   }
-  round->closure = AccountCloseLocked(*round, reason, now);
+  // What the close tells the members' records, the guard, the pacing and
+  // the step counts waits for the answer: a round that fails upstream is
+  // given again.
+  round->closure = round->round.Close(reason, now);
   UpstreamRequest request;
   request.kind = UpstreamRequest::Kind::kRound;
   request.serial = ++upstream_serial_;
@@ -948,11 +959,12 @@ void Job::SealRoundLocked(CloseReason reason, absl::Time now,
                        : round->closure.record.contributor_weight;
   // What a Sync may say (the limits of SyncHeader.weight and local_steps):
   // a region heavier than a member may be goes up as heavy as one may.
-  if (request.weight > 1e6) {
+  if (request.weight > 0 && (request.weight < 1e-6 || request.weight > 1e6)) {
+    const double clamped = std::clamp(request.weight, 1e-6, 1e6);
     LOG(WARNING) << "job " << id_ << ": round " << round->round.id()
-                 << "'s weight " << request.weight
-                 << " goes up as 1e6, the most a contribution may weigh";
-    request.weight = 1e6;
+                 << "'s weight " << request.weight << " goes up as " << clamped
+                 << ", within what a contribution may weigh";
+    request.weight = clamped;
   }
   const StepCounts& steps = round->closure.record.steps;
   if (steps.merged > 0) {
@@ -1021,12 +1033,15 @@ void Job::CommitSealedLocked(UpstreamAnswer answer, Deferred& deferred) {
   if (!answer.status.ok()) {
     LOG(WARNING) << "job " << id_ << ": round " << id
                  << " failed upstream; its members retry it: " << answer.status;
-    FailAll(round->waiters,
-            absl::Status(answer.status.code(),
-                         absl::StrCat("round ", id, " of job '", id_,
-                                      "' failed at its upstream job (",
-                                      answer.status.message(), "); retry")),
-            deferred);
+    // UNAVAILABLE whatever the upstream said: the members retry the round
+    // (a FAILED_PRECONDITION or NOT_FOUND of the upstream's is not theirs
+    // to mend by joining again here).
+    FailAll(
+        round->waiters,
+        absl::UnavailableError(absl::StrCat(
+            "round ", id, " of job '", id_, "' failed at its upstream job (",
+            answer.status.ToString(), "); retry")),
+        deferred);
     return;
   }
   RoundClosure& closure = round->closure;
@@ -1059,7 +1074,13 @@ void Job::CommitSealedLocked(UpstreamAnswer answer, Deferred& deferred) {
     closure.record.contributors.clear();
     closure.record.contributor_ids.clear();
     closure.record.contributor_weight = 0;
+    // Their steps were thrown away upstream, as a late member's are.
+    StepCounts& steps = closure.record.steps;
+    steps.late += steps.merged;
+    steps.merged = 0;
+    steps.merged_stale = 0;
   }
+  ApplyClosureLocked(*round, closure);
   CommitLocked(std::move(closure.record), std::move(state),
                std::move(round->waiters), closure.refused, deferred);
 }
@@ -1252,6 +1273,16 @@ void Job::SupersedeReseedLocked(const MemberInfo& member,
                 " was open; retry")),
             deferred);
     open_.reset();
+  }
+  if (sealed_ != nullptr) {
+    // Its upstream answer is ignored when it comes (its serial is gone).
+    FailAll(sealed_->waiters,
+            absl::AbortedError(absl::StrCat(
+                "job '", id_, "' was re-seeded from a newer state (round ",
+                origin.round, ") while round ", sealed_->round.id(),
+                " waited for its upstream job; retry")),
+            deferred);
+    sealed_.reset();
   }
   commit_.Drop();
   released_state_.reset();

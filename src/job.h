@@ -176,9 +176,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // answer commits it: the step the upstream round took, added to the
   // state (members get it as the round's delta), or the upstream state
   // whole (members get it as a state; their contributions did not count).
-  // An answer that is an error fails the round's Syncs with it (the
-  // members retry the round). No per-chunk finality. Call once, before the
-  // job is shared; the job stops `upstream` when it stops.
+  // An answer that is an error fails the round's Syncs with UNAVAILABLE
+  // (the members retry the round; the close's effects on the members'
+  // records, the step counts and the pacing wait for a commit). No
+  // per-chunk finality. Call once, before the job is shared; the job stops
+  // `upstream` when it stops.
   void SetUpstream(std::unique_ptr<Upstream> upstream);
   // The answer to the request `serial` (UpstreamRequest); ignored if the job
   // no longer waits for it (stopped, its seed abandoned).
@@ -516,6 +518,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // members' bookkeeping, the outlier guard, the step rates and the pacing.
   RoundClosure AccountCloseLocked(OpenRound& round, CloseReason reason,
                                   absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The close's side of that (AccountCloseLocked without RoundState::Close).
+  void ApplyClosureLocked(OpenRound& round, const RoundClosure& closure)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A regional job (SetUpstream): the round closes into sealed_, its mean
   // goes up; and the answer commits it.

@@ -220,8 +220,6 @@ TEST_F(StaleContributionTest, Mean_Staleness1_CountsWithHalfWeight) {
   EXPECT_DOUBLE_EQ(status.steps.goodput(), 1.0);
 }
 
-// Staleness S (here 2) still merges, with weight 1/3 (banked: b is
-// answered at once and the round closes at its deadline without b's next).
 // A Sync that says its weight (SyncHeader.weight: a member that stands for
 // several, a regional coordinator) counts with it instead of its member's:
 // fresh, and stale (divided by 1 + s as any weight).
@@ -285,6 +283,8 @@ TEST_F(StaleContributionTest, SyncSaysABadWeight_InvalidArgument) {
   EXPECT_FALSE(job_->Status(10).round_open) << "no round opened";
 }
 
+// Staleness S (here 2) still merges, with weight 1/3 (banked: b is
+// answered at once and the round closes at its deadline without b's next).
 TEST_F(StaleContributionTest, Mean_StalenessS_MergesWithWeightOneThird) {
   MakeJob(StaleSettings(2));
   const MemberId a = Join("a"), b = Join("b");

@@ -15,6 +15,8 @@
 //   - a region that stops: the upstream job goes on without it;
 //   - the upstream killed between rounds and restarted from its
 //     checkpoint: the round in flight goes through, the regions go on;
+//     down for longer than the links' retries: the round fails UNAVAILABLE
+//     and the members retry it until it goes through;
 //   - each region's status names its upstream, the upstream's lists the
 //     regions as its members;
 //   - a regional job refuses settings other than MEAN over float32 with
@@ -163,8 +165,6 @@ class RegionalTest : public ::testing::Test {
 
   // The upstream job's state.
   std::vector<float> UpstreamState() {
-    auto client = Client::Create(UpstreamOptions(*upstream_, "watcher"));
-    EXPECT_TRUE(client.ok());
     std::vector<float> state(kN);
     ClientOptions options = UpstreamOptions(*upstream_, "watcher");
     options.settings.contribution = Contribution::kPseudoGradients;
@@ -386,6 +386,61 @@ TEST_F(RegionalTest, UpstreamRestartsFromCheckpoint_RegionsGoOn) {
     }
   }
   EXPECT_EQ(UpstreamState(), members_[0].params);
+}
+
+// The upstream down for longer than the links' retries: the regional
+// round fails UNAVAILABLE (whatever the upstream's error) and its members
+// retry it; once the upstream is back (from its checkpoint) the round goes
+// through and every member holds the upstream state.
+TEST_F(RegionalTest, UpstreamDownPastTheLinksRetries_MembersRetryTheRound) {
+  upstream_dir_ =
+      absl::StrCat(::testing::TempDir(), "/lsgd-regional-down-", getpid());
+  Start(AveragingMode::kMean);
+  if (HasFatalFailure()) return;
+  {
+    auto out = SyncAll(all(), 1);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(out[i].ok()) << out[i].status();
+  }
+  const int port = upstream_->port();
+  upstream_->coordinator()->FlushCheckpoints();
+  upstream_->Shutdown(absl::ZeroDuration());
+  upstream_.reset();
+  std::vector<absl::StatusOr<SyncOutcome>> out;
+  std::thread round2([&] { out = SyncAll(all(), 2); });
+  // Both regions' links gave up once (their client's 5 s of retries).
+  auto failed = [&](int g) {
+    auto job = regions_[g]->coordinator()->FindJob(kJob);
+    if (!job.ok()) return false;
+    const JobStatusSnapshot status = (*job)->Status(1);
+    return status.upstream.has_value() && !status.upstream->last_error.empty();
+  };
+  const bool both_failed = testkit::AwaitCondition(
+      [&] { return failed(0) && failed(1); }, absl::Seconds(30));
+  ServerOptions again = Options(2, AveragingMode::kMean, upstream_dir_);
+  again.listen_address = absl::StrCat("127.0.0.1:", port);
+  upstream_ = testkit::StartServer(std::move(again));
+  round2.join();
+  ASSERT_TRUE(both_failed) << "the links never reported the upstream down";
+  ASSERT_NE(upstream_, nullptr);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(out[i].ok()) << "member " << i << ": " << out[i].status();
+  }
+  for (int i = 1; i < 4; ++i) {
+    ASSERT_EQ(members_[i].params, members_[0].params);
+  }
+  auto next = SyncAll(all(), 3);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(next[i].ok()) << next[i].status();
+    EXPECT_TRUE(next[i]->contributed) << "member " << i;
+  }
+  EXPECT_EQ(UpstreamState(), members_[0].params);
+  EXPECT_EQ(regions_[0]
+                ->coordinator()
+                ->FindJob(kJob)
+                .value()
+                ->Status(1)
+                .upstream->last_error,
+            "");
 }
 
 TEST(RegionalSettingsTest, OtherThanMeanOverFloat32_FailedPrecondition) {
