@@ -134,7 +134,8 @@ std::vector<absl::StatusOr<SyncOutcome>> SyncAll(std::vector<Member*> members,
 }
 
 // Two regions of two members under one upstream, and the same four members
-// flat: weights 1 and 3 in region a, 2 and 2 in region b.
+// flat: weights 1 and 3 in region a, 2 and 5 in region b (4 against 7: the
+// regions weigh what their members do, not one each).
 class RegionalTest : public ::testing::Test {
  protected:
   void Start(AveragingMode upstream_mode) {
@@ -148,7 +149,7 @@ class RegionalTest : public ::testing::Test {
       regions_[g] = testkit::StartServer(std::move(options));
       ASSERT_NE(regions_[g], nullptr);
     }
-    const double weights[4] = {1, 3, 2, 2};
+    const double weights[4] = {1, 3, 2, 5};
     for (int i = 0; i < 4; ++i) {
       members_[i].index = i;
       members_[i].params = Theta0();
@@ -191,7 +192,7 @@ TEST_F(RegionalTest, TwoLevelMean_EqualsFlatWeightedMean_MembersIdentical) {
   // The same four members, flat.
   auto flat = testkit::StartServer(Options(4, AveragingMode::kMean));
   ASSERT_NE(flat, nullptr);
-  const double weights[4] = {1, 3, 2, 2};
+  const double weights[4] = {1, 3, 2, 5};
   Member flat_members[4];
   std::vector<Member*> flats;
   for (int i = 0; i < 4; ++i) {
@@ -218,7 +219,7 @@ TEST_F(RegionalTest, TwoLevelMean_EqualsFlatWeightedMean_MembersIdentical) {
     for (uint64_t j = 0; j < kN; ++j) {
       double sum = 0;
       for (int i = 0; i < 4; ++i) sum += weights[i] * Change(i, r, j);
-      exact[j] += sum / 8;
+      exact[j] += sum / 11;
     }
     for (int i = 1; i < 4; ++i) {
       ASSERT_EQ(members_[i].params, members_[0].params)
@@ -245,7 +246,7 @@ TEST_F(RegionalTest, TwoLevelMean_EqualsFlatWeightedMean_MembersIdentical) {
   ASSERT_EQ(status.members.size(), 2u);
   EXPECT_EQ(status.members[0].name, "region-0");
   EXPECT_EQ(status.members[1].name, "region-1");
-  EXPECT_DOUBLE_EQ(status.recent_rounds[0].contributor_weight, 8.0);
+  EXPECT_DOUBLE_EQ(status.recent_rounds[0].contributor_weight, 11.0);
   // Each region's status names its upstream: the tree's other level.
   for (int g = 0; g < 2; ++g) {
     const JobStatusSnapshot region =
@@ -340,7 +341,7 @@ TEST_F(RegionalTest, RegionRestartsFromCheckpoint_MembersGoOnWithTheUpstream) {
     const JobStatusSnapshot up =
         upstream_->coordinator()->FindJob(kJob).value()->Status(1);
     counted_again = out[0]->contributed && !up.recent_rounds.empty() &&
-                    up.recent_rounds[0].contributor_weight == 8.0;
+                    up.recent_rounds[0].contributor_weight == 11.0;
   }
   EXPECT_TRUE(counted_again)
       << "region a's members never counted upstream again";
