@@ -217,9 +217,9 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
     out << "\nregional: member " << u.member_name() << " of job "
         << job.job_id() << " at " << u.target() << "; upstream round "
         << u.upstream_round() << ", " << u.answered() << " answered"
-        << (u.last_error().empty() ? std::string()
-                                   : absl::StrCat("; last error: ",
-                                                  u.last_error()))
+        << (u.last_error().empty()
+                ? std::string()
+                : absl::StrCat("; last error: ", u.last_error()))
         << "\n";
   }
   out << "\n" << GoodputLine(job) << "\n";
