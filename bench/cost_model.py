@@ -93,31 +93,28 @@ def gbit(x):
     return x * 1e9 / 8
 
 
-def flat_link(P, W, S, wire, member_bps, coordinator_bps, uplink_bps=None,
-              per_uplink=0):
-    up, down = WIRE[wire]
-    t = max(P * up, P * down) / member_bps
-    t = max(t, W * P * max(up, down) / S / coordinator_bps)
-    if uplink_bps:
-        t = max(t, per_uplink * P * max(up, down) / uplink_bps)
-    return t
-
-
-def flat_cpu(P, W, S, wire, cores=1):
-    """The busiest process's passes: a member's, or a shard's on `cores`
-    cores (its streams' chunks are reduced on gRPC's threads, in parallel
-    across streams)."""
+def flat_terms(P, W, S, wire, member_bps, coordinator_bps, uplink_bps=None,
+               per_uplink=0, cores=1):
+    """Each bound of a flat round, in seconds: the links (the busier
+    direction) and the busiest process's passes, a member's or a shard's on
+    `cores` cores (its streams' chunks are reduced on gRPC's threads, in
+    parallel across streams)."""
     r = RATE[wire]
-    member = P / r["encode"] + P / r["decode"]
-    shard = (W * P / S / r["accumulate"] + P / S / r["step"]) / cores
-    return max(member, shard)
+    b = max(WIRE[wire])
+    terms = {
+        "members' links": P * b / member_bps,
+        "members' CPU": P / r["encode"] + P / r["decode"],
+        "coordinators' links": W * P * b / S / coordinator_bps,
+        "coordinators' CPU":
+            (W * P / S / r["accumulate"] + P / S / r["step"]) / cores,
+    }
+    if uplink_bps:
+        terms["uplinks"] = per_uplink * P * b / uplink_bps
+    return terms
 
 
-def flat_round(P, W, S, wire, member_bps, coordinator_bps, uplink_bps=None,
-               per_uplink=0):
-    link = flat_link(P, W, S, wire, member_bps, coordinator_bps, uplink_bps,
-                     per_uplink)
-    return KAPPA * max(link, flat_cpu(P, W, S, wire))
+def flat_round(*args, **kwargs):
+    return KAPPA * max(flat_terms(*args, **kwargs).values())
 
 
 def regional_round(P, G, Wg, wire, regional_bps, uplink_bps, upstream_bps):
@@ -132,8 +129,9 @@ def memory_mib(P, W, S, wire, rule):
     return state_bytes(wire, rule) * P / S / 2**20 + 32 + 1.1 * W
 
 
-# Every point measured here: (what, predicted s, measured s, commit, where
-# it is in bench/README.md, whether the model covers it).
+# Every point measured here (bench/README.md "The encoded wires at their
+# link bound", "Regional coordinators"): (what, predicted s, measured s,
+# commit, whether the model covers it).
 def points():
     G1, M100 = gbit(1), gbit(0.1)
     P = 25e6
@@ -144,26 +142,22 @@ def points():
             (1, "sparse2", 0.153, "178f71b"), (4, "sparse2", 0.155, "178f71b")]:
         rows.append((f"netns 1 Gbit/s, W=4, 25M, {s} shard(s), {wire}",
                      flat_round(P, 4, s, wire, G1, G1), measured, commit,
-                     "The encoded wires at their link bound",
                      s == 1 and wire != "sparse2"))
-    rows.append(("netns, 2 regions of 4 flat over 100 Mbit/s uplinks, 25M float32",
-                 flat_round(P, 8, 1, "float32", G1, G1, M100, 4), 38.716,
-                 "a8ac56f", "Regional coordinators", True))
-    rows.append(("netns, the same regional (float32 upstream)",
-                 regional_round(P, 2, 4, "float32", G1, M100, G1), 15.408,
-                 "a8ac56f", "Regional coordinators", True))
-    rows.append(("netns, 2 regions of 4 flat over the uplinks, int4",
-                 flat_round(P, 8, 1, "int4", G1, G1, M100, 4), 4.766,
-                 "a8ac56f", "Regional coordinators", True))
-    rows.append(("netns, the same regional (int4 upstream)",
-                 regional_round(P, 2, 4, "int4", G1, M100, G1), 8.097,
-                 "a8ac56f", "Regional coordinators", True))
+    for wire, flat, regional in [("float32", 38.716, 15.408),
+                                 ("int4", 4.766, 8.097)]:
+        rows.append((f"netns, 2 regions of 4 flat over 100 Mbit/s uplinks, "
+                     f"25M, {wire}",
+                     flat_round(P, 8, 1, wire, G1, G1, M100, 4), flat,
+                     "a8ac56f", True))
+        rows.append((f"netns, the same regional ({wire} upstream)",
+                     regional_round(P, 2, 4, wire, G1, M100, G1), regional,
+                     "a8ac56f", True))
     # Loopback: 4 workers and the coordinator on 2 cores; links ~6.4 GB/s.
     lo = 6.4e9
     for wire, measured in [("float32", 0.231), ("int4", 0.142)]:
         rows.append((f"loopback, W=4, 25M, {wire} (2 cores shared)",
                      flat_round(P, 4, 1, wire, lo, lo), measured, "178f71b",
-                     "The encoded wires at their link bound", False))
+                     False))
     return rows
 
 
@@ -171,7 +165,7 @@ def validate():
     print("| point | model s | measured s | error | covered | commit |")
     print("|---|---:|---:|---:|---|---|")
     worst = 0.0
-    for what, predicted, measured, commit, _, covered in points():
+    for what, predicted, measured, commit, covered in points():
         err = (predicted - measured) / measured
         if covered:
             worst = max(worst, abs(err))
@@ -196,14 +190,8 @@ def plan(args):
     print("| shards | round s | bound by | memory per shard GiB |")
     print("|---:|---:|---|---:|")
     for s in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]:
-        r = RATE[wire]
-        terms = {
-            "members' links": max(WIRE[wire]) * P / mbps,
-            "members' CPU": P / r["encode"] + P / r["decode"],
-            "coordinators' links": W * P * max(WIRE[wire]) / s / cbps,
-            "coordinators' CPU": (W * P / s / r["accumulate"] +
-                                  P / s / r["step"]) / args.coordinator_cores,
-        }
+        terms = flat_terms(P, W, s, wire, mbps, cbps,
+                           cores=args.coordinator_cores)
         bound = max(terms, key=terms.get)
         t = KAPPA * terms[bound]
         mem = memory_mib(P, W, s, wire, rule) / 1024
@@ -225,10 +213,8 @@ def plan(args):
         g = args.regions
         per = math.ceil(W / g)
         ubps = gbit(args.uplink_gbit)
-        flat = KAPPA * max(flat_link(P, W, best[0] if best else 1, wire, mbps,
-                                     cbps, ubps, per),
-                           flat_cpu(P, W, best[0] if best else 1, wire,
-                                    args.coordinator_cores))
+        flat = flat_round(P, W, best[0] if best else 1, wire, mbps, cbps,
+                          ubps, per, args.coordinator_cores)
         reg = regional_round(P, g, per, wire, cbps, ubps, cbps)
         print(f"\n{g} regions of {per} members, uplinks {args.uplink_gbit} "
               f"Gbit/s: flat across the uplinks {flat:.2f} s, regional "
