@@ -164,6 +164,29 @@ class RegionalTest : public ::testing::Test {
     return {&members_[0], &members_[1], &members_[2], &members_[3]};
   }
 
+  // Every member syncs round r, and each Sync succeeds.
+  void SyncAllOk(int r) {
+    auto out = SyncAll(all(), r);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(out[i].ok()) << "round " << r << ": " << out[i].status();
+    }
+  }
+
+  // `server` dies with its checkpoints written; returns the port it had.
+  static int Crash(std::unique_ptr<CoordinatorServer>& server) {
+    const int port = server->port();
+    server->coordinator()->FlushCheckpoints();
+    server->Shutdown(absl::ZeroDuration());
+    server.reset();
+    return port;
+  }
+
+  // `options` on `port` (a coordinator started again where it was).
+  static ServerOptions OnPort(ServerOptions options, int port) {
+    options.listen_address = absl::StrCat("127.0.0.1:", port);
+    return options;
+  }
+
   // The upstream job's state.
   std::vector<float> UpstreamState() {
     std::vector<float> state(kN);
@@ -268,10 +291,8 @@ TEST_F(RegionalTest, TwoLevelMean_EqualsFlatWeightedMean_MembersIdentical) {
 TEST_F(RegionalTest, RegionStops_UpstreamGoesOnWithoutIt) {
   Start(AveragingMode::kMean);
   if (HasFatalFailure()) return;
-  {
-    auto out = SyncAll(all(), 1);
-    for (int i = 0; i < 4; ++i) ASSERT_TRUE(out[i].ok()) << out[i].status();
-  }
+  SyncAllOk(1);
+  if (HasFatalFailure()) return;
   // Region 1's members go, then the region, without a drain.
   members_[2].client.reset();
   members_[3].client.reset();
@@ -314,18 +335,15 @@ TEST_F(RegionalTest, RegionRestartsFromCheckpoint_MembersGoOnWithTheUpstream) {
   Start(AveragingMode::kMean);
   if (HasFatalFailure()) return;
   for (int r = 1; r <= 2; ++r) {
-    auto out = SyncAll(all(), r);
-    for (int i = 0; i < 4; ++i) ASSERT_TRUE(out[i].ok()) << out[i].status();
+    SyncAllOk(r);
+    if (HasFatalFailure()) return;
   }
   // Region a dies after round 2 (its checkpoint survives) and comes back on
   // the same port; its members' next Sync finds it.
-  const int port = regions_[0]->port();
-  regions_[0]->coordinator()->FlushCheckpoints();
-  regions_[0]->Shutdown(absl::ZeroDuration());
-  regions_[0].reset();
-  ServerOptions again = Options(2, AveragingMode::kMean, dirs_[0]);
+  const int port = Crash(regions_[0]);
+  ServerOptions again =
+      OnPort(Options(2, AveragingMode::kMean, dirs_[0]), port);
   again.coordinator.upstream = links_[0].get();
-  again.listen_address = absl::StrCat("127.0.0.1:", port);
   regions_[0] = testkit::StartServer(std::move(again));
   ASSERT_NE(regions_[0], nullptr);
   bool counted_again = false;
@@ -357,20 +375,15 @@ TEST_F(RegionalTest, UpstreamRestartsFromCheckpoint_RegionsGoOn) {
   Start(AveragingMode::kOuterNesterov);
   if (HasFatalFailure()) return;
   for (int r = 1; r <= 2; ++r) {
-    auto out = SyncAll(all(), r);
-    for (int i = 0; i < 4; ++i) ASSERT_TRUE(out[i].ok()) << out[i].status();
+    SyncAllOk(r);
+    if (HasFatalFailure()) return;
   }
-  const int port = upstream_->port();
-  upstream_->coordinator()->FlushCheckpoints();
-  upstream_->Shutdown(absl::ZeroDuration());
-  upstream_.reset();
+  const int port = Crash(upstream_);
   // Round 3 starts while the upstream is down; it comes back on its port.
   std::vector<absl::StatusOr<SyncOutcome>> out;
   std::thread round3([&] { out = SyncAll(all(), 3); });
-  ServerOptions again =
-      Options(2, AveragingMode::kOuterNesterov, upstream_dir_);
-  again.listen_address = absl::StrCat("127.0.0.1:", port);
-  upstream_ = testkit::StartServer(std::move(again));
+  upstream_ = testkit::StartServer(
+      OnPort(Options(2, AveragingMode::kOuterNesterov, upstream_dir_), port));
   round3.join();
   ASSERT_NE(upstream_, nullptr);
   for (int i = 0; i < 4; ++i) {
@@ -398,14 +411,9 @@ TEST_F(RegionalTest, UpstreamDownPastTheLinksRetries_MembersRetryTheRound) {
       absl::StrCat(::testing::TempDir(), "/lsgd-regional-down-", getpid());
   Start(AveragingMode::kMean);
   if (HasFatalFailure()) return;
-  {
-    auto out = SyncAll(all(), 1);
-    for (int i = 0; i < 4; ++i) ASSERT_TRUE(out[i].ok()) << out[i].status();
-  }
-  const int port = upstream_->port();
-  upstream_->coordinator()->FlushCheckpoints();
-  upstream_->Shutdown(absl::ZeroDuration());
-  upstream_.reset();
+  SyncAllOk(1);
+  if (HasFatalFailure()) return;
+  const int port = Crash(upstream_);
   std::vector<absl::StatusOr<SyncOutcome>> out;
   std::thread round2([&] { out = SyncAll(all(), 2); });
   // Both regions' links gave up once (their client's 5 s of retries).
@@ -417,9 +425,8 @@ TEST_F(RegionalTest, UpstreamDownPastTheLinksRetries_MembersRetryTheRound) {
   };
   const bool both_failed = testkit::AwaitCondition(
       [&] { return failed(0) && failed(1); }, absl::Seconds(30));
-  ServerOptions again = Options(2, AveragingMode::kMean, upstream_dir_);
-  again.listen_address = absl::StrCat("127.0.0.1:", port);
-  upstream_ = testkit::StartServer(std::move(again));
+  upstream_ = testkit::StartServer(
+      OnPort(Options(2, AveragingMode::kMean, upstream_dir_), port));
   round2.join();
   ASSERT_TRUE(both_failed) << "the links never reported the upstream down";
   ASSERT_NE(upstream_, nullptr);
