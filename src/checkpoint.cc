@@ -234,6 +234,7 @@ std::string EncodeHeader(const JobCheckpoint& c, uint64_t num_values,
   for (uint64_t id : c.ancestors) PutU64(&h, id);
   PutU32(&h, c.settings.sparse_keep);
   PutU32(&h, c.settings.sparse_result_keep);
+  PutU32(&h, c.participants);
   PutU64(&h, num_values);
   PutU64(&h, num_momentum);
   PutU64(&h, num_residual);
@@ -564,6 +565,9 @@ absl::StatusOr<ArrayCounts> ParseHeader(absl::string_view header,
   if (version >= 9 && (!r.U32(&c->settings.sparse_keep) ||
                        !r.U32(&c->settings.sparse_result_keep))) {
     return Malformed(r, "sparse keep");
+  }
+  if (version >= 10 && !r.U32(&c->participants)) {
+    return Malformed(r, "participants");
   }
   ArrayCounts counts;
   if (!r.U64(&counts.values)) return Malformed(r, "values count");

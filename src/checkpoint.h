@@ -1,12 +1,12 @@
 // Durable checkpoints of coordinator job state: what a restarted coordinator
 // needs to resume a job (layout, settings, round, global parameters).
 //
-// File format, version 9. All integers little-endian; floats IEEE-754
+// File format, version 10. All integers little-endian; floats IEEE-754
 // binary32, little-endian.
 //
 //   offset  size  field
 //   0       8     magic "LSGDCKPT"
-//   8       4     format version (9; 1 to 8 are read too)
+//   8       4     format version (10; 1 to 9 are read too)
 //   12      4     H: header length in bytes
 //   16      8     file length in bytes (all of it, the trailer included)
 //   24      H     header:
@@ -30,6 +30,7 @@
 //                   u32 A, A x u64: the ids of the states before this
 //                     one, newest first, A <= 64         (version 8)
 //                   u32 sparse_keep, u32 sparse_result_keep (version 9)
+//                   u32 participants of the state's round (version 10)
 //                   u64 N: number of values (the shard's elements)
 //                   u64 M, u64 R: momentum and residual values, each 0
 //                     or N                               (version 3)
@@ -44,13 +45,14 @@
 // CRCs are masked as leveldb masks them (a CRC over data that holds CRCs is
 // weak otherwise). The header CRC lets a reader trust the header's lengths
 // before it reads gigabytes of values; the trailing CRC covers everything. A
-// later version changes the format version. This build writes version 9 and
+// later version changes the format version. This build writes version 10 and
 // reads 1 (which had no non-finite policy, "reject", and no shards, {0, 1}),
 // 2 (which had no pseudo-gradients: contribution "parameters", outer
 // hyper-parameters 0, no state id, momentum or residual), 3 (no deadline
 // mode: "fixed"), 4 (no epoch: 0), 5 (no outlier guard: off, as the job
 // ran), 6 (no mean encoding: float32), 7 (no stale contributions: off, no
-// ancestors; step budget fixed), 8 (no sparse codes: sparse_keep 0) and 9.
+// ancestors; step budget fixed), 8 (no sparse codes: sparse_keep 0), 9 (no
+// participants: 0, a restored job regathers for a whole lease) and 10.
 #ifndef LOCALSGD_SRC_CHECKPOINT_H_
 #define LOCALSGD_SRC_CHECKPOINT_H_
 
@@ -101,10 +103,14 @@ struct JobCheckpoint {
   // first (at most kMaxStalenessLimit): how stale a delta against one of
   // them is (JobSettings::max_staleness).
   std::vector<uint64_t> ancestors;
+  // How many members took part in the round that made this state (0: not
+  // known, as for a seed): a job restored from it regathers until as many
+  // are back, or for one lease (Job::RestoreState).
+  uint32_t participants = 0;
 };
 
 // The file format version this build writes and reads.
-inline constexpr uint32_t kCheckpointFormatVersion = 9;
+inline constexpr uint32_t kCheckpointFormatVersion = 10;
 // The oldest format version this build reads.
 inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 

@@ -65,6 +65,7 @@ void Checkpointer::Run() {
     meta.shard = shard_;
     meta.state_id = p.state->id;
     meta.ancestors = p.state->ancestors;
+    meta.participants = p.state->participants;
     meta.epoch = epoch_ != nullptr ? epoch_() : 0;
     const absl::Status s =
         store_->Save(meta, p.state->values, p.state->momentum,

@@ -189,9 +189,14 @@ absl::Status Coordinator::Restore() {
     }
     job->RestoreState(c.round, std::move(c.values), c.state_id,
                       std::move(c.momentum), std::move(c.residual),
-                      std::move(c.mean_residual), std::move(c.ancestors));
+                      std::move(c.mean_residual), std::move(c.ancestors),
+                      c.participants);
     LOG(INFO) << "restored job " << c.job_id << " at round " << c.round << " ("
-              << *n << " elements) from " << options_.checkpoint_store->dir();
+              << *n << " elements) from " << options_.checkpoint_store->dir()
+              << (c.participants > 0
+                      ? absl::StrCat("; its next round waits for ",
+                                     c.participants, " members or one lease")
+                      : std::string("; its next round waits one lease"));
     jobs_.emplace(c.job_id, std::move(job));
   }
   return absl::OkStatus();

@@ -73,7 +73,7 @@ void Job::RestoreState(RoundId round, std::vector<float> values) {
 void Job::RestoreState(RoundId round, std::vector<float> values, uint64_t id,
                        std::vector<float> momentum, std::vector<float> residual,
                        std::vector<float> mean_residual,
-                       std::vector<uint64_t> ancestors) {
+                       std::vector<uint64_t> ancestors, uint32_t participants) {
   absl::MutexLock lock(&mu_);
   members_.ResetEmptySince(clock_->Now());
   commit_.Restore(round, std::move(values), id, std::move(momentum),
@@ -82,8 +82,9 @@ void Job::RestoreState(RoundId round, std::vector<float> values, uint64_t id,
   released_state_ = commit_.shared_state();
   state_ticket_ = 0;
   // The members are not checkpointed: give them one lease to come back, so
-  // that the first one to return does not close the next round alone.
-  pacing_.Restored(round, clock_->Now() + policy_.lease_ttl);
+  // that the first one to return does not close the next round alone; as
+  // many as took part in the state's round back end it sooner.
+  pacing_.Restored(round, clock_->Now() + policy_.lease_ttl, participants);
 }
 
 void Job::RunDeferred(Deferred& deferred) {
@@ -1297,6 +1298,11 @@ void Job::CommitLocked(RoundRecord record, std::shared_ptr<StateSnapshot> state,
   state_at_ = now;
   const WorkMedians medians = WorkMediansLocked();
   const uint64_t previous_id = commit_.state_id();
+  // A job restored from this state waits for as many (a seed's one member
+  // does not say how many will come).
+  if (record.reason != CloseReason::kSeed) {
+    state->participants = static_cast<uint32_t>(record.participants.size());
+  }
   std::shared_ptr<const StateSnapshot> committed =
       commit_.Commit(std::move(state), record.round);
   reseeded_ = false;  // CompleteSeedLocked sets it for a re-seed
@@ -1677,6 +1683,8 @@ absl::Status Job::ApplyReplicated(const ReplicatedCommit& update) {
     std::shared_ptr<StateSnapshot> next = std::move(mirror_->next);
     next->values = std::move(mirror_->values);
     next->id = update.state_id;
+    next->participants =
+        static_cast<uint32_t>(update.record.participants.size());
     mirror_.reset();
     commit_.Commit(std::move(next), update.round);
   }

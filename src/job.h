@@ -134,13 +134,15 @@ class Job : public std::enable_shared_from_this<Job> {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The same with the state's id and a pseudo-gradient job's momentum,
   // residual and mean residual (each empty or of num_elements; id 0: a new
-  // one), and the ids of the states before it (newest first; see
-  // StateSnapshot::ancestors).
+  // one), the ids of the states before it (newest first; see
+  // StateSnapshot::ancestors), and how many took part in its round
+  // (StateSnapshot::participants): if > 0, the regather also ends once the
+  // open round has that many participants.
   void RestoreState(RoundId round, std::vector<float> values, uint64_t id,
                     std::vector<float> momentum, std::vector<float> residual,
                     std::vector<float> mean_residual = {},
-                    std::vector<uint64_t> ancestors = {})
-      ABSL_LOCKS_EXCLUDED(mu_);
+                    std::vector<uint64_t> ancestors = {},
+                    uint32_t participants = 0) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A standby's job follows its primary's (src/replicator.h): applies the
   // updates in the primary's order. Errors (the job unchanged):

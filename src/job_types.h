@@ -67,6 +67,10 @@ struct StateSnapshot {
   // newest first (the previous state's id first), as many as the job's
   // max_staleness; empty after a seed. How stale a delta is.
   std::vector<uint64_t> ancestors;
+  // How many members took part in the round that made it (0: not known; a
+  // seed). Checkpointed: a job restored from it regathers until as many
+  // are back (Job::RestoreState).
+  uint32_t participants = 0;
 };
 
 // What a Sync resolves to: how the round ended for the member, and the

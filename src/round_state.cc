@@ -317,9 +317,10 @@ CloseDecision RoundPacing::Decide(const RoundState& round,
                      now, learned_);
 }
 
-void RoundPacing::Restored(RoundId round, absl::Time until) {
+void RoundPacing::Restored(RoundId round, absl::Time until, uint32_t members) {
   if (round > 0) rendezvous_done_ = true;
   regather_until_ = until;
+  regather_members_ = members;
 }
 
 void RoundPacing::Reseeded(absl::Time until, uint32_t members) {
@@ -357,7 +358,7 @@ void RoundPacing::Closed(const RoundClosure& closure) {
               << " members complete";
   }
   if (regather_members_ > 0) {
-    // A re-seed's regather lasts its first round.
+    // A re-seed's or a restore's regather by members lasts its first round.
     regather_members_ = 0;
     regather_until_ = absl::InfinitePast();
   }

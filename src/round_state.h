@@ -226,8 +226,9 @@ class RoundPacing {
   CloseDecision Decide(const RoundState& round, absl::Time now) const;
 
   // A state of `round` was restored: past the rendezvous if round > 0; the
-  // open round regathers until `until`.
-  void Restored(RoundId round, absl::Time until);
+  // open round regathers until `until` or (members > 0) until it has
+  // `members` participants, and at most until it closes.
+  void Restored(RoundId round, absl::Time until, uint32_t members);
   // A re-seed: past the rendezvous; the next round regathers until `until`
   // or (members > 0) until it has `members` participants, and at most
   // until it closes.

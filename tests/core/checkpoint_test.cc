@@ -204,6 +204,7 @@ void ExpectSame(const JobCheckpoint& got, const JobCheckpoint& want) {
   EXPECT_EQ(got.settings.outer_momentum, want.settings.outer_momentum);
   EXPECT_EQ(got.settings.deadline_mode, want.settings.deadline_mode);
   EXPECT_EQ(got.state_id, want.state_id);
+  EXPECT_EQ(got.participants, want.participants);
   EXPECT_EQ(got.shard, want.shard);
   ASSERT_EQ(got.values.size(), want.values.size());
   EXPECT_EQ(std::memcmp(got.values.data(), want.values.data(),
@@ -352,6 +353,7 @@ std::string ReferenceFile(const JobCheckpoint& c, uint32_t version) {
     header.U32(c.settings.sparse_keep);
     header.U32(c.settings.sparse_result_keep);
   }
+  if (version >= 10) header.U32(c.participants);
   header.U64(3);
   if (version >= 3) {
     header.U64(c.momentum.size());
@@ -539,7 +541,7 @@ TEST(CheckpointFormatTest, SparseKeep_KeptAndVersion8ReadsAsNone) {
   c.settings.wire_dtype = DType::kSparse2;
   c.settings.sparse_keep = 100;
   c.settings.sparse_result_keep = 400;
-  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 9));
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, kCheckpointFormatVersion));
   absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->settings.wire_dtype, DType::kSparse2);
@@ -560,6 +562,21 @@ TEST(CheckpointFormatTest, SparseKeep_KeptAndVersion8ReadsAsNone) {
     EXPECT_THAT(std::string(bad.status().message()),
                 HasSubstr(absl::StrCat("sparse keep ", keep)));
   }
+}
+
+// Version 10: how many took part in the state's round; version 9 files
+// read as not known (0), so that their job regathers for a whole lease.
+TEST(CheckpointFormatTest, Participants_KeptAndVersion9ReadsAsNotKnown) {
+  JobCheckpoint c = FormatCheckpoint();
+  c.participants = 37;
+  EXPECT_EQ(EncodeCheckpoint(c), ReferenceFile(c, 10));
+  absl::StatusOr<JobCheckpoint> back = DecodeCheckpoint(EncodeCheckpoint(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->participants, 37u);
+  back = DecodeCheckpoint(ReferenceFile(c, 9));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->participants, 0u);
+  EXPECT_EQ(back->round, c.round);
 }
 
 // Every setting of the settings table (src/settings.h) survives a restart:

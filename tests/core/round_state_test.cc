@@ -301,7 +301,7 @@ TEST_F(RoundPacingTest, NoRendezvous_ForOneMember) {
 TEST_F(RoundPacingTest, Restored_RegathersForTheGivenTime) {
   RoundPacing pacing("job-1", 4, false, CloseRules{});
   const absl::Time until = clock_.Now() + absl::Seconds(30);
-  pacing.Restored(/*round=*/7, until);
+  pacing.Restored(/*round=*/7, until, /*members=*/0);
   EXPECT_FALSE(pacing.gathering().rendezvous_pending);  // round > 0
   RoundState round = Open(1);
   EXPECT_TRUE(pacing.Gathers(round, clock_.Now()));
@@ -309,7 +309,7 @@ TEST_F(RoundPacingTest, Restored_RegathersForTheGivenTime) {
   EXPECT_FALSE(pacing.Gathers(round, clock_.Now()));
   // A restore of the seed (round 0) leaves the rendezvous pending.
   RoundPacing seed("job-1", 4, false, CloseRules{});
-  seed.Restored(0, until);
+  seed.Restored(0, until, 0);
   EXPECT_TRUE(seed.gathering().rendezvous_pending);
 }
 
@@ -328,9 +328,24 @@ TEST_F(RoundPacingTest, Reseeded_RegathersUntilMembersBackOrItsRoundCloses) {
 TEST_F(RoundPacingTest, Closed_AfterARestore_KeepsTheRegather) {
   RoundPacing pacing("job-1", 1, false, CloseRules{});
   const absl::Time until = clock_.Now() + absl::Seconds(30);
-  pacing.Restored(5, until);
+  pacing.Restored(5, until, 0);
   pacing.Closed(ClosureOf(1));
   EXPECT_EQ(pacing.gathering().regather_until, until);
+}
+
+// A checkpoint that says how many took part in its round (3): the restored
+// job regathers until that many are back, or until the lease passes.
+TEST_F(RoundPacingTest, Restored_WithParticipants_RegathersUntilTheyAreBack) {
+  RoundPacing pacing("job-1", 1, false, CloseRules{});
+  const absl::Time until = clock_.Now() + absl::Seconds(30);
+  pacing.Restored(5, until, /*members=*/3);
+  EXPECT_TRUE(pacing.Gathers(Open(2), clock_.Now()));
+  EXPECT_FALSE(pacing.Gathers(Open(3), clock_.Now()));
+  clock_.Advance(absl::Seconds(30));
+  EXPECT_FALSE(pacing.Gathers(Open(2), clock_.Now()));
+  pacing.Closed(ClosureOf(2));
+  EXPECT_EQ(pacing.gathering().regather_members, 0u);
+  EXPECT_EQ(pacing.gathering().regather_until, absl::InfinitePast());
 }
 
 // Equal lags L teach median L, MAD floored at max(L/20, 1 ms): usual =

@@ -58,9 +58,10 @@ class ShardTest : public ::testing::Test {
     options.listen_address = absl::StrCat("127.0.0.1:", port);
     options.coordinator.shard = ShardSpec{i, count};
     options.coordinator.clock = clock;
-    // A restored replica regathers its members for one lease before its
-    // first round closes: keep that short.
-    options.coordinator.policy.lease_ttl = absl::Seconds(2);
+    // A restored replica regathers until its last round's members are back,
+    // or for one lease: a long one, so that a member slow to reconnect on a
+    // busy machine still takes part in the next round.
+    options.coordinator.policy.lease_ttl = absl::Seconds(30);
     if (with_state) {
       const std::string dir =
           absl::StrCat(::testing::TempDir(), "/shard_test.", getpid(), ".", i);

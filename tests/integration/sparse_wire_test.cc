@@ -68,8 +68,10 @@ ServerOptions Options(const Case& c, const std::string& checkpoint_dir = "") {
   s.rendezvous_members = 2;
   if (!checkpoint_dir.empty()) {
     options.state_dir = checkpoint_dir;
-    // The restored job regathers its members for one lease: keep it short.
-    options.coordinator.policy.lease_ttl = absl::Seconds(2);
+    // The restored job regathers until round 2's two members are back, or
+    // for one lease: a long one, so that a member slow to reconnect on a
+    // busy machine still takes part in round 3.
+    options.coordinator.policy.lease_ttl = absl::Seconds(30);
   }
   return options;
 }

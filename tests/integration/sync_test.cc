@@ -1093,8 +1093,10 @@ TEST(ElasticTest, Sync_CoordinatorRestartedWithStateDir_ResumesRoundNumbering) {
     ServerOptions options;
     options.listen_address = absl::StrCat("127.0.0.1:", port);
     options.coordinator.default_settings.chunk_elements = 16;
-    // The restored job regathers its members for one lease: keep it short.
-    options.coordinator.policy.lease_ttl = absl::Seconds(2);
+    // The restored job regathers until round 4's two members are back, or
+    // for one lease: a long one, so that a member slow to reconnect on a
+    // busy machine still takes part in round 5.
+    options.coordinator.policy.lease_ttl = absl::Seconds(30);
     options.state_dir = dir;
     auto server = CoordinatorServer::Start(options);
     EXPECT_TRUE(server.ok()) << server.status();
