@@ -55,13 +55,16 @@ KAPPA = 1.12
 
 # Bytes per element on the wire, up (a member's delta) and down (the
 # coordinator's result), at the defaults (int8/int4: one float32 scale per
-# block of 64; sparse2: 64 of 4096 kept up, 256 down).
+# block of 64; sparse2: 64 of 4096 kept up, 256 down, 88 and 264 bytes a
+# block of 4096 with Elias-Fano positions; "sparse2-12bit": the same with
+# the 12-bit positions of the points measured on 178f71b, 120 and 456).
 WIRE = {
     "float32": (4.0, 4.0),
     "bfloat16": (2.0, 2.0),
     "int8": (1.0625, 1.0625),
     "int4": (0.5625, 0.5625),
-    "sparse2": (0.7e6 / 25e6, 2.8e6 / 25e6),
+    "sparse2": (88 / 4096, 264 / 4096),
+    "sparse2-12bit": (120 / 4096, 456 / 4096),
 }
 
 # Elements per second per core of the kernels a round runs (bench/README.md,
@@ -74,6 +77,8 @@ RATE = {
     "int8": dict(encode=3.9e9, decode=5.5e9, accumulate=5.5e9, step=3.9e9),
     "int4": dict(encode=3.7e9, decode=2.7e9, accumulate=2.7e9, step=3.7e9),
     "sparse2": dict(encode=1.38e9, decode=12e9, accumulate=12e9, step=1.38e9),
+    "sparse2-12bit": dict(encode=1.38e9, decode=12e9, accumulate=12e9,
+                          step=1.38e9),
 }
 
 # Bytes per parameter a coordinator keeps (docs/deployment.md).
@@ -139,10 +144,11 @@ def points():
     for s, wire, measured, commit in [
             (1, "float32", 3.668, "178f71b"), (4, "float32", 1.030, "178f71b"),
             (1, "int4", 0.500, "178f71b"), (4, "int4", 0.186, "178f71b"),
-            (1, "sparse2", 0.153, "178f71b"), (4, "sparse2", 0.155, "178f71b")]:
+            (1, "sparse2-12bit", 0.153, "178f71b"),
+            (4, "sparse2-12bit", 0.155, "178f71b")]:
         rows.append((f"netns 1 Gbit/s, W=4, 25M, {s} shard(s), {wire}",
                      flat_round(P, 4, s, wire, G1, G1), measured, commit,
-                     s == 1 and wire != "sparse2"))
+                     s == 1 and not wire.startswith("sparse")))
     for wire, flat, regional in [("float32", 38.716, 15.408),
                                  ("int4", 4.766, 8.097)]:
         rows.append((f"netns, 2 regions of 4 flat over 100 Mbit/s uplinks, "

@@ -42,7 +42,36 @@ size_t BlockLength(size_t n, size_t b) {
 size_t KeptInBlock(size_t nb, SparseCode code) {
   return (code.keep * nb + kSparseBlock - 1) / kSparseBlock;
 }
-size_t PositionBytes(size_t kept) { return (kPositionBits * kept + 7) / 8; }
+
+// A block's positions, Elias-Fano coded: the low `low` bits of each entry's
+// position (low = the largest l with kb x 2^l <= nb), kb x low bits, then
+// the high parts (position >> low) in unary: entry t's high part h sets bit
+// h + t of the next high_bits = ((nb - 1) >> low) + kb bits.
+struct PositionLayout {
+  unsigned low = 0;
+  size_t high_bits = 0;
+  size_t bits() const { return high_bits + kb * low; }
+  size_t kb = 0;
+};
+PositionLayout PositionsOf(size_t nb, size_t kb) {
+  PositionLayout p;
+  p.kb = kb;
+  while (p.low < kPositionBits && kb << (p.low + 1) <= nb) ++p.low;
+  p.high_bits = ((nb - 1) >> p.low) + kb;
+  return p;
+}
+// The bits of every block's positions, back to back.
+size_t PositionBits(size_t n, SparseCode code) {
+  const size_t full = n / kSparseBlock;
+  const size_t tail = n % kSparseBlock;
+  size_t bits =
+      full * PositionsOf(kSparseBlock, KeptInBlock(kSparseBlock, code)).bits();
+  if (tail != 0) bits += PositionsOf(tail, KeptInBlock(tail, code)).bits();
+  return bits;
+}
+size_t PositionBytes(size_t n, SparseCode code) {
+  return (PositionBits(n, code) + 7) / 8;
+}
 size_t CodeBytes(size_t kept, uint32_t bits) { return (bits * kept + 7) / 8; }
 
 float FloatAt(const char* p) {
@@ -51,21 +80,69 @@ float FloatAt(const char* p) {
   return f;
 }
 
-// The bit streams, least significant bit first. Position j (12 bits) is at
-// bit 12 j: bit offset 0 or 4 in its first byte, always two bytes, both
-// within the stream. A code (2 or 4 bits) never crosses a byte. The
-// writers OR into a zeroed stream, without branches.
-inline void PutPosition(uint8_t* p, size_t j, uint32_t pos) {
-  const uint32_t v = pos << (4 * (j % 2));
-  uint8_t* q = p + 12 * j / 8;
-  q[0] |= static_cast<uint8_t>(v);
-  q[1] |= static_cast<uint8_t>(v >> 8);
+// The bit streams, least significant bit first (bit t of a stream is bit
+// t mod 8 of byte t / 8). The writers OR into a zeroed stream and touch no
+// byte past the last one they set a bit of.
+inline void PutBits(uint8_t* p, size_t bit, uint32_t v, unsigned width) {
+  if (width == 0) return;
+  uint8_t* q = p + bit / 8;
+  uint32_t x = v << (bit % 8);
+  const unsigned bytes = (bit % 8 + width + 7) / 8;  // at most 3
+  for (unsigned i = 0; i < bytes; ++i, x >>= 8) q[i] |= static_cast<uint8_t>(x);
 }
-inline uint32_t GetPosition(const uint8_t* p, size_t j) {
-  const uint8_t* q = p + 12 * j / 8;
-  const uint32_t v = uint32_t{q[0]} | uint32_t{q[1]} << 8;
-  return (v >> (4 * (j % 2))) & 0xfffu;
+inline uint32_t GetBits(const uint8_t* p, size_t bit, unsigned width) {
+  if (width == 0) return 0;
+  const uint8_t* q = p + bit / 8;
+  const unsigned bytes = (bit % 8 + width + 7) / 8;
+  uint32_t x = 0;
+  for (unsigned i = 0; i < bytes; ++i) x |= uint32_t{q[i]} << (8 * i);
+  return (x >> (bit % 8)) & ((1u << width) - 1);
 }
+
+// Writes a block's kb ascending positions at bit `at` of the positions'
+// stream.
+void PutPositions(uint8_t* stream, size_t at, const PositionLayout& layout,
+                  const uint16_t* pos) {
+  const size_t high = at + layout.kb * layout.low;
+  for (size_t t = 0; t < layout.kb; ++t) {
+    PutBits(stream, at + t * layout.low, pos[t] & ((1u << layout.low) - 1),
+            layout.low);
+    const size_t one = high + (pos[t] >> layout.low) + t;
+    stream[one / 8] |= static_cast<uint8_t>(1u << (one % 8));
+  }
+}
+
+// Calls fn(t, position) for the entries of a block's positions at bit `at`
+// of the stream, in order, up to layout.kb of them; returns how many the
+// high parts hold (more than kb: the rest not visited).
+template <typename Fn>
+size_t ForEachPosition(const uint8_t* stream, size_t at,
+                       const PositionLayout& layout, Fn fn) {
+  const size_t high = at + layout.kb * layout.low;
+  const size_t end = high + layout.high_bits;
+  size_t t = 0;
+  size_t ones = 0;
+  for (size_t bit = high; bit < end;) {
+    // The rest of this byte, or of the high parts.
+    const size_t stop = std::min(end, (bit / 8 + 1) * 8);
+    uint32_t byte = stream[bit / 8] >> (bit % 8);
+    if (stop % 8 != 0 || stop == end) byte &= (1u << (stop - bit)) - 1;
+    while (byte != 0) {
+      const size_t one = bit + static_cast<size_t>(__builtin_ctz(byte));
+      byte &= byte - 1;
+      if (t < layout.kb) {
+        const uint32_t h = static_cast<uint32_t>(one - high - t);
+        fn(t, (h << layout.low) |
+                  GetBits(stream, at + t * layout.low, layout.low));
+        ++t;
+      }
+      ++ones;
+    }
+    bit = stop;
+  }
+  return ones;
+}
+
 inline void PutCode(uint8_t* p, size_t j, uint32_t bits, uint32_t c) {
   const size_t bit = bits * j;
   p[bit / 8] |= static_cast<uint8_t>(c << (bit % 8));
@@ -134,7 +211,8 @@ struct BlockScratch {
 template <bool kDelta>
 void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
                  SparseCode code, char* scales, uint8_t* positions,
-                 uint8_t* codes, size_t j0, float* decoded, BlockScratch& s) {
+                 size_t pos_bit, uint8_t* codes, size_t j0, float* decoded,
+                 BlockScratch& s) {
   float* e = r != nullptr ? r : s.e;
   uint16_t* bin = s.bin;
   const uint32_t top = ValuesAndBins(v, kDelta ? a : nullptr, r, e, bin, nb);
@@ -242,13 +320,12 @@ void EncodeBlock(const float* v, const float* a, float* r, size_t nb, size_t kb,
     }
     const bool negative = finite && std::signbit(x);
     s.kept_value[j] = negative ? -mag[c] : mag[c];
-    PutPosition(positions, j0 + j, s.pos[j]);
     PutCode(codes, j0 + j, code.bits,
             (negative ? levels : 0u) | c);  // the sign is the top bit
   }
   // Padding: the last kept position again, code 0.
-  for (size_t j = kv; j < kb; ++j)
-    PutPosition(positions, j0 + j, s.pos[kv - 1]);
+  for (size_t j = kv; j < kb; ++j) s.pos[j] = s.pos[kv - 1];
+  PutPositions(positions, pos_bit, PositionsOf(nb, kb), s.pos);
   if (r != nullptr) {
     // r holds e: the kept ones lose what they decode to.
     for (size_t j = 0; j < kv; ++j) r[s.pos[j]] = r[s.pos[j]] - s.kept_value[j];
@@ -266,32 +343,37 @@ void Encode(const float* v, const float* a, float* r, size_t n, SparseCode code,
   const size_t blocks = NumBlocks(n);
   const size_t kept = SparseKept(n, code);
   uint8_t* positions = reinterpret_cast<uint8_t*>(out) + 8 * blocks;
-  uint8_t* codes = positions + PositionBytes(kept);
-  std::memset(positions, 0, PositionBytes(kept) + CodeBytes(kept, code.bits));
+  uint8_t* codes = positions + PositionBytes(n, code);
+  std::memset(positions, 0,
+              PositionBytes(n, code) + CodeBytes(kept, code.bits));
   std::unique_ptr<BlockScratch> scratch(new BlockScratch);
   size_t j0 = 0;
+  size_t pos_bit = 0;
   for (size_t b = 0; b < blocks; ++b) {
     const size_t first = b * kSparseBlock;
     const size_t nb = BlockLength(n, b);
     const size_t kb = KeptInBlock(nb, code);
     EncodeBlock<kDelta>(v + first, kDelta ? a + first : nullptr,
                         r != nullptr ? r + first : nullptr, nb, kb, code,
-                        out + 8 * b, positions, codes, j0,
+                        out + 8 * b, positions, pos_bit, codes, j0,
                         decoded != nullptr ? decoded + first : nullptr,
                         *scratch);
     j0 += kb;
+    pos_bit += PositionsOf(nb, kb).bits();
   }
 }
 
-// Calls fn(element, value) for every kept element of a checked payload.
+// Calls fn(element, value) for every kept element of a payload of the
+// right size (memory safe on any such payload; CheckSparse judges it).
 template <typename Fn>
 void ForEachKept(absl::string_view data, size_t n, SparseCode code, Fn fn) {
   const size_t blocks = NumBlocks(n);
   const uint8_t* positions =
       reinterpret_cast<const uint8_t*>(data.data()) + 8 * blocks;
-  const uint8_t* codes = positions + PositionBytes(SparseKept(n, code));
+  const uint8_t* codes = positions + PositionBytes(n, code);
   const unsigned levels = 1u << (code.bits - 1);
-  size_t j = 0;
+  size_t j0 = 0;
+  size_t pos_bit = 0;
   for (size_t b = 0; b < blocks; ++b) {
     float mag[kMaxLevels];
     Levels(FloatAt(data.data() + 8 * b), FloatAt(data.data() + 8 * b + 4),
@@ -299,17 +381,19 @@ void ForEachKept(absl::string_view data, size_t n, SparseCode code, Fn fn) {
     const size_t first = b * kSparseBlock;
     const size_t nb = BlockLength(n, b);
     const size_t kb = KeptInBlock(nb, code);
+    const PositionLayout layout = PositionsOf(nb, kb);
     int64_t previous = -1;
-    for (size_t t = 0; t < kb; ++t, ++j) {
-      const uint32_t pos = GetPosition(positions, j);
-      const uint32_t c = GetCode(codes, j, code.bits);
+    ForEachPosition(positions, pos_bit, layout, [&](size_t t, uint32_t pos) {
+      const uint32_t c = GetCode(codes, j0 + t, code.bits);
       const float m = mag[c & (levels - 1)];
       // A position not after the one before is padding.
       if (pos<nb&& static_cast<int64_t>(pos)> previous) {
         fn(first + pos, (c & levels) != 0 ? -m : m);
       }
       previous = std::max<int64_t>(previous, pos);
-    }
+    });
+    j0 += kb;
+    pos_bit += layout.bits();
   }
 }
 
@@ -343,7 +427,7 @@ size_t SparseKept(size_t n, SparseCode code) {
 
 size_t SparseWireBytes(size_t n, SparseCode code) {
   const size_t kept = SparseKept(n, code);
-  return 8 * NumBlocks(n) + PositionBytes(kept) + CodeBytes(kept, code.bits);
+  return 8 * NumBlocks(n) + PositionBytes(n, code) + CodeBytes(kept, code.bits);
 }
 
 void EncodeSparseWithFeedback(absl::Span<const float> values,
@@ -387,8 +471,9 @@ absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code) {
   const size_t kept = SparseKept(n, code);
   const uint8_t* positions =
       reinterpret_cast<const uint8_t*>(data.data()) + 8 * blocks;
-  const uint8_t* codes = positions + PositionBytes(kept);
-  size_t j = 0;
+  const uint8_t* codes = positions + PositionBytes(n, code);
+  size_t j0 = 0;
+  size_t pos_bit = 0;
   for (size_t b = 0; b < blocks; ++b) {
     const float lo = FloatAt(data.data() + 8 * b);
     const float hi = FloatAt(data.data() + 8 * b + 4);
@@ -402,41 +487,55 @@ absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code) {
     }
     const size_t nb = BlockLength(n, b);
     const size_t kb = KeptInBlock(nb, code);
+    const PositionLayout layout = PositionsOf(nb, kb);
     int64_t previous = -1;
     bool padding = false;
-    for (size_t t = 0; t < kb; ++t, ++j) {
-      const uint32_t pos = GetPosition(positions, j);
-      // Formatted on an error only: this loop runs for every entry of
-      // every upload.
-      auto where = [&] {
-        return absl::StrCat("sparse block ", b, " (", nb, " values): entry ", t,
-                            " is at position ", pos);
-      };
-      if (pos >= nb) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where(), ", past the block's end"));
-      }
-      if (static_cast<int64_t>(pos) < previous) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where(), ", before the one before (", previous,
-                         "); positions must ascend"));
-      }
-      if (static_cast<int64_t>(pos) == previous) {
-        // Padding: the block keeps fewer values than it has entries.
-        if (const uint32_t c = GetCode(codes, j, code.bits); c != 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where(), " again with code ", c,
-                           "; a repeated position is padding, its code 0"));
-        }
-        padding = true;
-      } else if (padding) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where(), " after padding; padding ends a block"));
-      }
-      previous = pos;
+    absl::Status status;
+    const size_t entries = ForEachPosition(
+        positions, pos_bit, layout, [&](size_t t, uint32_t pos) {
+          if (!status.ok()) return;
+          // Formatted on an error only: this runs for every entry of every
+          // upload.
+          auto where = [&] {
+            return absl::StrCat("sparse block ", b, " (", nb,
+                                " values): entry ", t, " is at position ", pos);
+          };
+          if (pos >= nb) {
+            status = absl::InvalidArgumentError(
+                absl::StrCat(where(), ", past the block's end"));
+          } else if (static_cast<int64_t>(pos) < previous) {
+            status = absl::InvalidArgumentError(
+                absl::StrCat(where(), ", before the one before (", previous,
+                             "); positions must ascend"));
+          } else if (static_cast<int64_t>(pos) == previous) {
+            // Padding: the block keeps fewer values than it has entries.
+            if (const uint32_t c = GetCode(codes, j0 + t, code.bits); c != 0) {
+              status = absl::InvalidArgumentError(
+                  absl::StrCat(where(), " again with code ", c,
+                               "; a repeated position is padding, its code 0"));
+            }
+            padding = true;
+          } else if (padding) {
+            status = absl::InvalidArgumentError(
+                absl::StrCat(where(), " after padding; padding ends a block"));
+          }
+          previous = pos;
+        });
+    // The count first: a one too many or too few shifts every entry after
+    // it, whose positions then say little.
+    if (entries != kb) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sparse block ", b, " (", nb,
+                       " values): its positions' high parts "
+                       "hold ",
+                       entries, " entries; the block has ", kb));
     }
+    if (!status.ok()) return status;
+    j0 += kb;
+    pos_bit += layout.bits();
   }
-  if (!PaddingIsZero(positions, kPositionBits * kept, PositionBytes(kept)) ||
+  if (!PaddingIsZero(positions, PositionBits(n, code),
+                     PositionBytes(n, code)) ||
       !PaddingIsZero(codes, code.bits * kept, CodeBytes(kept, code.bits))) {
     return absl::InvalidArgumentError(
         "sparse payload: the padding bits after the last position or code "

@@ -1,8 +1,8 @@
 // Sparse codes: per block of a chunk, the values of largest magnitude, each
-// as a 12-bit position and a 2- or 4-bit code, with error feedback carrying
-// the rest (top-k sparsification with quantized values, as SparseLoCo sends
-// pseudo-gradients). Pure math over spans, like src/codec.h: no locks, no
-// I/O, no protobuf; thread-compatible.
+// as a position (Elias-Fano coded) and a 2- or 4-bit code, with error
+// feedback carrying the rest (top-k sparsification with quantized values,
+// as SparseLoCo sends pseudo-gradients). Pure math over spans, like
+// src/codec.h: no locks, no I/O, no protobuf; thread-compatible.
 //
 // Payload of n values in the code {keep, bits}:
 //
@@ -14,18 +14,23 @@
 //
 //   1. B pairs of float32, little-endian: (lo_b, hi_b), the smallest and
 //      the largest magnitude among block b's kept values;
-//   2. the kept values' positions in their block, 12 bits each: kept value
-//      j of the payload (block after block) in bits [12 j, 12 j + 12) of
-//      this part, least significant bit first (bit 0 of a position at bit
-//      12 j mod 8 of byte 12 j / 8); ascending within a block, where an
-//      entry whose position equals the one before is padding (code 0,
-//      decodes to nothing; only padding may follow it in the block: a block
-//      keeps fewer than k_b values when fewer lie above bin 0);
-//      ceil(12 K / 8) bytes, the bits past the last position zero;
-//   3. their codes, `bits` each, in the same order and packing
-//      (ceil(bits K / 8) bytes, the bits past the last code zero): the top
-//      bit the sign (1: negative), the others a level c in [0, L),
-//      L = 2^(bits - 1).
+//   2. the kept values' positions in their block, a bit stream (bit t of
+//      it is bit t mod 8 of byte t / 8), block after block, each block's
+//      k_b positions Elias-Fano coded in a number of bits that follows
+//      from n_b and k_b alone: with l_b the largest l with k_b x 2^l <=
+//      n_b, first the low l_b bits of each entry's position (entry t at
+//      bits [t l_b, t l_b + l_b) of the block's part, least significant
+//      first), then H_b = ((n_b - 1) >> l_b) + k_b bits in which entry t's
+//      high part h (its position >> l_b) sets bit h + t, and no other bit
+//      is set. Ascending within a block, where an entry whose position
+//      equals the one before is padding (code 0, decodes to nothing; only
+//      padding may follow it in the block: a block keeps fewer than k_b
+//      values when fewer lie above bin 0); ceil(bits / 8) bytes, the bits
+//      past the last block's zero;
+//   3. their codes, `bits` each, in the same order (kept value j of the
+//      payload, block after block, at bits [bits j, bits j + bits); ceil(bits
+//      K / 8) bytes, the bits past the last code zero): the top bit the sign
+//      (1: negative), the others a level c in [0, L), L = 2^(bits - 1).
 //
 //   A kept value decodes to +-(lo + w_c x (hi - lo)), w_c = (2c + 1) / 2L
 //   (the middle of the c-th of L equal steps from lo to hi), computed in
@@ -35,12 +40,14 @@
 //   blockwise codes' policy: such a payload is the non-finite policy's to
 //   judge; its kept values decode to NaN).
 //
-// Bytes for keep = 64 (1.56%) and 2 bits: 120 per full block of 4096 values
-// (0.029 bytes per value: 136x fewer than float32). A bitmap of positions
-// would take 512 bytes per block and wins only above 341 kept (8.3%);
-// varint-coded gaps would take ~8 bits per position at 1.5% instead of 12
-// but make a payload's size depend on its values: fixed sizes keep every
-// chunk's length checkable from the layout alone, as for every other dtype.
+// Bytes per full block of 4096 values and 2 bits: keep = 64 (1.56%) 88
+// (positions 64: 8 bits each; 0.021 bytes per value, 186x fewer than
+// float32), keep = 256 264 (positions 192: 6 bits each). Positions as
+// 12-bit indices would take 96 and 384 bytes; a bitmap 512; varint-coded
+// gaps ~8 bits each at 1.5% but a size that depends on the values. The
+// Elias-Fano code is within 2 bits per entry of log2(C(n_b, k_b)) / k_b,
+// the fewest a fixed size can take, and keeps every chunk's length
+// checkable from the layout alone, as for every other dtype.
 #ifndef LOCALSGD_SRC_SPARSE_CODEC_H_
 #define LOCALSGD_SRC_SPARSE_CODEC_H_
 
@@ -96,8 +103,9 @@ void EncodeSparseDeltaWithFeedback(absl::Span<const float> params,
 
 // INVALID_ARGUMENT, naming the first offence (the block and what), unless
 // `data` is a well-formed payload of n values: its size SparseWireBytes(n),
-// valid scales, positions within their block and ascending (a repeat being
-// padding, code 0, nothing but padding after it), zero padding bits.
+// valid scales, k_b entries in each block's high parts, positions within
+// their block and ascending (a repeat being padding, code 0, nothing but
+// padding after it), zero padding bits.
 absl::Status CheckSparse(absl::string_view data, size_t n, SparseCode code);
 
 // out[i] = the value of element i, n = out.size(). INVALID_ARGUMENT,

@@ -39,33 +39,95 @@ uint32_t Field(const std::string& s, size_t first_bit, unsigned width) {
   return v;
 }
 
-// The payload, read by the letter of the format.
+// A block's positions' layout by the letter of the format: l the largest
+// with kb x 2^l <= nb, then kb x l low bits and ((nb - 1) >> l) + kb high.
+struct PositionPart {
+  unsigned low;
+  size_t high_bits;
+  size_t bits(size_t kb) const { return kb * low + high_bits; }
+};
+PositionPart PartOf(size_t nb, size_t kb) {
+  PositionPart p{0, 0};
+  while ((size_t{1} << (p.low + 1)) * kb <= nb) ++p.low;
+  p.high_bits = ((nb - 1) >> p.low) + kb;
+  return p;
+}
+size_t KeptIn(size_t nb, SparseCode code) {
+  return (code.keep * nb + kSparseBlock - 1) / kSparseBlock;
+}
+size_t NumBlocksOf(size_t n) { return (n + kSparseBlock - 1) / kSparseBlock; }
+size_t BlockSize(size_t n, size_t b) {
+  return std::min(kSparseBlock, n - b * kSparseBlock);
+}
+// Where block b's positions start, in bits past the scales.
+size_t PositionBitOf(size_t n, SparseCode code, size_t b) {
+  size_t bit = 0;
+  for (size_t i = 0; i < b; ++i) {
+    const size_t nb = BlockSize(n, i);
+    bit += PartOf(nb, KeptIn(nb, code)).bits(KeptIn(nb, code));
+  }
+  return bit;
+}
+
+// The payload, read by the letter of the format: block b's positions are
+// those its high parts hold (ones_in_high: how many; kb in a valid one).
 struct Block {
   float lo, hi;
   std::vector<uint32_t> positions, codes;
+  size_t ones_in_high = 0;
 };
 std::vector<Block> Parse(const std::string& p, size_t n, SparseCode code) {
-  const size_t blocks = (n + kSparseBlock - 1) / kSparseBlock;
+  const size_t blocks = NumBlocksOf(n);
   std::vector<Block> out(blocks);
   size_t kept = 0;
-  for (size_t b = 0; b < blocks; ++b) {
-    const size_t nb = std::min(kSparseBlock, n - b * kSparseBlock);
-    kept += (code.keep * nb + kSparseBlock - 1) / kSparseBlock;
-  }
+  for (size_t b = 0; b < blocks; ++b) kept += KeptIn(BlockSize(n, b), code);
   const size_t pos_bit = 8 * 8 * blocks;
-  const size_t code_bit = pos_bit + 8 * ((12 * kept + 7) / 8);
+  const size_t code_bit =
+      pos_bit + 8 * ((PositionBitOf(n, code, blocks) + 7) / 8);
   size_t j = 0;
   for (size_t b = 0; b < blocks; ++b) {
     std::memcpy(&out[b].lo, p.data() + 8 * b, 4);
     std::memcpy(&out[b].hi, p.data() + 8 * b + 4, 4);
-    const size_t nb = std::min(kSparseBlock, n - b * kSparseBlock);
-    const size_t kb = (code.keep * nb + kSparseBlock - 1) / kSparseBlock;
+    const size_t nb = BlockSize(n, b);
+    const size_t kb = KeptIn(nb, code);
+    const PositionPart part = PartOf(nb, kb);
+    const size_t at = pos_bit + PositionBitOf(n, code, b);
+    const size_t high = at + kb * part.low;
+    for (size_t q = 0; q < part.high_bits; ++q) {
+      if (Bit(p, high + q) == 0) continue;
+      const size_t t = out[b].ones_in_high++;
+      if (t >= kb) continue;
+      const uint32_t h = static_cast<uint32_t>(q - t);
+      out[b].positions.push_back(h << part.low |
+                                 Field(p, at + t * part.low, part.low));
+    }
     for (size_t t = 0; t < kb; ++t, ++j) {
-      out[b].positions.push_back(Field(p, pos_bit + 12 * j, 12));
       out[b].codes.push_back(Field(p, code_bit + code.bits * j, code.bits));
     }
   }
   return out;
+}
+
+// `p` with block b's positions written by the letter of the format (kb of
+// them, their high parts non-decreasing), its other bits unchanged.
+std::string WithPositions(std::string p, size_t n, SparseCode code, size_t b,
+                          const std::vector<uint32_t>& positions) {
+  const size_t nb = BlockSize(n, b);
+  const size_t kb = KeptIn(nb, code);
+  const PositionPart part = PartOf(nb, kb);
+  const size_t at = 8 * 8 * NumBlocksOf(n) + PositionBitOf(n, code, b);
+  auto set = [&](size_t k, uint32_t v) {
+    const char mask = static_cast<char>(1u << (k % 8));
+    p[k / 8] = v != 0 ? (p[k / 8] | mask) : (p[k / 8] & ~mask);
+  };
+  for (size_t k = 0; k < part.bits(kb); ++k) set(at + k, 0);
+  for (size_t t = 0; t < kb; ++t) {
+    for (unsigned k = 0; k < part.low; ++k) {
+      set(at + t * part.low + k, (positions[t] >> k) & 1u);
+    }
+    set(at + kb * part.low + (positions[t] >> part.low) + t, 1);
+  }
+  return p;
 }
 
 // What the documented selection keeps of e (one block): the k values first
@@ -195,18 +257,27 @@ void CheckAgainstFormat(const std::vector<float>& v,
 TEST(SparseCodecTest, SizesFollowTheFormat) {
   const SparseCode c2{64, 2};
   EXPECT_EQ(SparseKept(4096, c2), 64u);
-  EXPECT_EQ(SparseWireBytes(4096, c2), 8u + 96u + 16u);  // 120 bytes
-  // A partial block keeps its share, rounded up: 100 values -> 2 kept.
+  // 64 positions of 6 low bits and 63 + 64 high: 511 bits, 64 bytes.
+  EXPECT_EQ(SparseWireBytes(4096, c2), 8u + 64u + 16u);  // 88 bytes
+  // 256 kept: 4 low bits each and 255 + 256 high: 1535 bits.
+  EXPECT_EQ(SparseWireBytes(4096, {256, 2}), 8u + 192u + 64u);
+  // A partial block keeps its share, rounded up: 100 values -> 2 kept, 5
+  // low bits each and (99 >> 5) + 2 high: 15 bits.
   EXPECT_EQ(SparseKept(4096 + 100, c2), 66u);
-  EXPECT_EQ(SparseWireBytes(4096 + 100, c2), 16u + (12 * 66 + 7) / 8 + 17u);
+  EXPECT_EQ(SparseWireBytes(4096 + 100, c2), 16u + (511 + 15 + 7) / 8 + 17u);
   EXPECT_EQ(SparseKept(1, c2), 1u);
   EXPECT_EQ(SparseKept(0, c2), 0u);
   EXPECT_EQ(SparseWireBytes(0, c2), 0u);
-  // Odd counts: positions and codes end mid-byte.
+  // Odd counts: positions and codes end mid-byte (3 kept: 10 low bits
+  // each and 3 + 3 high, 36 bits a block).
   const SparseCode c4{3, 4};
   EXPECT_EQ(SparseKept(3 * 4096, c4), 9u);
   EXPECT_EQ(SparseWireBytes(3 * 4096, c4), 24u + 14u + 5u);
-  EXPECT_EQ(SparseKept(4096, {4096, 2}), 4096u);  // everything
+  // Everything: no low bits, a one and a zero-free unary of 4095 + 4096.
+  EXPECT_EQ(SparseKept(4096, {4096, 2}), 4096u);
+  EXPECT_EQ(SparseWireBytes(4096, {4096, 2}), 8u + 1024u + 1024u);
+  // One kept: 12 low bits and 1 high.
+  EXPECT_EQ(SparseWireBytes(4096, {1, 2}), 8u + 2u + 1u);
 }
 
 TEST(SparseCodecTest, ValidatesTheCode) {
@@ -266,7 +337,9 @@ TEST(SparseCodecTest, TiesAndEdges_MatchTheFormat) {
   EXPECT_EQ(blk.hi, 3.0f);
   EXPECT_TRUE(CheckSparse(some.payload, 4096, {4, 2}).ok());
   for (size_t i = 0; i < 4096; ++i) {
-    if (i != 7 && i != 900) ASSERT_EQ(some.decoded[i], 0.0f) << i;
+    if (i != 7 && i != 900) {
+      ASSERT_EQ(some.decoded[i], 0.0f) << i;
+    }
   }
   EXPECT_EQ(some.decoded[7], 1.5f);     // lo + (hi - lo) / 4
   EXPECT_EQ(some.decoded[900], -2.5f);  // -(lo + 3 (hi - lo) / 4)
@@ -422,18 +495,34 @@ TEST(SparseCodecTest, Decoders_SafeOnAnyInput) {
                                         absl::MakeSpan(out))
                    .ok());
   EXPECT_THAT(out, testing::Each(5.0f));
-  // Every position 4095 (past the last block's 100 values): skipped.
+  // Every bit of the positions set: each block's high parts hold more
+  // entries than it has (the first kb read, each at high part 0 with every
+  // low bit set: block 0 at 63 again and again, block 1 at 31); decoded
+  // as those, the repeats as padding.
   std::string bad = good;
-  std::fill(bad.begin() + 16, bad.begin() + 16 + 99, '\xff');
-  EXPECT_FALSE(CheckSparse(bad, n, {64, 2}).ok());
+  const size_t codes = (2 * 66 + 7) / 8;
+  std::fill(bad.begin() + 16, bad.end() - codes, '\xff');
+  EXPECT_THAT(CheckSparse(bad, n, {64, 2}).message(),
+              HasSubstr("high parts hold 127 entries; the block has 64"));
   std::vector<float> acc(n, 0.0f);
   EXPECT_TRUE(
       AccumulateSparseWeighted(bad, {64, 2}, 1.0f, absl::MakeSpan(acc)).ok());
   for (size_t i = 0; i < n; ++i) {
-    if (i != 4095) {
+    if (i != 63 && i != 4096 + 31) {
       EXPECT_EQ(acc[i], 0.0f) << i;
     }
   }
+  EXPECT_NE(acc[63], 0.0f);
+  // A position past a partial block's end (100 values, 5 low bits: high
+  // part 3 and low 31 is 127): skipped.
+  const uint32_t first1 = Parse(good, n, {64, 2})[1].positions[0];
+  ASSERT_LT(first1, 96u);
+  const std::string past = WithPositions(good, n, {64, 2}, 1, {first1, 127});
+  std::fill(acc.begin(), acc.end(), 0.0f);
+  EXPECT_TRUE(
+      AccumulateSparseWeighted(past, {64, 2}, 1.0f, absl::MakeSpan(acc)).ok());
+  EXPECT_EQ(acc.size(), n);
+  EXPECT_NE(acc[4096 + first1], 0.0f);
 }
 
 // Hostile payloads: each refused with what and where, from a good one.
@@ -467,38 +556,59 @@ TEST(SparseCodecTest, CheckSparse_RefusesMalformedPayloads) {
   EXPECT_TRUE(
       CheckSparse(put_float(put_float(good, 0, nan), 4, nan), n, code).ok());
   // Positions: the second equal to the first, out of order, past the end
-  // of the (partial) last block.
-  const size_t pos_byte = 16;
-  auto with_position = [&](size_t j, uint32_t pos) {
-    std::string s = good;
-    for (unsigned t = 0; t < 12; ++t) {
-      const size_t k = 8 * pos_byte + 12 * j + t;
-      s[k / 8] = static_cast<char>(
-          (static_cast<uint8_t>(s[k / 8]) & ~(1u << (k % 8))) |
-          (((pos >> t) & 1u) << (k % 8)));
-    }
-    return s;
-  };
+  // of the (partial) last block, more or fewer entries than the block has.
   const std::vector<Block> blocks = Parse(good, n, code);
+  ASSERT_EQ(blocks[0].ones_in_high, 64u);
+  ASSERT_EQ(blocks[0].positions.size(), 64u);
+  auto with_positions = [&](size_t b, std::vector<uint32_t> positions) {
+    return WithPositions(good, n, code, b, positions);
+  };
+  std::vector<uint32_t> p0 = blocks[0].positions;
   // A repeated position is padding: its code must be 0 and no kept value
   // may follow it in its block (one of the two, whichever the code is).
+  std::vector<uint32_t> repeated = p0;
+  repeated[1] = repeated[0];
   EXPECT_THAT(
-      std::string(CheckSparse(with_position(1, blocks[0].positions[0]), n, code)
-                      .message()),
+      std::string(CheckSparse(with_positions(0, repeated), n, code).message()),
       HasSubstr("padding"));
-  ASSERT_GT(blocks[0].positions[0], 0u);
-  EXPECT_THAT(std::string(CheckSparse(with_position(1, 0), n, code).message()),
-              HasSubstr("before the one before"));
-  EXPECT_THAT(CheckSparse(with_position(64, 4000), n, code).message(),
-              HasSubstr("past the block's end"));
-  EXPECT_THAT(CheckSparse(with_position(0, 4095), n, code).message(),
-              HasSubstr("sparse block 0"));
+  // Out of order within one high part (64 positions of 6 low bits: the
+  // high part is the position's 64-value stretch).
+  std::vector<uint32_t> swapped = p0;
+  const uint32_t stretch = p0[1] & ~63u;
+  swapped[0] = stretch | 5;
+  swapped[1] = stretch | 3;
+  EXPECT_THAT(
+      std::string(CheckSparse(with_positions(0, swapped), n, code).message()),
+      HasSubstr("entry 1 is at position " + std::to_string(stretch | 3) +
+                ", before the one before"));
+  EXPECT_THAT(
+      CheckSparse(with_positions(1, {blocks[1].positions[0], 127}), n, code)
+          .message(),
+      HasSubstr("sparse block 1 (100 values): entry 1 is at position 127, "
+                "past the block's end"));
+  // One more one in block 0's high parts (a zero of them set), and one
+  // fewer (a one cleared).
+  auto flip = [&](size_t bit) {
+    std::string s = good;
+    s[16 + bit / 8] = static_cast<char>(s[16 + bit / 8] ^ (1u << (bit % 8)));
+    return s;
+  };
+  const size_t high0 = 64 * 6;
+  size_t a_zero = high0;
+  while (Bit(good, 8 * 16 + a_zero) == 1) ++a_zero;
+  EXPECT_THAT(CheckSparse(flip(a_zero), n, code).message(),
+              HasSubstr("sparse block 0 (4096 values): its positions' high "
+                        "parts hold 65 entries; the block has 64"));
+  size_t a_one = high0;
+  while (Bit(good, 8 * 16 + a_one) == 0) ++a_one;
+  EXPECT_THAT(CheckSparse(flip(a_one), n, code).message(),
+              HasSubstr("hold 63 entries"));
   // Padding bits: 66 codes of 2 bits end mid-byte.
   std::string padded = good;
   padded.back() = static_cast<char>(padded.back() | 0x80);
   EXPECT_THAT(CheckSparse(padded, n, code).message(), HasSubstr("padding"));
-  // 3 positions of 12 bits end mid-byte too (byte 8 + 4 holds the last
-  // position's top half and 4 padding bits).
+  // 3 positions of 36 bits end mid-byte too (byte 8 + 4 holds the last
+  // 4 bits of the high parts and 4 padding bits).
   const std::string three =
       Encode(Normal(4096, 43), std::vector<float>(4096, 0.0f), {3, 2}).payload;
   ASSERT_EQ(three.size(), 8u + 5u + 1u);

@@ -134,8 +134,9 @@ std::string Int8WithScale(float scale) {
 }
 
 // The sparse rows' code: 768 of 4096 kept, so that a chunk of kChunk (16)
-// values keeps 3: 8 bytes of scales, 36 bits of positions (5 bytes, 4
-// padding bits), 6 bits of codes (1 byte).
+// values keeps 3: 8 bytes of scales, 12 bits of positions (2 bytes, 4
+// padding bits: 3 x 2 low bits, then 3 + 3 high), 6 bits of codes (1
+// byte). The chunk's values are 0.25 + 0.01 i: it keeps 13, 14 and 15.
 constexpr uint32_t kSparseKeep = 768;
 constexpr SparseCode kSparseRowCode{kSparseKeep, 2};
 
@@ -175,14 +176,17 @@ std::string SparseWithBits(size_t bit, size_t width, uint32_t value) {
   return data;
 }
 
-// Position t of the sparse chunk.
-uint32_t SparsePosition(const std::string& data, size_t t) {
-  uint32_t pos = 0;
-  for (size_t k = 0; k < 12; ++k) {
-    const size_t at = 64 + 12 * t + k;
-    pos |= ((static_cast<unsigned char>(data[at / 8]) >> (at % 8)) & 1u) << k;
+// The sparse chunk with its three positions written by the letter of the
+// format (high parts non-decreasing): 2 low bits each, then entry t's high
+// part h (position >> 2) as bit h + t of the next 6.
+std::string SparseWithPositions(const std::vector<uint32_t>& positions) {
+  std::string data = SparseChunk();
+  SetSparseBits(data, 0, 12, 0);
+  for (size_t t = 0; t < 3; ++t) {
+    SetSparseBits(data, 2 * t, 2, positions[t] & 3u);
+    SetSparseBits(data, 6 + (positions[t] >> 2) + t, 1, 1);
   }
-  return pos;
+  return data;
 }
 
 struct Row {
@@ -448,37 +452,46 @@ std::vector<Row> Rows() {
        grpc::StatusCode::OK, ""},
       // The sparse codes: every malformed part of a payload, refused before
       // it touches the round; the settings that go with them.
-      {"Sync_SparsePositionPastTheChunk_InvalidArgument",
+      // (A position past a chunk of 16 cannot be written: 2 low bits and
+      // a high part of at most 3. The codec's tests write one past a block
+      // of 100.)
+      {"Sync_SparseMoreEntriesThanKept_InvalidArgument",
        [](Env& env) {
-         return SyncOneChunk(env, Header(env, 2), SparseWithBits(0, 12, 20));
+         // The high parts' ones at 9, 10, 11 (13, 14, 15): one more at 6.
+         return SyncOneChunk(env, Header(env, 2), SparseWithBits(6, 1, 1));
        },
        grpc::StatusCode::INVALID_ARGUMENT,
-       "sparse block 0 (16 values): entry 0 is at position 20, past the "
-       "block's end",
+       "sparse block 0 (16 values): its positions' high parts hold 4 "
+       "entries; the block has 3",
+       DType::kSparse2},
+      {"Sync_SparseFewerEntriesThanKept_InvalidArgument",
+       [](Env& env) {
+         return SyncOneChunk(env, Header(env, 2), SparseWithBits(11, 1, 0));
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "sparse block 0 (16 values): its positions' high parts hold 2 "
+       "entries; the block has 3",
        DType::kSparse2},
       {"Sync_SparsePositionRepeated_InvalidArgument",
        [](Env& env) {
-         const uint32_t first = SparsePosition(SparseChunk(), 0);
          return SyncOneChunk(env, Header(env, 2),
-                             SparseWithBits(12, 12, first));
+                             SparseWithPositions({13, 13, 15}));
        },
        grpc::StatusCode::INVALID_ARGUMENT,
        "again with code 1; a repeated position is padding, its code 0",
        DType::kSparse2},
       {"Sync_SparsePositionsDescending_InvalidArgument",
        [](Env& env) {
-         const std::string good = SparseChunk();
          // The first two positions swapped.
-         std::string data = SparseWithBits(0, 12, SparsePosition(good, 1));
-         SetSparseBits(data, 12, 12, SparsePosition(good, 0));
-         return SyncOneChunk(env, Header(env, 2), data);
+         return SyncOneChunk(env, Header(env, 2),
+                             SparseWithPositions({14, 13, 15}));
        },
        grpc::StatusCode::INVALID_ARGUMENT,
        "entry 1 is at position 13, before the one before (14)",
        DType::kSparse2},
       {"Sync_SparsePaddingBitSet_InvalidArgument",
        [](Env& env) {
-         return SyncOneChunk(env, Header(env, 2), SparseWithBits(39, 1, 1));
+         return SyncOneChunk(env, Header(env, 2), SparseWithBits(15, 1, 1));
        },
        grpc::StatusCode::INVALID_ARGUMENT,
        "padding bits after the last position or code are not zero",
@@ -526,14 +539,14 @@ std::vector<Row> Rows() {
          return SyncOneChunk(env, Header(env, 2), data);
        },
        grpc::StatusCode::INVALID_ARGUMENT,
-       "has 13 bytes; expected 14 (16 sparse2 values, 3 kept)",
+       "has 10 bytes; expected 11 (16 sparse2 values, 3 kept)",
        DType::kSparse2},
       {"Sync_Int8PayloadInASparseJob_InvalidArgument",
        [](Env& env) {
          return SyncOneChunk(env, Header(env, 2), Int8WithScale(1.0f));
        },
        grpc::StatusCode::INVALID_ARGUMENT,
-       absl::StrCat("has ", 4 + kChunk, " bytes; expected 14"),
+       absl::StrCat("has ", 4 + kChunk, " bytes; expected 11"),
        DType::kSparse2},
       {"Join_SparseKeepOutOfRange_InvalidArgument",
        settings_join([](v1::JobSettings* s) { s->set_sparse_keep(4097); },
