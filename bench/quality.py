@@ -14,7 +14,7 @@ Arms: synchronous (average every step, fp32), MEAN K=16 fp32, OUTER_NESTEROV
 K=16 fp32, OUTER_NESTEROV K=64 in fp32, int8 and int4 (the rule on the float32
 mean and on the encoded mean: mean encoding wire), the sparse codes (the
 top 64 or 128 of every 4096 values, 2 or 4 bits each, the coordinator's step
-4 times as many) under OUTER_NESTEROV and MEAN at K=8, 16 and 64, and no
+4 times as many) under OUTER_NESTEROV and MEAN at K=8, 12, 16 and 64, and no
 averaging.
 
 With --regions R (R >= 2), the workers split evenly among R regional
@@ -72,6 +72,24 @@ ARMS = [
       "--sparse_result_keep=512"]),
     ("mean8s2", "MEAN K=8 sparse2, 64/256 of 4096",
      ["--k=8", "--wire_dtype=sparse2", "--sparse_keep=64",
+      "--sparse_result_keep=256"]),
+    ("mean12s2", "MEAN K=12 sparse2, 64/256 of 4096",
+     ["--k=12", "--wire_dtype=sparse2", "--sparse_keep=64",
+      "--sparse_result_keep=256"]),
+    # About 1100x at 1 epoch, four ways: a smaller step down, more kept and
+    # fewer rounds, 4-bit values, a larger outer step.
+    ("mean8s2r128", "MEAN K=8 sparse2, 64/128 of 4096",
+     ["--k=8", "--wire_dtype=sparse2", "--sparse_keep=64",
+      "--sparse_result_keep=128"]),
+    ("mean16s2k96", "MEAN K=16 sparse2, 96/384 of 4096",
+     ["--k=16", "--wire_dtype=sparse2", "--sparse_keep=96",
+      "--sparse_result_keep=384"]),
+    ("mean8s4k32", "MEAN K=8 sparse4, 32/128 of 4096",
+     ["--k=8", "--wire_dtype=sparse4", "--sparse_keep=32",
+      "--sparse_result_keep=128"]),
+    ("sgd12s2", "OUTER_SGD lr 1.5 K=12 sparse2, 64/256 of 4096",
+     ["--k=12", "--averaging=outer_sgd", "--outer_lr=1.5",
+      "--wire_dtype=sparse2", "--sparse_keep=64",
       "--sparse_result_keep=256"]),
     ("none", "no averaging", ["--k=16", "--no_sync"]),
 ]

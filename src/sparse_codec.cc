@@ -30,9 +30,11 @@ namespace {
 constexpr uint32_t kBinShift = 20;
 constexpr uint32_t kBins = 1u << (31 - kBinShift);
 constexpr uint32_t kNonFiniteBin = 0x7f800000u >> kBinShift;
+// A position in a block: at most 12 bits (the most low bits a block's
+// positions have).
 constexpr unsigned kPositionBits = 12;
 static_assert(kSparseBlock == size_t{1} << kPositionBits,
-              "a position is 12 bits");
+              "a position is at most 12 bits");
 constexpr unsigned kMaxLevels = 8;  // 4-bit codes: 8 levels and a sign
 
 size_t NumBlocks(size_t n) { return (n + kSparseBlock - 1) / kSparseBlock; }

@@ -28,7 +28,8 @@ enum class DType : int {
   kInt4Block = 6,
   // Wire only, pseudo-gradient jobs only: per block of kSparseBlock
   // elements, the JobSettings::sparse_keep values of largest magnitude, each
-  // a 12-bit position and a 2-bit (kSparse2) or 4-bit (kSparse4) code, with
+  // a position (Elias-Fano coded) and a 2-bit (kSparse2) or 4-bit (kSparse4)
+  // code, with
   // the block's smallest and largest kept magnitude (src/sparse_codec.h).
   kSparse2 = 7,
   kSparse4 = 8,
