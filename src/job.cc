@@ -1683,8 +1683,6 @@ absl::Status Job::ApplyReplicated(const ReplicatedCommit& update) {
     std::shared_ptr<StateSnapshot> next = std::move(mirror_->next);
     next->values = std::move(mirror_->values);
     next->id = update.state_id;
-    next->participants =
-        static_cast<uint32_t>(update.record.participants.size());
     mirror_.reset();
     commit_.Commit(std::move(next), update.round);
   }

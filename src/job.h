@@ -136,8 +136,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // residual and mean residual (each empty or of num_elements; id 0: a new
   // one), the ids of the states before it (newest first; see
   // StateSnapshot::ancestors), and how many took part in its round
-  // (StateSnapshot::participants): if > 0, the regather also ends once the
-  // open round has that many participants.
+  // (StateSnapshot::participants): if > 0, the regather ends once the open
+  // round has that many participants, and at the latest when that round
+  // closes (as a re-seed's); members that come back after it take part
+  // from the next round, which does not wait for them.
   void RestoreState(RoundId round, std::vector<float> values, uint64_t id,
                     std::vector<float> momentum, std::vector<float> residual,
                     std::vector<float> mean_residual = {},

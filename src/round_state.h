@@ -226,15 +226,17 @@ class RoundPacing {
   CloseDecision Decide(const RoundState& round, absl::Time now) const;
 
   // A state of `round` was restored: past the rendezvous if round > 0; the
-  // open round regathers until `until` or (members > 0) until it has
-  // `members` participants, and at most until it closes.
+  // open round regathers until `until`, or (members > 0) until it has
+  // `members` participants and at most until it closes (members 0: rounds
+  // that close before `until` leave the next ones regathering too).
   void Restored(RoundId round, absl::Time until, uint32_t members);
   // A re-seed: past the rendezvous; the next round regathers until `until`
   // or (members > 0) until it has `members` participants, and at most
   // until it closes.
   void Reseeded(absl::Time until, uint32_t members);
   // A round closed: learns from its lags (adaptive), completes the
-  // rendezvous if it had enough participants, ends a re-seed's regather.
+  // rendezvous if it had enough participants, ends a regather by members
+  // (a re-seed's, or a restore's that knows its members).
   void Closed(const RoundClosure& closure);
 
   const LearnedDeadline& learned() const { return learned_; }
@@ -246,12 +248,14 @@ class RoundPacing {
   const CloseRules rules_;
   // Whether a round has had rendezvous_members participants.
   bool rendezvous_done_;
-  // After a restore, until this time an open round admits members that join
-  // (again) and does not close before it (see Job::RestoreState).
+  // After a restore, a re-seed or a failover, until this time an open round
+  // admits members that join (again) and does not close before it (see
+  // Job::RestoreState).
   absl::Time regather_until_ = absl::InfinitePast();
-  // After a re-seed: the regather also ends once the open round has this
+  // After a re-seed, a failover or a restore from a checkpoint that says how
+  // many took part: the regather also ends once the open round has this
   // many participants, and when that round closes (0: only at
-  // regather_until_, as after a restore).
+  // regather_until_).
   uint32_t regather_members_ = 0;
   // The contributors' completion lags and begin lags of recent rounds, and
   // what they teach.

@@ -25,8 +25,8 @@
 //      is set. Ascending within a block, where an entry whose position
 //      equals the one before is padding (code 0, decodes to nothing; only
 //      padding may follow it in the block: a block keeps fewer than k_b
-//      values when fewer lie above bin 0); ceil(bits / 8) bytes, the bits
-//      past the last block's zero;
+//      values when fewer lie above bin 0); ceil(P / 8) bytes, P the sum of
+//      the blocks' k_b l_b + H_b bits, the bits past the last block's zero;
 //   3. their codes, `bits` each, in the same order (kept value j of the
 //      payload, block after block, at bits [bits j, bits j + bits); ceil(bits
 //      K / 8) bytes, the bits past the last code zero): the top bit the sign
@@ -40,9 +40,10 @@
 //   blockwise codes' policy: such a payload is the non-finite policy's to
 //   judge; its kept values decode to NaN).
 //
-// Bytes per full block of 4096 values and 2 bits: keep = 64 (1.56%) 88
-// (positions 64: 8 bits each; 0.021 bytes per value, 186x fewer than
-// float32), keep = 256 264 (positions 192: 6 bits each). Positions as
+// Bytes of a payload of one block of 4096 values and 2 bits (blocks of a
+// longer payload share bytes: 511 bits of positions each): keep = 64
+// (1.56%) 88 (positions 64: 8 bits each; 0.021 bytes per value, 186x fewer
+// than float32), keep = 256 264 (positions 192: 6 bits each). Positions as
 // 12-bit indices would take 96 and 384 bytes; a bitmap 512; varint-coded
 // gaps ~8 bits each at 1.5% but a size that depends on the values. The
 // Elias-Fano code is within 2 bits per entry of log2(C(n_b, k_b)) / k_b,

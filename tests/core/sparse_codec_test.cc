@@ -273,7 +273,7 @@ TEST(SparseCodecTest, SizesFollowTheFormat) {
   const SparseCode c4{3, 4};
   EXPECT_EQ(SparseKept(3 * 4096, c4), 9u);
   EXPECT_EQ(SparseWireBytes(3 * 4096, c4), 24u + 14u + 5u);
-  // Everything: no low bits, a one and a zero-free unary of 4095 + 4096.
+  // Everything: no low bits, 4095 + 4096 high bits (entry t's one at 2t).
   EXPECT_EQ(SparseKept(4096, {4096, 2}), 4096u);
   EXPECT_EQ(SparseWireBytes(4096, {4096, 2}), 8u + 1024u + 1024u);
   // One kept: 12 low bits and 1 high.
