@@ -5,7 +5,8 @@
 //   uniform  k / 7, k = -7..7 (the int4 wire's code, src/codec.h);
 //   nf4      the normal-float levels of QLoRA (arXiv 2305.14314): the
 //            quantiles of N(0, 1) scaled to [-1, 1], 7 below 0, 8 above;
-//   e2m1     fp4 (OCP MX): +-{0, 0.5, 1, 1.5, 2, 3, 4, 6} / 6.
+//   e2m1     the values of fp4 e2m1 (the element set of OCP MX fp4, here
+//            with a float32 absmax scale): +-{0, 0.5, 1, 1.5, 2, 3, 4, 6} / 6.
 // Every candidate encodes with error feedback as the wire does (e = delta +
 // residual; each value to its nearest level times the block's max |e|;
 // residual = e - decoded). One encoder stands for the path: every member
@@ -27,7 +28,7 @@
 //      --relative * |theta0_i| * (--drift * s_i + z), z ~ N(0, 1), so that
 //      most of a round's update is noise and the signal is what adds up.
 //      Reported: the mean over rounds of one round's error |decoded - u| /
-//      |u| (what a round without feedback would lose), and after --rounds
+//      |u| (L2 norms over all parameters), and after --rounds
 //      rounds the error of the total movement against the total intended,
 //      |sum decoded - sum u| / |sum u| (what feedback still owes: the
 //      residual).
@@ -37,7 +38,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -61,7 +61,7 @@ ABSL_FLAG(std::string, distribution, "normal",
           "t with 3 degrees of freedom: heavy tails).");
 ABSL_FLAG(double, drift, 0.2,
           "Scenario B: the steady part of an update against its noise "
-          "(N(0, 1)).");
+          "(drawn from --distribution).");
 
 namespace localsgd {
 namespace {
@@ -77,7 +77,7 @@ std::vector<Code> Codes() {
   // QLoRA's NF4 table.
   Code nf4{"nf4",
            {-1.0f, -0.6961928f, -0.5250731f, -0.3949175f, -0.2844414f,
-            -0.1848449f, -0.0910500f, 0.0f, 0.0795803f, 0.1609302f, 0.2461123f,
+            -0.18477343f, -0.0910500f, 0.0f, 0.0795803f, 0.1609302f, 0.2461123f,
             0.3379152f, 0.4407098f, 0.5626170f, 0.7229568f, 1.0f}};
   Code e2m1{"e2m1", {}};
   const float mags[] = {6, 4, 3, 2, 1.5f, 1, 0.5f};
@@ -152,9 +152,11 @@ struct ResultB {
   double total_error = 0;  // after the last round
 };
 
-float Quantile(std::vector<float> v, double p) {
-  const size_t k =
-      std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * v.size())) - 1);
+// The p-quantile (0..1) of `v` (reordered), nearest rank.
+float Quantile(std::vector<float>& v, double p) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(
+      v.size() - 1, static_cast<size_t>(std::ceil(p * v.size())) - (p > 0));
   std::nth_element(v.begin(), v.begin() + k, v.end());
   return v[k];
 }
@@ -162,8 +164,9 @@ float Quantile(std::vector<float> v, double p) {
 ResultA RunSmallUpdates(const Candidate& c, const std::vector<float>& u,
                         int rounds) {
   const size_t n = u.size();
-  std::vector<float> residual(n, 0.0f), decoded(n), moved(n, 0.0f),
-      lag(n, 0.0f);
+  std::vector<float> residual(n, 0.0f), decoded(n), moved(n, 0.0f), lag;
+  lag.reserve(n);
+  std::vector<float> lag_of(n, 0.0f);
   ResultA r;
   const int early = std::min(10, rounds);
   for (int round = 1; round <= rounds; ++round) {
@@ -172,12 +175,16 @@ ResultA RunSmallUpdates(const Candidate& c, const std::vector<float>& u,
     for (size_t k = 0; k < n; ++k) {
       moved[k] += decoded[k];
       const double step = std::fabs(static_cast<double>(u[k]));
+      if (step == 0) continue;  // --relative below float32's range
       const double m = moved[k] * (u[k] > 0 ? 1.0 : -1.0);
       if (m < 0.5 * round * step) ++below;
-      lag[k] = std::max(lag[k], static_cast<float>(round - m / step));
+      lag_of[k] = std::max(lag_of[k], static_cast<float>(round - m / step));
     }
     if (round == early) r.below50_early = static_cast<double>(below) / n;
     if (round == rounds) r.below50_last = static_cast<double>(below) / n;
+  }
+  for (size_t k = 0; k < n; ++k) {
+    if (u[k] != 0) lag.push_back(lag_of[k]);
   }
   r.lag_p50 = Quantile(lag, 0.5);
   r.lag_p90 = Quantile(lag, 0.9);
@@ -264,13 +271,13 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<char> payload(WireBytes(DType::kInt4Block, n));
-  candidates.push_back(
-      Candidate{"int4 wire (64)", 0.5 + 4.0 / kQuantBlock,
-                [&payload](absl::Span<const float> v, absl::Span<float> r,
-                           absl::Span<float> d) {
-                  EncodeWithFeedback(v, r, WireCode{DType::kInt4Block},
-                                     payload.data(), d);
-                }});
+  candidates.push_back(Candidate{
+      absl::StrFormat("int4 wire (%d)", kQuantBlock), 0.5 + 4.0 / kQuantBlock,
+      [&payload](absl::Span<const float> v, absl::Span<float> r,
+                 absl::Span<float> d) {
+        EncodeWithFeedback(v, r, WireCode{DType::kInt4Block}, payload.data(),
+                           d);
+      }});
 
   std::printf(
       "code_sweep: n=%lld rounds=%d seed=%llu relative=%g drift=%g "
@@ -287,11 +294,16 @@ int main(int argc, char** argv) {
     const ResultA a = RunSmallUpdates(c, u, rounds);
     const ResultB b =
         RunNoisy(c, theta0, sign, rounds, relative, drift, t3, seed);
+    // A lag of `rounds` or more: not moved (or moved backwards) by the end.
+    auto lag = [rounds](float l) {
+      return l >= rounds ? absl::StrFormat(">= %d", rounds)
+                         : absl::StrFormat("%.3g", l);
+    };
     std::printf(
-        "| %s | %.4g | %.2f%% | %.2f%% | %.3g | %.3g | %.3g | %.3f | %.4f |\n",
+        "| %s | %.6g | %.2f%% | %.2f%% | %s | %s | %s | %.3f | %.4f |\n",
         c.name.c_str(), c.bytes_per_element, 100 * a.below50_early,
-        100 * a.below50_last, a.lag_p50, a.lag_p90, a.lag_p99, b.round_error,
-        b.total_error);
+        100 * a.below50_last, lag(a.lag_p50).c_str(), lag(a.lag_p90).c_str(),
+        lag(a.lag_p99).c_str(), b.round_error, b.total_error);
     std::fflush(stdout);
   }
   return 0;

@@ -44,8 +44,8 @@ inline float BFloat16ToFloat(uint16_t h) {
 // 127 (int8) or 7 (int4): a code of -128 / -8 reads as -M. Scales must be
 // in (0, kMaxBlockScale] (a block of zeros has any and zero codes); a
 // non-finite scale means a non-finite value (what an encoder writes for a
-// block that holds one). The block size was chosen by measurement
-// (bench/README.md "The block size and the value code, by measurement").
+// block that holds one). The block size was chosen for int4 by measurement
+// (bench/README.md "The block size and the value code"); int8 shares it.
 inline constexpr size_t kQuantBlock = 64;
 // The largest scale (float32 max / 128): every code times it stays finite.
 inline constexpr float kMaxBlockScale = 3.40282347e38f / 128;
