@@ -98,6 +98,16 @@ struct ClientOptions {
   // a deadline, which closes a round once enough members are complete,
   // could not leave a slow or dead member out.
   uint32_t max_lead_chunks = 4;
+  // With early results: called for each result chunk that comes back
+  // before its round's result message, once decoded, with the chunk's first
+  // element in the whole layout and the values there of the state the
+  // Sync will hold if it succeeds. On the Sync's threads (one per replica),
+  // before Sync returns; an attempt retried may call it again for a chunk,
+  // with other values if it syncs another round. For a coordinator that
+  // passes a round's result on as it arrives (a regional coordinator's
+  // upstream link, server/upstream_link.h). Null: none.
+  std::function<void(uint64_t offset, absl::Span<const float> values)>
+      on_early_result;
   // Deadline of each unary RPC attempt.
   absl::Duration rpc_timeout = absl::Seconds(30);
   // Deadline of one Sync attempt, including the wait for the round to close.

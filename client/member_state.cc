@@ -38,6 +38,10 @@ absl::Span<float> MemberState::Slice(absl::Span<float> params,
   return params.subspan(global_.Offset(g), global_.Size(g));
 }
 
+uint64_t MemberState::GlobalOffset(uint32_t j) const {
+  return global_.Offset(j * shard_.count + shard_.index);
+}
+
 absl::Span<const float> MemberState::AnchorSlice(uint32_t j) const {
   return absl::MakeConstSpan(anchor_).subspan(local_.Offset(j), local_.Size(j));
 }

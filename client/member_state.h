@@ -99,6 +99,8 @@ class MemberState {
   absl::Span<float> Slice(absl::Span<float> params, uint32_t j) const;
   // Local chunk `j` of the anchor.
   absl::Span<const float> AnchorSlice(uint32_t j) const;
+  // Local chunk `j`'s first element in the whole layout.
+  uint64_t GlobalOffset(uint32_t j) const;
 
   // --- One Sync ---
   // Starts a Sync of `plan` over `params`, which must stay valid until

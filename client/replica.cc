@@ -457,6 +457,11 @@ SyncStreamOptions Replica::StreamOptions(const Layout& layout) const {
                     info_.settings.deadline_mode != DeadlineMode::kAdaptive;
   o.max_lead_chunks = pace ? options_.max_lead_chunks : 0;
   o.min_epoch = endpoints_->epoch();
+  if (o.early_results && options_.on_early_result != nullptr) {
+    o.on_early = [this](uint32_t j, absl::Span<const float> values) {
+      options_.on_early_result(member_.GlobalOffset(j), values);
+    };
+  }
   return o;
 }
 

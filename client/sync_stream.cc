@@ -232,7 +232,12 @@ absl::Status SyncClientStream::TakeChunk(const ChunkPieces& chunk) {
   if (chunks_.received() == 0) {
     outcome_.first_result_time = clock_->Now() - start_;
   }
-  return chunks_.Add(chunk);
+  absl::Status added = chunks_.Add(chunk);
+  if (added.ok() && read_phase_ == ReadPhase::kAwaitResult &&
+      options_.on_early != nullptr) {
+    options_.on_early(chunk.index, member_->ResultSlice(chunk.index));
+  }
+  return added;
 }
 
 absl::Status SyncClientStream::TakeResult(const v1::SyncResponse& message) {

@@ -160,6 +160,9 @@ struct SyncStreamOptions {
   // The highest epoch seen for the shard: a result of a lower one is
   // refused (UNAVAILABLE, nothing applied). 0 without an election.
   uint64_t min_epoch = 0;
+  // Each early result chunk once decoded: its local index and its values
+  // (ClientOptions::on_early_result). Null: none.
+  std::function<void(uint32_t j, absl::Span<const float> values)> on_early;
 };
 
 // One attempt of a Sync. Not thread-safe: one thread feeds it.

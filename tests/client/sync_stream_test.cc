@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,8 @@ struct Job {
   uint64_t lead = 0;
   // The highest epoch seen for the shard (SyncStreamOptions::min_epoch).
   uint64_t min_epoch = 0;
+  // SyncStreamOptions::on_early.
+  std::function<void(uint32_t, absl::Span<const float>)> on_early = nullptr;
 };
 
 // A member of a job of kElements values in kChunks chunks, its anchor
@@ -66,6 +69,7 @@ class Harness {
     options.early_results = job.early;
     options.max_lead_chunks = job.lead;
     options.min_epoch = job.min_epoch;
+    options.on_early = job.on_early;
     machine_ = std::make_unique<SyncClientStream>(
         &member_, &staging_, &clock_, options,
         [this](ClientStreamAction a) { Take(std::move(a)); });
@@ -443,6 +447,44 @@ TEST(SyncClientStreamTest, Delta_SendsParamsMinusAnchor_ResultOntoAnchor) {
   for (uint32_t e = 0; e < kElements; ++e) {
     EXPECT_EQ(h.params()[e], h.anchor()[e] + Harness::ResultValue(e)) << e;
   }
+}
+
+// Each chunk that comes before the result message is told to on_early
+// once decoded: its index and the new state's values there (anchor +
+// delta); one that does not pass its checks, and those after the result
+// message, are not.
+TEST(SyncClientStreamTest, EarlyChunks_ToldWithTheirNewValues) {
+  std::vector<std::pair<uint32_t, std::vector<float>>> told;
+  Job job = kDelta;
+  job.on_early = [&](uint32_t j, absl::Span<const float> values) {
+    told.emplace_back(j, std::vector<float>(values.begin(), values.end()));
+  };
+  Harness h(job);
+  h.WriteAll();
+  h.Chunk(2);
+  h.Chunk(1);
+  h.DeltaResult();
+  h.Chunk(0);
+  ASSERT_TRUE(h.End().ok());
+  const ChunkGeometry g(kElements, kChunkElements);
+  ASSERT_EQ(told.size(), 2u);
+  EXPECT_EQ(told[0].first, 2u);
+  EXPECT_EQ(told[1].first, 1u);
+  for (const auto& [j, values] : told) {
+    ASSERT_EQ(values.size(), g.Size(j));
+    for (uint32_t i = 0; i < values.size(); ++i) {
+      const uint32_t e = g.Offset(j) + i;
+      EXPECT_EQ(values[i], h.anchor()[e] + Harness::ResultValue(e)) << e;
+      EXPECT_EQ(values[i], h.params()[e]) << "the state the Sync holds";
+    }
+  }
+
+  told.clear();
+  Harness bad(job);
+  bad.WriteAll();
+  bad.Chunk(1, [](v1::Chunk& c) { c.set_crc32c(c.crc32c() ^ 1); });
+  EXPECT_TRUE(told.empty()) << "a chunk that fails its CRC32C";
+  EXPECT_EQ(bad.End().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(SyncClientStreamTest, ParameterJob_ResultIntoParams) {
