@@ -82,6 +82,7 @@ void JobStatusToProto(const JobStatusSnapshot& s, absl::Time now,
     u->set_upstream_round(s.upstream->upstream_round);
     u->set_answered(s.upstream->rounds);
     u->set_last_error(s.upstream->last_error);
+    u->set_early_chunks(s.upstream->early_chunks);
   }
   for (const RoundRecord& r : s.recent_rounds) {
     RoundRecordToProto(r, proto->add_recent_rounds());

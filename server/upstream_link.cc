@@ -26,6 +26,9 @@ struct UpstreamLink::Core {
         options(std::move(options)) {}
 
   void Run();
+  // The client's early result chunks (ClientOptions::on_early_result),
+  // during a round's Sync: each goes to `early_job` as its step.
+  void OnEarlyResult(uint64_t offset, absl::Span<const float> values);
   UpstreamAnswer Answer(UpstreamRequest& request);
   UpstreamAnswer Seed(UpstreamRequest& request);
   UpstreamAnswer Round(UpstreamRequest& request);
@@ -39,6 +42,11 @@ struct UpstreamLink::Core {
   const uint64_t num_elements;
   const ClientOptions options;
 
+  // The thread's own; the early result chunks' (on the Sync's threads)
+  // while a round's Sync runs, set before it and cleared after.
+  std::weak_ptr<Job> early_job;
+  uint64_t early_serial = 0;
+  absl::Span<const float> early_base;
   // The thread's own.
   std::unique_ptr<Client> client;
   // The upstream state the client holds (after Initialize or a Sync), if
@@ -133,7 +141,9 @@ void UpstreamLink::Core::Run() {
       pending = std::move(queue.front());
       queue.pop_front();
     }
+    early_job = pending.job;
     UpstreamAnswer answer = Answer(pending.request);
+    early_job.reset();
     {
       absl::MutexLock lock(&mu);
       if (answer.status.ok()) {
@@ -192,9 +202,38 @@ UpstreamAnswer UpstreamLink::Core::Answer(UpstreamRequest& request) {
   return answer;
 }
 
+void UpstreamLink::Core::OnEarlyResult(uint64_t offset,
+                                       absl::Span<const float> values) {
+  if (early_serial == 0 || offset > early_base.size() ||
+      values.size() > early_base.size() - offset) {
+    return;
+  }
+  std::shared_ptr<Job> job = early_job.lock();
+  if (job == nullptr) return;
+  // The step, kept only if base + step is the new state bit for bit, as
+  // Round's answer.
+  const absl::Span<const float> base =
+      early_base.subspan(offset, values.size());
+  std::vector<float> step(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    step[i] = values[i] - base[i];
+    if (absl::bit_cast<uint32_t>(base[i] + step[i]) !=
+        absl::bit_cast<uint32_t>(values[i])) {
+      return;
+    }
+  }
+  job->UpstreamChunk(early_serial, offset, step);
+}
+
 absl::Status UpstreamLink::Core::Joined() {
   if (client != nullptr) return absl::OkStatus();
-  absl::StatusOr<std::unique_ptr<Client>> created = Client::Create(options);
+  ClientOptions with_early = options;
+  with_early.on_early_result = [this](uint64_t offset,
+                                      absl::Span<const float> values) {
+    OnEarlyResult(offset, values);
+  };
+  absl::StatusOr<std::unique_ptr<Client>> created =
+      Client::Create(std::move(with_early));
   if (!created.ok()) return created.status();
   if (absl::Status s = (*created)->Join(layout); !s.ok()) return s;
   if ((*created)->info().num_elements != num_elements) {
@@ -278,8 +317,12 @@ UpstreamAnswer UpstreamLink::Core::Round(UpstreamRequest& request) {
   SyncWork work;
   work.local_steps = request.local_steps;
   work.weight = request.weight;
+  early_serial = request.serial;
+  early_base = base;
   absl::StatusOr<SyncOutcome> outcome =
       client->Sync(absl::MakeSpan(params), work);
+  early_serial = 0;
+  early_base = {};
   if (!outcome.ok()) {
     UpstreamAnswer answer;
     answer.status = outcome.status();

@@ -17,6 +17,13 @@
 // regional coordinator restarted while the upstream job went on) is answered
 // with the upstream state whole, contributing nothing.
 //
+// Pipelined down: while a round's Sync runs, each result chunk the upstream
+// sends before its round's result (full duplex: the chunks final there)
+// goes to the job at once as that chunk's step (Job::UpstreamChunk), when
+// it passes the same bit-for-bit test, so that the region's members get it
+// while the rest still crosses the wide area. The whole answer follows as
+// before; the job checks that it holds the same steps.
+//
 // A request that fails (the client's retries spent, a refusal) drops the
 // client: the next one joins again as a new incarnation of the same member
 // name (taking the old one's place upstream) and fetches the upstream

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -1028,9 +1029,69 @@ void Job::CompleteUpstream(uint64_t serial, UpstreamAnswer answer) {
   RunDeferred(deferred);
 }
 
+void Job::UpstreamChunk(uint64_t serial, uint64_t offset,
+                        absl::Span<const float> step) {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_ || sealed_ == nullptr || sealed_->upstream_serial != serial ||
+        sealed_->next == nullptr || replicator_ != nullptr ||
+        settings_.wire_dtype != DType::kFloat32) {
+      return;
+    }
+    const uint64_t c64 = offset / geometry_.chunk_elements();
+    if (c64 >= geometry_.num_chunks()) return;
+    const uint32_t c = static_cast<uint32_t>(c64);
+    OpenRound& round = *sealed_;
+    if (geometry_.Offset(c) != offset || geometry_.Size(c) != step.size() ||
+        round.released[c]) {
+      return;  // another chunk size upstream, or sent already
+    }
+    for (float v : step) {
+      if (!std::isfinite(v)) return;  // the whole answer says what
+    }
+    // As CommitSealedLocked does for every chunk: the step onto the state.
+    const absl::Span<float> chunk = round.round.sums().scaled_sums(c);
+    std::copy(step.begin(), step.end(), chunk.begin());
+    if (!commit_.FinalizeMean(chunk, /*contributed=*/true, c, *round.next)) {
+      return;  // not finite on the state: the whole answer's commit says so
+    }
+    round.released[c] = true;
+    ++upstream_early_chunks_;
+    std::shared_ptr<const StateSnapshot> next = round.next;
+    for (const auto& [wid, w] : round.waiters) {
+      if (w.on_final == nullptr) continue;
+      deferred.push_back([on_final = w.on_final, c, next] {
+        on_final(std::vector<uint32_t>{c}, next);
+      });
+    }
+  }
+  RunDeferred(deferred);
+}
+
 void Job::CommitSealedLocked(UpstreamAnswer answer, Deferred& deferred) {
   std::unique_ptr<OpenRound> round = std::move(sealed_);
   const RoundId id = round->round.id();
+  if (answer.status.ok()) {
+    // Chunks its members already got (UpstreamChunk): the answer must take
+    // the same steps, or they would hold another state than the job's.
+    const size_t stride =
+        WireBytes(DType::kFloat32, geometry_.chunk_elements());
+    for (uint32_t c = 0; c < round->released.size(); ++c) {
+      if (!round->released[c]) continue;
+      const size_t bytes = geometry_.Size(c) * sizeof(float);
+      if (!answer.delta ||
+          std::memcmp(answer.values.data() + geometry_.Offset(c),
+                      round->next->delta.data() + stride * c, bytes) != 0) {
+        answer.status = absl::AbortedError(absl::StrCat(
+            "its upstream answer ",
+            answer.delta ? absl::StrCat("differs at chunk ", c, " from")
+                         : "is the upstream state whole, not",
+            " the step its members got early"));
+        break;
+      }
+    }
+  }
   if (!answer.status.ok()) {
     LOG(WARNING) << "job " << id_ << ": round " << id
                  << " failed upstream; its members retry it: " << answer.status;
@@ -1048,9 +1109,11 @@ void Job::CommitSealedLocked(UpstreamAnswer answer, Deferred& deferred) {
   RoundClosure& closure = round->closure;
   std::shared_ptr<StateSnapshot> state;
   if (answer.delta) {
-    // The upstream round's step onto the state, as every member adds it.
+    // The upstream round's step onto the state, as every member adds it
+    // (the chunks sent early have it already).
     RoundAccumulator& sums = round->round.sums();
     for (uint32_t c = 0; c < geometry_.num_chunks(); ++c) {
+      if (!round->released.empty() && round->released[c]) continue;
       const absl::Span<float> chunk = sums.scaled_sums(c);
       const auto step = absl::MakeConstSpan(answer.values)
                             .subspan(geometry_.Offset(c), chunk.size());
@@ -1859,7 +1922,10 @@ JobStatusSnapshot Job::Status(uint32_t max_rounds) {
   }
   s.recent_rounds = history_.Recent(max_rounds);
   s.steps = steps_;
-  if (upstream_ != nullptr) s.upstream = upstream_->Status();
+  if (upstream_ != nullptr) {
+    s.upstream = upstream_->Status();
+    s.upstream->early_chunks = upstream_early_chunks_;
+  }
   if (settings_.deadline_mode == DeadlineMode::kAdaptive) {
     s.learned_deadline = pacing_.learned();
     s.stragglers = Stragglers(s.members);

@@ -183,13 +183,28 @@ class Job : public std::enable_shared_from_this<Job> {
   // An answer that is an error fails the round's Syncs with UNAVAILABLE
   // (the members retry the round; the close's effects on the members'
   // records, the step counts and the pacing wait for a commit). No
-  // per-chunk finality. Call once, before the job is shared; the job stops
-  // `upstream` when it stops.
+  // per-chunk finality in the region: a chunk is final with the upstream
+  // round's step for it (UpstreamChunk). Call once, before the job is
+  // shared; the job stops `upstream` when it stops.
   void SetUpstream(std::unique_ptr<Upstream> upstream);
   // The answer to the request `serial` (UpstreamRequest); ignored if the job
   // no longer waits for it (stopped, its seed abandoned).
   void CompleteUpstream(uint64_t serial, UpstreamAnswer answer)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Before the answer to the round request `serial`: the upstream round's
+  // step for the elements from `offset` on, as soon as the upstream sent
+  // it. If that is one of this job's chunks, not final yet, and finite,
+  // the chunk is final at once and goes to the round's members as their
+  // early result chunks (full duplex), as a flat round's chunks do: the
+  // region's download overlaps the upstream's. Ignored otherwise (and were
+  // a standby to follow the job, which a regional coordinator refuses at
+  // start: its chunks would need the standby's acknowledgement first). The
+  // whole answer must then hold the same step for every chunk sent early;
+  // one that does not (the link retried into another upstream round, or
+  // answers with the upstream state whole) fails the round for its
+  // members, who retry it, as an answer that is an error does.
+  void UpstreamChunk(uint64_t serial, uint64_t offset,
+                     absl::Span<const float> step) ABSL_LOCKS_EXCLUDED(mu_);
   // Null unless a regional job.
   const Upstream* upstream() const { return upstream_.get(); }
 
@@ -679,6 +694,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // (open_ is null meanwhile: no round opens before it commits), and the
   // serial of the last request to the upstream.
   std::unique_ptr<OpenRound> sealed_ ABSL_GUARDED_BY(mu_);
+  // A regional job's result chunks sent to members before their round's
+  // whole upstream answer (UpstreamChunk), since the job began.
+  uint64_t upstream_early_chunks_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t upstream_serial_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -216,7 +216,8 @@ void PrintJob(const v1::JobStatus& job, std::ostream& out) {
     const v1::UpstreamStatus& u = job.upstream();
     out << "\nregional: member " << u.member_name() << " of job "
         << job.job_id() << " at " << u.target() << "; upstream round "
-        << u.upstream_round() << ", " << u.answered() << " answered"
+        << u.upstream_round() << ", " << u.answered() << " answered, "
+        << u.early_chunks() << " chunks early"
         << (u.last_error().empty()
                 ? std::string()
                 : absl::StrCat("; last error: ", u.last_error()))

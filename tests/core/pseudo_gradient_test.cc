@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,6 +23,7 @@
 #include "src/codec.h"
 #include "src/coordinator.h"
 #include "src/job.h"
+#include "src/upstream.h"
 #include "tests/core/test_util.h"
 
 namespace localsgd {
@@ -1066,6 +1068,121 @@ TEST_F(OutlierGuardJobTest, ZeroDelta_NeverHeld) {
   EXPECT_TRUE(ca.result()->contributed);
   EXPECT_TRUE(cb.result()->contributed);
   EXPECT_EQ(ca.result()->state->values, Ramp(0.0f, 1.0f));
+}
+
+// An Upstream that keeps what a regional job asks of it; the test answers
+// as the link would (Job::UpstreamChunk, Job::CompleteUpstream).
+class RecordedUpstream : public Upstream {
+ public:
+  void Submit(std::weak_ptr<Job> job, UpstreamRequest request) override {
+    absl::MutexLock lock(&mu_);
+    requests_.push_back(std::move(request));
+  }
+  void Stop() override {}
+  UpstreamStatus Status() const override { return UpstreamStatus(); }
+  std::vector<UpstreamRequest> Take() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(requests_, {});
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<UpstreamRequest> requests_ ABSL_GUARDED_BY(mu_);
+};
+
+// A regional job: a chunk of the upstream round's step that comes before
+// the whole answer is final at once and told to the round's members
+// (their early result chunks), once; requests it does not answer, spans
+// that are not one of its chunks and non-finite steps are ignored. The
+// whole answer then commits the state those chunks belong to; one whose
+// step differs from a chunk sent early fails the round UNAVAILABLE and
+// commits nothing (the members retry).
+TEST_F(PseudoGradientTest, Regional_UpstreamChunkFinalAtOnce_AnswerMustAgree) {
+  for (bool agree : {true, false}) {
+    SCOPED_TRACE(agree ? "the answer agrees" : "the answer differs");
+    MakeJob(DeltaSettings(DType::kFloat32));
+    auto owned = std::make_unique<RecordedUpstream>();
+    RecordedUpstream* const up = owned.get();
+    job_->SetUpstream(std::move(owned));
+    const MemberId a = Join("a");
+    const std::vector<float> seed = Ramp(1.0f, 0.25f);
+    SyncCapture seeded = Send(a, 0, seed, DType::kFloat32, 0);
+    std::vector<UpstreamRequest> asked = up->Take();
+    ASSERT_EQ(asked.size(), 1u);
+    ASSERT_EQ(asked[0].kind, UpstreamRequest::Kind::kSeed);
+    UpstreamAnswer whole;
+    whole.values = seed;
+    job_->CompleteUpstream(asked[0].serial, whole);
+    ASSERT_TRUE(seeded.fired());
+    ASSERT_TRUE(seeded.result().ok()) << seeded.result().status();
+    const uint64_t anchor = seeded.result()->state_id;
+
+    FinalLog fa;
+    SyncCapture ca;
+    auto sa = *job_->BeginSync(a, 1, ca.Callback(), {}, anchor, fa.Callback());
+    const ChunkGeometry& g = job_->geometry();
+    const std::vector<float> delta = Ramp(0.5f, -0.125f);
+    for (uint32_t c = 0; c < g.num_chunks(); ++c) {
+      ASSERT_TRUE(sa->AddChunk(c, testing_util::EncodeChunk(delta, g, c,
+                                                            DType::kFloat32))
+                      .ok());
+    }
+    asked = up->Take();
+    ASSERT_EQ(asked.size(), 1u);
+    const UpstreamRequest round = std::move(asked[0]);
+    ASSERT_EQ(round.kind, UpstreamRequest::Kind::kRound);
+    EXPECT_EQ(round.values, delta) << "the mean of one member's delta";
+    // The upstream round's step (other regions gave too).
+    std::vector<float> step(kElements);
+    for (uint64_t i = 0; i < kElements; ++i) step[i] = 0.5f * delta[i] - 0.25f;
+    const absl::Span<const float> all(step);
+    const auto chunk1 = all.subspan(g.Offset(1), g.Size(1));
+    std::vector<float> nonfinite(chunk1.begin(), chunk1.end());
+    nonfinite[2] = std::numeric_limits<float>::infinity();
+    job_->UpstreamChunk(round.serial + 1, g.Offset(1), chunk1);
+    job_->UpstreamChunk(round.serial, g.Offset(1) + 1,
+                        all.subspan(g.Offset(1) + 1, g.Size(1)));
+    job_->UpstreamChunk(round.serial, g.Offset(1), all.subspan(g.Offset(1), 2));
+    job_->UpstreamChunk(round.serial, g.Offset(1), nonfinite);
+    EXPECT_TRUE(fa.told.empty());
+    job_->UpstreamChunk(round.serial, g.Offset(1), chunk1);
+    job_->UpstreamChunk(round.serial, g.Offset(1), chunk1);
+    EXPECT_EQ(fa.told, std::vector<uint32_t>{1}) << "told once";
+    ASSERT_NE(fa.next, nullptr);
+    EXPECT_EQ(std::memcmp(fa.next->delta.data() +
+                              WireBytes(DType::kFloat32, kChunk) * 1,
+                          chunk1.data(), chunk1.size() * sizeof(float)),
+              0)
+        << "the early chunk is the upstream's step";
+    EXPECT_FALSE(ca.fired());
+    EXPECT_EQ(job_->Status(1).upstream->early_chunks, 1u);
+
+    UpstreamAnswer answer;
+    answer.delta = true;
+    answer.values = step;
+    answer.upstream_round = 7;
+    if (!agree) answer.values[g.Offset(1) + 3] += 1.0f;
+    job_->CompleteUpstream(round.serial, answer);
+    ASSERT_TRUE(ca.fired());
+    absl::StatusOr<std::shared_ptr<const StateSnapshot>> state =
+        job_->GetState(a);
+    ASSERT_TRUE(state.ok()) << state.status();
+    if (agree) {
+      ASSERT_TRUE(ca.result().ok()) << ca.result().status();
+      EXPECT_EQ(ca.result()->state, fa.next)
+          << "the state the early chunk belongs to";
+      EXPECT_TRUE(ca.result()->delta);
+      for (uint64_t i = 0; i < kElements; ++i) {
+        ASSERT_EQ((*state)->values[i], seed[i] + step[i]) << "element " << i;
+      }
+    } else {
+      EXPECT_EQ(ca.result().status().code(), absl::StatusCode::kUnavailable);
+      EXPECT_THAT(ca.result().status().message(),
+                  HasSubstr("differs at chunk 1 from the step its members got "
+                            "early"));
+      EXPECT_EQ((*state)->values, seed) << "nothing committed";
+    }
+  }
 }
 
 }  // namespace

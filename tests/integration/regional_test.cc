@@ -17,12 +17,16 @@
 //     checkpoint: the round in flight goes through, the regions go on;
 //     down for longer than the links' retries: the round fails UNAVAILABLE
 //     and the members retry it until it goes through;
+//   - the region's download pipelined: the upstream's result chunks reach
+//     a region's members before the upstream round's whole answer, and
+//     every member still holds the upstream state bit for bit;
 //   - each region's status names its upstream, the upstream's lists the
 //     regions as its members;
 //   - a regional job refuses settings other than MEAN over float32 with
 //     FAILED_PRECONDITION, naming them.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -282,6 +286,62 @@ TEST_F(RegionalTest, TwoLevelMean_EqualsFlatWeightedMean_MembersIdentical) {
     EXPECT_EQ(region.upstream->last_error, "");
     EXPECT_EQ(region.state_round, 5u);
   }
+}
+
+// The region's download pipelined on the upstream's: region a's round
+// goes up and waits there for region b; as region b's chunks arrive, the
+// upstream's result chunks come back to region a's link before the
+// upstream round ends, and go on to region a's members at once (early
+// result chunks, Job::UpstreamChunk). The states are those of a round
+// answered whole: every member of both regions holds the upstream state
+// bit for bit after every round.
+TEST_F(RegionalTest, UpstreamChunksGoOnEarly_MembersHoldTheUpstreamState) {
+  Start(AveragingMode::kMean);
+  if (HasFatalFailure()) return;
+  for (int r = 1; r <= 3; ++r) {
+    std::vector<absl::StatusOr<SyncOutcome>> out(4);
+    std::vector<std::thread> threads;
+    auto sync = [&](int i) {
+      Member& m = members_[i];
+      for (uint64_t j = 0; j < kN; ++j) m.params[j] += Change(m.index, r, j);
+      threads.emplace_back([&, i] {
+        out[i] = members_[i].client->Sync(absl::MakeSpan(members_[i].params));
+      });
+    };
+    // Region a alone, until its contribution is in upstream.
+    sync(0);
+    sync(1);
+    const bool waiting = testkit::AwaitCondition([&] {
+      const JobStatusSnapshot s =
+          upstream_->coordinator()->FindJob(kJob).value()->Status(0);
+      return s.round_open &&
+             std::count(s.open_round_contributed.begin(),
+                        s.open_round_contributed.end(), "region-0") == 1;
+    });
+    sync(2);
+    sync(3);
+    for (std::thread& t : threads) t.join();
+    ASSERT_TRUE(waiting) << "round " << r
+                         << ": region a's contribution never got upstream";
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(out[i].ok())
+          << "round " << r << " member " << i << ": " << out[i].status();
+      EXPECT_TRUE(out[i]->contributed) << "round " << r << " member " << i;
+    }
+    for (int i = 1; i < 4; ++i) {
+      ASSERT_EQ(members_[i].params, members_[0].params)
+          << "round " << r << ": member " << i << " of region " << i / 2;
+    }
+    ASSERT_EQ(UpstreamState(), members_[0].params) << "round " << r;
+  }
+  const JobStatusSnapshot a =
+      regions_[0]->coordinator()->FindJob(kJob).value()->Status(1);
+  ASSERT_TRUE(a.upstream.has_value());
+  EXPECT_GT(a.upstream->early_chunks, 0u)
+      << "region a's members got no result chunk before their round's "
+         "whole upstream answer";
+  EXPECT_EQ(a.upstream->last_error, "");
+  EXPECT_EQ(a.upstream->rounds, 4u) << "the seed and 3 rounds";
 }
 
 // A region that stops for good is a member that left: its link leaves the
