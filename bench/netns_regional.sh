@@ -36,9 +36,10 @@
 #
 # Lower bounds per round: flat, a region's uplink carries its workers'
 # payloads (W x bytes each way); regional, a region's coordinator link
-# carries its workers' float32 payloads each way and its uplink one
-# contribution and one result (the three in turn: a regional round is not
-# pipelined), see docs/design.md "Regional coordinators".
+# carries its workers' float32 payloads up, then its uplink one
+# contribution up while the result comes down, which the region's
+# coordinator passes on to its workers as it arrives (pipelined down, not
+# up), see docs/design.md "Regional coordinators".
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -239,9 +240,10 @@ rm = max(float(a["median_s"]), float(b["median_s"]))
 payload = int(f["bytes_sent"])  # in the wire dtype, per worker per round
 f32 = 4 * float(millions) * 1e6  # a region's own rounds: float32
 flat_lb = wpr * payload / bps(inter)
-# In turn: the region's uploads, one contribution up (and its result down,
-# the other direction, at once), the region's downloads.
-reg_lb = 2 * wpr * f32 / bps(intra) + payload / bps(inter)
+# In turn: the region's uploads, then one contribution up while its result
+# comes down (the other direction, at once) and goes on to the region's
+# workers chunk by chunk (their downloads overlap it).
+reg_lb = wpr * f32 / bps(intra) + max(payload / bps(inter), wpr * f32 / bps(intra))
 print("| setup | round median s | min s | link lower bound s | median/bound | vs flat |")
 print("|---|---:|---:|---:|---:|---:|")
 print(f"| flat: {2 * wpr} workers, one coordinator | {fm:.3f} | {float(f['min_s']):.3f} | {flat_lb:.3f} | {fm / flat_lb:.2f} | 1.00 |")
