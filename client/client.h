@@ -105,7 +105,9 @@ struct ClientOptions {
   // before Sync returns; an attempt retried may call it again for a chunk,
   // with other values if it syncs another round. For a coordinator that
   // passes a round's result on as it arrives (a regional coordinator's
-  // upstream link, server/upstream_link.h). Null: none.
+  // upstream link, server/upstream_link.h). With several replicas it may
+  // run on several threads at once; `values` is valid during the call
+  // only. Null: none.
   std::function<void(uint64_t offset, absl::Span<const float> values)>
       on_early_result;
   // Deadline of each unary RPC attempt.

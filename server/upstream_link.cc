@@ -141,6 +141,9 @@ void UpstreamLink::Core::Run() {
       pending = std::move(queue.front());
       queue.pop_front();
     }
+    // Held while the request is answered: the job is dropped here if at
+    // all, never on a thread of the client's Sync that hands it a chunk.
+    const std::shared_ptr<Job> held = pending.job.lock();
     early_job = pending.job;
     UpstreamAnswer answer = Answer(pending.request);
     early_job.reset();
@@ -159,8 +162,8 @@ void UpstreamLink::Core::Run() {
       LOG(WARNING) << "job " << job_id << ": upstream request for round "
                    << pending.request.round << " failed: " << answer.status;
     }
-    if (std::shared_ptr<Job> job = pending.job.lock()) {
-      job->CompleteUpstream(pending.request.serial, std::move(answer));
+    if (held != nullptr) {
+      held->CompleteUpstream(pending.request.serial, std::move(answer));
     }
   }
   if (client != nullptr) {
@@ -328,11 +331,13 @@ UpstreamAnswer UpstreamLink::Core::Round(UpstreamRequest& request) {
     answer.status = outcome.status();
     return answer;
   }
-  if (!outcome->contributed) return State();
   // The step, reusing the mean's buffer: exact if base + step is the new
-  // state in every element.
+  // state in every element. A contribution that did not count upstream
+  // (late there) gets the step all the same, marked: the regional round's
+  // members adopt it, their steps thrown away.
   UpstreamAnswer answer;
   answer.delta = true;
+  answer.counted = outcome->contributed;
   answer.upstream_round = outcome->round;
   for (size_t i = 0; i < num_elements; ++i) {
     mean[i] = params[i] - base[i];

@@ -12,8 +12,9 @@
 // its anchor, the base: the mean within float32 rounding) with the round's
 // weight, and answers the upstream round's step as the client's new state
 // minus the base, when adding that back to the base gives the new state bit
-// for bit in every element (otherwise, and when its contribution did not
-// count, the new state whole). A base that is not the upstream state (a
+// for bit in every element (otherwise the new state whole; a contribution
+// that did not count upstream gets the step marked so). A base that is not
+// the upstream state (a
 // regional coordinator restarted while the upstream job went on) is answered
 // with the upstream state whole, contributing nothing.
 //

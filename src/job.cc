@@ -1043,9 +1043,19 @@ void Job::UpstreamChunk(uint64_t serial, uint64_t offset,
     if (c64 >= geometry_.num_chunks()) return;
     const uint32_t c = static_cast<uint32_t>(c64);
     OpenRound& round = *sealed_;
-    if (geometry_.Offset(c) != offset || geometry_.Size(c) != step.size() ||
-        round.released[c]) {
-      return;  // another chunk size upstream, or sent already
+    if (round.released[c]) return;  // sent already
+    if (geometry_.Offset(c) != offset || geometry_.Size(c) != step.size()) {
+      if (!upstream_geometry_warned_) {
+        upstream_geometry_warned_ = true;
+        LOG(WARNING) << "job " << id_ << ": the upstream job's chunks ("
+                     << step.size() << " elements at " << offset
+                     << ") are not this job's (chunk_elements "
+                     << geometry_.chunk_elements()
+                     << "): its rounds' results reach its members only with "
+                        "the upstream's whole answer; give both jobs the "
+                        "same chunk_elements to pass them on as they come";
+      }
+      return;
     }
     for (float v : step) {
       if (!std::isfinite(v)) return;  // the whole answer says what
@@ -1057,14 +1067,16 @@ void Job::UpstreamChunk(uint64_t serial, uint64_t offset,
       return;  // not finite on the state: the whole answer's commit says so
     }
     round.released[c] = true;
-    ++upstream_early_chunks_;
     std::shared_ptr<const StateSnapshot> next = round.next;
+    bool told = false;
     for (const auto& [wid, w] : round.waiters) {
       if (w.on_final == nullptr) continue;
+      told = true;
       deferred.push_back([on_final = w.on_final, c, next] {
         on_final(std::vector<uint32_t>{c}, next);
       });
     }
+    if (told) ++upstream_early_chunks_;
   }
   RunDeferred(deferred);
 }
@@ -1107,6 +1119,17 @@ void Job::CommitSealedLocked(UpstreamAnswer answer, Deferred& deferred) {
     return;
   }
   RoundClosure& closure = round->closure;
+  // What the round's members gave did not count upstream: their steps were
+  // thrown away there, as a late member's are.
+  auto not_counted = [&closure] {
+    closure.record.contributors.clear();
+    closure.record.contributor_ids.clear();
+    closure.record.contributor_weight = 0;
+    StepCounts& steps = closure.record.steps;
+    steps.late += steps.merged;
+    steps.merged = 0;
+    steps.merged_stale = 0;
+  };
   std::shared_ptr<StateSnapshot> state;
   if (answer.delta) {
     // The upstream round's step onto the state, as every member adds it
@@ -1124,6 +1147,12 @@ void Job::CommitSealedLocked(UpstreamAnswer answer, Deferred& deferred) {
       }
     }
     state = commit_.FinishNext(std::move(sums), {}, std::move(round->next));
+    if (!answer.counted) {
+      LOG(WARNING) << "job " << id_ << ": round " << id
+                   << " takes the upstream round " << answer.upstream_round
+                   << "'s step; its contributions did not count there";
+      not_counted();
+    }
   } else {
     // The upstream state whole: what the round's members gave did not
     // count there; they adopt it.
@@ -1135,14 +1164,7 @@ void Job::CommitSealedLocked(UpstreamAnswer answer, Deferred& deferred) {
                  << " takes the upstream job's state of round "
                  << answer.upstream_round
                  << " whole; its contributions did not count there";
-    closure.record.contributors.clear();
-    closure.record.contributor_ids.clear();
-    closure.record.contributor_weight = 0;
-    // Their steps were thrown away upstream, as a late member's are.
-    StepCounts& steps = closure.record.steps;
-    steps.late += steps.merged;
-    steps.merged = 0;
-    steps.merged_stale = 0;
+    not_counted();
   }
   ApplyClosureLocked(*round, closure);
   CommitLocked(std::move(closure.record), std::move(state),

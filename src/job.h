@@ -694,9 +694,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // (open_ is null meanwhile: no round opens before it commits), and the
   // serial of the last request to the upstream.
   std::unique_ptr<OpenRound> sealed_ ABSL_GUARDED_BY(mu_);
-  // A regional job's result chunks sent to members before their round's
-  // whole upstream answer (UpstreamChunk), since the job began.
+  // A regional job's result chunks told to members (their streams that
+  // take early results) before their round's whole upstream answer
+  // (UpstreamChunk), since the job began; whether UpstreamChunk logged
+  // that the upstream's chunks are not this job's.
   uint64_t upstream_early_chunks_ ABSL_GUARDED_BY(mu_) = 0;
+  bool upstream_geometry_warned_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t upstream_serial_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

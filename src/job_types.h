@@ -160,8 +160,9 @@ struct UpstreamStatus {
   RoundId upstream_round = 0;
   uint64_t rounds = 0;  // requests answered OK
   std::string last_error;
-  // Result chunks the job's members got before their round's whole answer
-  // (Job::UpstreamChunk): the region's download pipelined on the upstream's.
+  // Result chunks told to the job's members before their round's whole
+  // answer (Job::UpstreamChunk): the region's download pipelined on the
+  // upstream's.
   uint64_t early_chunks = 0;
 };
 

@@ -62,14 +62,22 @@ struct UpstreamAnswer {
   absl::Status status;
   // OK: with `delta`, `values` is the step to add to the request's base
   // (the upstream round's result); otherwise the upstream state whole (a
-  // seed's answer; a round whose contribution did not count upstream, or
-  // whose base was not the upstream's state).
+  // seed's answer; a round whose base was not the upstream's state, or
+  // whose step does not add back to the upstream state bit for bit).
   bool delta = false;
   std::vector<float> values;
+  // With `delta`: whether the round's contribution counted upstream. False:
+  // the upstream round took the step without it (it came late there); the
+  // regional round's members' steps are thrown away, as a late member's.
+  bool counted = true;
   // The upstream state's round, for logs and status.
   RoundId upstream_round = 0;
 };
 
+// Besides the answer, an Upstream may hand the job a round's step chunk by
+// chunk as it arrives, before the answer (Job::UpstreamChunk: from any
+// thread, without the job's lock, for the request being answered; the
+// answer must then agree with it).
 class Upstream {
  public:
   virtual ~Upstream() = default;

@@ -1094,12 +1094,15 @@ class RecordedUpstream : public Upstream {
 // the whole answer is final at once and told to the round's members
 // (their early result chunks), once; requests it does not answer, spans
 // that are not one of its chunks and non-finite steps are ignored. The
-// whole answer then commits the state those chunks belong to; one whose
-// step differs from a chunk sent early fails the round UNAVAILABLE and
-// commits nothing (the members retry).
+// whole answer then commits the state those chunks belong to (a step that
+// did not count upstream too, the members' own steps thrown away); one
+// whose step differs from a chunk sent early, or the upstream state whole,
+// fails the round UNAVAILABLE and commits nothing (the members retry).
 TEST_F(PseudoGradientTest, Regional_UpstreamChunkFinalAtOnce_AnswerMustAgree) {
-  for (bool agree : {true, false}) {
-    SCOPED_TRACE(agree ? "the answer agrees" : "the answer differs");
+  enum class Answer { kAgrees, kNotCounted, kDiffers, kWhole };
+  for (Answer kind : {Answer::kAgrees, Answer::kNotCounted, Answer::kDiffers,
+                      Answer::kWhole}) {
+    SCOPED_TRACE(static_cast<int>(kind));
     MakeJob(DeltaSettings(DType::kFloat32));
     auto owned = std::make_unique<RecordedUpstream>();
     RecordedUpstream* const up = owned.get();
@@ -1161,25 +1164,38 @@ TEST_F(PseudoGradientTest, Regional_UpstreamChunkFinalAtOnce_AnswerMustAgree) {
     answer.delta = true;
     answer.values = step;
     answer.upstream_round = 7;
-    if (!agree) answer.values[g.Offset(1) + 3] += 1.0f;
+    if (kind == Answer::kNotCounted) answer.counted = false;
+    if (kind == Answer::kDiffers) answer.values[g.Offset(1) + 3] += 1.0f;
+    if (kind == Answer::kWhole) {
+      // The upstream state whole (the same values, as a state).
+      answer.delta = false;
+      for (uint64_t i = 0; i < kElements; ++i) {
+        answer.values[i] = seed[i] + step[i];
+      }
+    }
     job_->CompleteUpstream(round.serial, answer);
     ASSERT_TRUE(ca.fired());
     absl::StatusOr<std::shared_ptr<const StateSnapshot>> state =
         job_->GetState(a);
     ASSERT_TRUE(state.ok()) << state.status();
-    if (agree) {
+    if (kind == Answer::kAgrees || kind == Answer::kNotCounted) {
       ASSERT_TRUE(ca.result().ok()) << ca.result().status();
       EXPECT_EQ(ca.result()->state, fa.next)
           << "the state the early chunk belongs to";
       EXPECT_TRUE(ca.result()->delta);
+      // Not counted upstream: the step all the same, its own thrown away.
+      EXPECT_EQ(ca.result()->contributed, kind == Answer::kAgrees);
       for (uint64_t i = 0; i < kElements; ++i) {
         ASSERT_EQ((*state)->values[i], seed[i] + step[i]) << "element " << i;
       }
     } else {
       EXPECT_EQ(ca.result().status().code(), absl::StatusCode::kUnavailable);
       EXPECT_THAT(ca.result().status().message(),
-                  HasSubstr("differs at chunk 1 from the step its members got "
-                            "early"));
+                  HasSubstr(kind == Answer::kDiffers
+                                ? "differs at chunk 1 from the step its "
+                                  "members got early"
+                                : "is the upstream state whole, not the step "
+                                  "its members got early"));
       EXPECT_EQ((*state)->values, seed) << "nothing committed";
     }
   }

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -92,11 +93,19 @@ struct Member {
   int index = 0;  // which Change it adds
 };
 
+// `early`, if not null, counts the result chunks the member gets before
+// its rounds' result messages (ClientOptions::on_early_result).
 std::unique_ptr<Client> Joined(const CoordinatorServer& server,
-                               const std::string& name, double weight) {
+                               const std::string& name, double weight,
+                               std::atomic<uint64_t>* early = nullptr) {
   ClientOptions options = testkit::BaseClientOptions(server, kJob, name);
   options.settings.contribution = Contribution::kPseudoGradients;
   options.weight = weight;
+  if (early != nullptr) {
+    options.on_early_result = [early](uint64_t, absl::Span<const float>) {
+      early->fetch_add(1);
+    };
+  }
   options.max_retry_time = absl::Seconds(20);
   auto client = Client::Create(options);
   EXPECT_TRUE(client.ok()) << client.status();
@@ -157,8 +166,8 @@ class RegionalTest : public ::testing::Test {
     for (int i = 0; i < 4; ++i) {
       members_[i].index = i;
       members_[i].params = Theta0();
-      members_[i].client =
-          Joined(*regions_[i / 2], absl::StrCat("m", i), weights[i]);
+      members_[i].client = Joined(*regions_[i / 2], absl::StrCat("m", i),
+                                  weights[i], &early_[i]);
       ASSERT_NE(members_[i].client, nullptr);
     }
     InitializeAll(all());
@@ -211,6 +220,7 @@ class RegionalTest : public ::testing::Test {
   std::unique_ptr<UpstreamLinkFactory> links_[2];
   std::unique_ptr<CoordinatorServer> regions_[2];
   Member members_[4];
+  std::atomic<uint64_t> early_[4]{};
 };
 
 TEST_F(RegionalTest, TwoLevelMean_EqualsFlatWeightedMean_MembersIdentical) {
@@ -338,8 +348,12 @@ TEST_F(RegionalTest, UpstreamChunksGoOnEarly_MembersHoldTheUpstreamState) {
       regions_[0]->coordinator()->FindJob(kJob).value()->Status(1);
   ASSERT_TRUE(a.upstream.has_value());
   EXPECT_GT(a.upstream->early_chunks, 0u)
-      << "region a's members got no result chunk before their round's "
+      << "region a told its members no result chunk before their round's "
          "whole upstream answer";
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_GT(early_[i].load(), 0u)
+        << "member " << i << " of region a got no early result chunk";
+  }
   EXPECT_EQ(a.upstream->last_error, "");
   EXPECT_EQ(a.upstream->rounds, 4u) << "the seed and 3 rounds";
 }
