@@ -25,6 +25,12 @@
 // from /proc once every child is done, and its thread and descriptor
 // counts every 100 ms while they run (the largest are reported).
 //
+// Every worker counts its process's CPU seconds (all its threads) over the
+// timed rounds, and with --coordinator_pid rank 0 reads the coordinator's
+// over the same span: the summary gives both per round and the share of
+// the machine's cores they kept busy (on a machine whose few cores run
+// every process, what the round's time is made of).
+//
 // With --status_poll_ms, one more child calls GetJobStatus on the (first)
 // coordinator every that many ms from the end of the warm-up round until
 // the last timed round ends, and the summary gives its latencies (what an
@@ -36,7 +42,8 @@
 // Output: a human-readable summary on stderr and one line on stdout:
 //   RESULT world=.. params=.. wire=.. rounds=.. median_s=.. min_s=.. max_s=..
 //          bytes_sent=.. bytes_received=.. fetch_median_s=.. fetch_GBps=..
-//          coordinator_hwm_kib=.. [coordinator_threads=.. coordinator_fds=..]
+//          coordinator_hwm_kib=.. [worker_cpu_s=.. coordinator_cpu_s=..]
+//          [coordinator_threads=.. coordinator_fds=..]
 //          [status_calls=.. status_p50_ms=..
 //          status_p99_ms=.. status_max_ms=.. status_failed=.., and the same
 //          with page_ for --status_page]
@@ -225,6 +232,32 @@ double ExpectedMean(size_t i, int world, int round) {
   return sum / world;
 }
 
+// This process's CPU seconds so far, every thread's, user + system.
+double ProcessCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + t.tv_nsec / 1e9;
+}
+
+// Another process's CPU seconds so far (user + system, in clock ticks), or
+// -1.
+double ProcCpuSeconds(int64_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  // Fields after the command's ")": state is the 3rd field, utime the 14th.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  const std::vector<std::string> fields =
+      absl::StrSplit(stat.substr(close + 2), ' ', absl::SkipEmpty());
+  int64_t utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
+      !absl::SimpleAtoi(fields[12], &stime)) {
+    return -1;
+  }
+  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
 // Laid out in MAP_SHARED | MAP_ANONYMOUS memory, followed by the per-round
 // times: double[(rounds + 1) * world].
 struct Shared {
@@ -253,6 +286,12 @@ struct Shared {
   double result_s[64];
   // Free-running mode, per rank (< 64): syncs whose contribution counted.
   int counted[64];
+  // Barrier mode, per rank (< 64): the worker process's CPU seconds (every
+  // thread, user + system) over the timed rounds, each from its Sync's start
+  // to the barrier after it. With --coordinator_pid, rank 0's reading of
+  // the coordinator's CPU seconds over the same span.
+  double worker_cpu_s[64];
+  double coordinator_cpu_s;
 };
 static_assert(std::atomic<int>::is_always_lock_free);
 
@@ -400,13 +439,24 @@ std::unique_ptr<Client> StartWorker(const Config& config, int rank,
   const double tolerance = config.wire == DType::kBFloat16 ? 1.0 / 64 : 1e-5;
   const size_t n = params.size();
   const size_t samples[] = {0, 1, n / 3, n / 2, n - 1};
+  const int64_t coordinator_pid = absl::GetFlag(FLAGS_coordinator_pid);
+  double cpu_s = 0, coordinator_cpu_start = -1;
   for (int r = 0; r <= config.rounds; ++r) {
     Fill(params, rank, r + 1);
     Wait(&shared->workers);
     const auto t0 = Clock::now();
+    const double cpu0 = ProcessCpuSeconds();
+    if (rank == 0 && r == 1 && coordinator_pid > 0) {
+      coordinator_cpu_start = ProcCpuSeconds(coordinator_pid);
+    }
     absl::StatusOr<SyncOutcome> outcome = client->Sync(absl::MakeSpan(params));
     Wait(&shared->workers);
     const auto t1 = Clock::now();
+    if (r >= 1) cpu_s += ProcessCpuSeconds() - cpu0;
+    if (rank == 0 && r == config.rounds && coordinator_cpu_start >= 0) {
+      const double end = ProcCpuSeconds(coordinator_pid);
+      shared->coordinator_cpu_s = end >= 0 ? end - coordinator_cpu_start : -1;
+    }
     if (!outcome.ok()) {
       Fail(shared, who, absl::StrCat("Sync: ", outcome.status().ToString()));
     }
@@ -449,6 +499,7 @@ std::unique_ptr<Client> StartWorker(const Config& config, int rank,
       shared->result_s[rank] = absl::ToDoubleSeconds(outcome->result_time);
     }
   }
+  if (rank < 64) shared->worker_cpu_s[rank] = cpu_s;
   // Stay a member while the late joiner fetches, then leave.
   Wait(&shared->all);
   Wait(&shared->all);
@@ -882,6 +933,7 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
         absl::GetFlag(FLAGS_straggler_rank), median, mean, compute,
         counted.c_str());
   }
+  std::string cpu_fields;
   if (absl::GetFlag(FLAGS_compute_ms) <= 0) {
     // Where the last round's time went, per worker: with full duplex the
     // first result chunk comes before the last write.
@@ -895,6 +947,27 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
                  "sync_bench: last round per worker, s from its stream's "
                  "start to last write / first result chunk / last: %s\n",
                  phases.c_str());
+    // CPU per round: a worker's (the mean over workers) and the
+    // coordinator's, and what share of the machine's cores all of them
+    // kept busy during the median round.
+    double worker_cpu = 0;
+    const int counted_ranks = std::min(config.world, 64);
+    for (int r = 0; r < counted_ranks; ++r)
+      worker_cpu += shared->worker_cpu_s[r];
+    worker_cpu /= static_cast<double>(counted_ranks) * config.rounds;
+    const double coordinator_cpu =
+        coordinator_pid > 0 ? shared->coordinator_cpu_s / config.rounds : 0;
+    const double busy =
+        (worker_cpu * config.world + coordinator_cpu) /
+        (static_cast<double>(std::thread::hardware_concurrency()) * median);
+    std::fprintf(stderr,
+                 "sync_bench: CPU per round: %.4f s a worker, %.4f s the "
+                 "coordinator%s; %.0f%% of %u cores busy in a median round\n",
+                 worker_cpu, coordinator_cpu,
+                 coordinator_pid > 0 ? "" : " (no --coordinator_pid: not read)",
+                 100 * busy, std::thread::hardware_concurrency());
+    cpu_fields = absl::StrFormat(" worker_cpu_s=%.6f coordinator_cpu_s=%.6f",
+                                 worker_cpu, coordinator_cpu);
   }
   if (!fetch.empty()) {
     std::fprintf(stderr,
@@ -919,6 +992,7 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
       max, static_cast<unsigned long long>(shared->bytes_sent),
       static_cast<unsigned long long>(shared->bytes_received), fetch_median,
       fetch_gbps, static_cast<long long>(hwm));
+  std::printf("%s", cpu_fields.c_str());
   if (coordinator_pid > 0) {
     std::printf(" coordinator_threads=%lld coordinator_fds=%lld",
                 static_cast<long long>(max_threads),
