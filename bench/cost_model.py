@@ -25,15 +25,24 @@ Round time of one job of pseudo-gradients, from its sizes and its links:
                                                   one contribution up, one down,
                            W_g x P x 4 / R_r))    the region's downloads
 
-  CPU: where a process has cores of its own, its passes over the model
-  (a member's encode and decode; a shard's decode-and-accumulate of W
-  contributions and its step) run while the links carry the chunks, and
-  add only where they are slower than the links. The model takes them as
-  max(T_link, T_cpu) with T_cpu the busiest process's elements over its
-  kernels' rates (bench/README.md "Blockwise codes", "Sparse codes").
-  Where every process shares a few cores (this machine: 2 cores for 4
-  members and up to 4 coordinators) the CPU adds up across processes: the
-  model does not cover that (it says which measured points it is).
+  CPU: each process's core-seconds a round, from CPU_NS (below): a
+  member's P x member, a shard's (W x P x per_member + P x step) / S, both
+  measured here per wire by sync_bench (they hold what the process spends
+  in gRPC and the kernel's TCP as well as its passes over the model).
+  Where a process has cores of its own they run while the links carry the
+  chunks and add only where they are slower: the round is KAPPA x
+  max(T_link, the member's CPU, a shard's CPU / its cores). Where one
+  machine's C cores run every member and coordinator (this one: 2 cores
+  for 4-8 members and 1-4 coordinators; plan's `--shared_cores`), their
+  CPU adds up: that term is the sum over every process / (C x BUSY), BUSY
+  the share of the cores they keep busy (0.94 here), and the round the
+  largest of it and KAPPA x the others.
+
+  The per-element costs come from `calibrate`, a least-squares fit to
+  sync_bench's CPU counts on loopback at two member counts (the
+  coordinator's share grows with W, its step's does not). Measured with 5-9
+  processes on 2 cores, they are an upper bound for processes with cores
+  of their own, and a member's CPU is counted as if on one core.
 
 Memory of one coordinator shard (docs/deployment.md "Sizing a
 coordinator's memory"): B x P / S + 32 MiB + W x 1.1 MiB, B the bytes per
@@ -41,47 +50,54 @@ parameter its rule and wire keep (mean float32: 16).
 
   bench/cost_model.py validate     every point measured here against the
                                    model, with the error
+  bench/cost_model.py calibrate [--params 1e7] RAW.tsv...
+                                   CPU_NS from sync_round.sh's raw.tsv
+                                   (WORLDS="4 8"), for another machine
   bench/cost_model.py plan --params 70e9 --members 10000 --wire int4 \\
       [--rule outer_nesterov] [--member_gbit 100] [--coordinator_gbit 100] \\
       [--regions 0] [--uplink_gbit 10] [--max_memory_gib 512] \\
-      [--coordinator_cores 16]
+      [--coordinator_cores 16] [--shared_cores 0]
                                    the shards (and whether regions pay) a
                                    size needs
 """
 
 import argparse
 import math
+import os
 import sys
 
 KAPPA = 1.12
+# The share of a machine's cores that its members and coordinators keep
+# busy when they share them (the mean of the calibration runs).
+BUSY = 0.94
 
 # Bytes per element on the wire, up (a member's delta) and down (the
 # coordinator's result), at the defaults (int8/int4: one float32 scale per
 # block of 64; sparse2: 64 of 4096 kept up, 256 down, 88 and 264 bytes a
-# block of 4096 with Elias-Fano positions; "sparse2-12bit": the same with
-# the 12-bit positions of the points measured on 178f71b, 120 and 456).
+# block of 4096 with Elias-Fano positions).
 WIRE = {
     "float32": (4.0, 4.0),
     "bfloat16": (2.0, 2.0),
     "int8": (1.0625, 1.0625),
     "int4": (0.5625, 0.5625),
     "sparse2": (88 / 4096, 264 / 4096),
-    "sparse2-12bit": (120 / 4096, 456 / 4096),
 }
 
-# Elements per second per core of the kernels a round runs (bench/README.md,
-# on the machines measured): a member's encode with error feedback, its
-# decode onto the anchor; a coordinator's decode and accumulate, its step's
-# encode.
-RATE = {
-    "float32": dict(encode=7e9, decode=7e9, accumulate=7.3e9, step=3.8e9),
-    "bfloat16": dict(encode=0.5e9, decode=8e9, accumulate=8e9, step=0.5e9),
-    "int8": dict(encode=3.9e9, decode=5.5e9, accumulate=5.5e9, step=3.9e9),
-    "int4": dict(encode=3.7e9, decode=2.7e9, accumulate=2.7e9, step=3.7e9),
-    "sparse2": dict(encode=1.38e9, decode=12e9, accumulate=12e9, step=1.38e9),
-    "sparse2-12bit": dict(encode=1.38e9, decode=12e9, accumulate=12e9,
-                          step=1.38e9),
+# Core-nanoseconds a round costs each process, per wire (`calibrate` on
+# sync_round.sh's raw.tsv, WORLDS="4 8" MILLIONS=10, on CALIBRATED_ON; the
+# 2-core VM, every process on the same 2 cores): `member` per parameter (its
+# delta, encode, send, receive, decode onto its anchor), `per_member` a
+# coordinator's per parameter per member (receive, decode, accumulate, send
+# the result), `step` its per parameter (the rule and the result's encode).
+CALIBRATED_ON = "d1105b6"
+CPU_NS = {
+    "float32": dict(member=3.43, per_member=2.61, step=1.29),
+    "bfloat16": dict(member=3.63, per_member=2.14, step=3.29),
+    "int8": dict(member=2.74, per_member=1.18, step=2.14),
+    "int4": dict(member=2.54, per_member=0.96, step=1.71),
+    "sparse2": dict(member=3.21, per_member=0.43, step=3.29),
 }
+
 
 # Bytes per parameter a coordinator keeps (docs/deployment.md).
 def state_bytes(wire, rule, mean_encoding="float32"):
@@ -101,27 +117,38 @@ def gbit(x):
 
 
 def flat_terms(P, W, S, wire, member_bps, coordinator_bps, uplink_bps=None,
-               per_uplink=0, cores=1):
+               per_uplink=0, cores=1, shared_cores=0):
     """Each bound of a flat round, in seconds: the links (the busier
-    direction) and the busiest process's passes, a member's or a shard's on
+    direction) and the busiest process's CPU, a member's or a shard's on
     `cores` cores (its streams' chunks are reduced on gRPC's threads, in
-    parallel across streams)."""
-    r = RATE[wire]
+    parallel across streams); with `shared_cores`, every process's CPU on
+    that many cores of one machine."""
+    c = CPU_NS[wire]
     b = max(WIRE[wire])
+    member = P * c["member"] * 1e-9
+    coordinators = (W * P * c["per_member"] + P * c["step"]) * 1e-9
     terms = {
         "members' links": P * b / member_bps,
-        "members' CPU": P / r["encode"] + P / r["decode"],
+        "members' CPU": member,
         "coordinators' links": W * P * b / S / coordinator_bps,
-        "coordinators' CPU":
-            (W * P / S / r["accumulate"] + P / S / r["step"]) / cores,
+        "coordinators' CPU": coordinators / S / cores,
     }
+    if shared_cores:
+        terms["the machine's cores"] = (W * member + coordinators) / shared_cores
     if uplink_bps:
         terms["uplinks"] = per_uplink * P * b / uplink_bps
     return terms
 
 
+def scaled(terms):
+    """Each bound as the round time it gives: KAPPA x a link's or a
+    process's; the shared cores' sum over their busy share."""
+    return {k: v / BUSY if k == "the machine's cores" else KAPPA * v
+            for k, v in terms.items()}
+
+
 def flat_round(*args, **kwargs):
-    return KAPPA * max(flat_terms(*args, **kwargs).values())
+    return max(scaled(flat_terms(*args, **kwargs)).values())
 
 
 def regional_round(P, G, Wg, wire, regional_bps, uplink_bps, upstream_bps):
@@ -136,55 +163,112 @@ def memory_mib(P, W, S, wire, rule):
     return state_bytes(wire, rule) * P / S / 2**20 + 32 + 1.1 * W
 
 
-# Every point measured here (bench/README.md "The encoded wires at their
-# link bound", "Regional coordinators"): (what, predicted s, measured s,
-# commit, whether the model covers it).
+# Every point measured here (bench/README.md "The cost model's points",
+# "Regional coordinators"): (what, predicted s, measured s, commit). The
+# flat points on netns and loopback were measured one after the other with
+# the calibration (`calibrate`), on one machine whose 2 cores run every
+# member and coordinator; the regional ones are bound by their links.
+POINTS_ON = "d1105b6"
+NETNS_FLAT = [(1, "float32", 3.712), (4, "float32", 1.007),
+              (1, "int4", 0.501), (4, "int4", 0.240),
+              (1, "sparse2", 0.210), (4, "sparse2", 0.211)]  # (shards, wire, measured s)
+LOOPBACK = [(4, "float32", 0.340), (4, "bfloat16", 0.342),
+            (4, "int8", 0.225), (4, "int4", 0.227), (4, "sparse2", 0.228),
+            (8, "float32", 0.659), (8, "bfloat16", 0.657),
+            (8, "int8", 0.429), (8, "int4", 0.406), (8, "sparse2", 0.408)]  # (members, wire, measured s)
+
+
 def points():
     G1, M100 = gbit(1), gbit(0.1)
     P = 25e6
     rows = []
-    for s, wire, measured, commit in [
-            (1, "float32", 3.668, "178f71b"), (4, "float32", 1.030, "178f71b"),
-            (1, "int4", 0.500, "178f71b"), (4, "int4", 0.186, "178f71b"),
-            (1, "sparse2-12bit", 0.153, "178f71b"),
-            (4, "sparse2-12bit", 0.155, "178f71b")]:
+    for s, wire, measured in NETNS_FLAT:
         rows.append((f"netns 1 Gbit/s, W=4, 25M, {s} shard(s), {wire}",
-                     flat_round(P, 4, s, wire, G1, G1), measured, commit,
-                     s == 1 and not wire.startswith("sparse")))
+                     flat_round(P, 4, s, wire, G1, G1, shared_cores=2),
+                     measured, POINTS_ON))
     for wire, flat, regional in [("float32", 38.524, 12.053),
                                  ("int4", 4.759, 7.077)]:
         rows.append((f"netns, 2 regions of 4 flat over 100 Mbit/s uplinks, "
                      f"25M, {wire}",
-                     flat_round(P, 8, 1, wire, G1, G1, M100, 4), flat,
-                     "bdcc431", True))
+                     flat_round(P, 8, 1, wire, G1, G1, M100, 4,
+                                shared_cores=2), flat, "bdcc431"))
         rows.append((f"netns, the same regional ({wire} upstream)",
                      regional_round(P, 2, 4, wire, G1, M100, G1), regional,
-                     "bdcc431", True))
-    # Loopback: 4 workers and the coordinator on 2 cores; links ~6.4 GB/s.
-    lo = 6.4e9
-    for wire, measured in [("float32", 0.231), ("int4", 0.142)]:
-        rows.append((f"loopback, W=4, 25M, {wire} (2 cores shared)",
-                     flat_round(P, 4, 1, wire, lo, lo), measured, "178f71b",
-                     False))
+                     "bdcc431"))
+    # Loopback: no link of its own; moving the bytes is CPU, in CPU_NS.
+    for w, wire, measured in LOOPBACK:
+        rows.append((f"loopback, W={w}, 25M, {wire}",
+                     flat_round(P, w, 1, wire, math.inf, math.inf,
+                                shared_cores=2), measured, POINTS_ON))
     return rows
 
 
 def validate():
-    print("| point | model s | measured s | error | covered | commit |")
-    print("|---|---:|---:|---:|---|---|")
+    print("| point | model s | measured s | error | commit |")
+    print("|---|---:|---:|---:|---|")
     worst = 0.0
-    for what, predicted, measured, commit, covered in points():
+    for what, predicted, measured, commit in points():
         err = (predicted - measured) / measured
-        if covered:
-            worst = max(worst, abs(err))
+        worst = max(worst, abs(err))
         print(f"| {what} | {predicted:.3f} | {measured:.3f} | {100 * err:+.0f}% "
-              f"| {'yes' if covered else 'no: CPU shared'} | {commit} |")
+              f"| {commit} |")
     print()
-    print(f"KAPPA = {KAPPA}; the largest error where the model applies: "
-          f"{100 * worst:.0f}%. 'no: CPU shared': this machine's 2 cores run "
-          "every member and coordinator, whose passes over the model then add "
-          "up instead of overlapping the links.")
+    print(f"KAPPA = {KAPPA}; CPU_NS calibrated on {CALIBRATED_ON} at 10M "
+          f"parameters; the largest error: {100 * worst:.0f}%. Every point "
+          "runs its members and coordinators on this machine's 2 cores "
+          "(--shared_cores 2).")
     return worst
+
+
+def calibrate(paths, params=0, cores=0):
+    """CPU_NS from sync_round.sh raw.tsv files (only the rows of `params`
+    parameters, if given): per wire, the members' mean CPU per parameter,
+    and the coordinator's CPU fitted as W x P x per_member + P x step
+    (least squares over the rows' W and P); and BUSY, the mean share of
+    the machine's `cores` that the runs kept busy."""
+    cores = cores or os.cpu_count()
+    rows, busy = {}, []
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                kv = dict(x.split("=", 1) for x in line.split() if "=" in x)
+                if "worker_cpu_s" not in kv or "coordinator_cpu_s" not in kv:
+                    continue
+                if params and float(kv["params"]) != params:
+                    continue
+                busy.append((int(kv["world"]) * float(kv["worker_cpu_s"]) +
+                             float(kv["coordinator_cpu_s"])) /
+                            (cores * float(kv["median_s"])))
+                rows.setdefault(kv["wire"], []).append(
+                    (int(kv["world"]), float(kv["params"]),
+                     float(kv["worker_cpu_s"]),
+                     float(kv["coordinator_cpu_s"])))
+    if not rows:
+        sys.exit("calibrate: no RESULT with worker_cpu_s and "
+                 "coordinator_cpu_s (sync_round.sh raw.tsv)")
+    print("CPU_NS = {")
+    for wire, rs in sorted(rows.items()):
+        member = sum(cpu / p for _, p, cpu, _ in rs) / len(rs) * 1e9
+        # Normal equations of c = a x (W P) + b x P.
+        sxx = sum((w * p) ** 2 for w, p, _, _ in rs)
+        sxy = sum((w * p) * p for w, p, _, _ in rs)
+        syy = sum(p * p for _, p, _, _ in rs)
+        sxc = sum(w * p * c for w, p, _, c in rs)
+        syc = sum(p * c for _, p, _, c in rs)
+        det = sxx * syy - sxy * sxy
+        if len({w for w, _, _, _ in rs}) < 2 or det == 0:
+            sys.exit(f"calibrate: {wire} needs rows at two member counts")
+        a = (sxc * syy - syc * sxy) / det * 1e9
+        b = (sxx * syc - sxy * sxc) / det * 1e9
+        print(f'    "{wire}": dict(member={member:.2f}, per_member={a:.2f}, '
+              f'step={b:.2f}),')
+        for w, p, _, c in rs:
+            fit = (w * p * a + p * b) * 1e-9
+            print(f"    # W={w} P={p:.3g}: coordinator {c:.4f} s, fit "
+                  f"{fit:.4f} s")
+    print("}")
+    print(f"BUSY = {sum(busy) / len(busy):.2f}  # {len(busy)} runs on {cores} "
+          "cores")
 
 
 def plan(args):
@@ -198,13 +282,13 @@ def plan(args):
     print("| shards | round s | bound by | memory per shard GiB |")
     print("|---:|---:|---|---:|")
     for s in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]:
-        terms = flat_terms(P, W, s, wire, mbps, cbps,
-                           cores=args.coordinator_cores)
+        terms = scaled(flat_terms(P, W, s, wire, mbps, cbps,
+                                  cores=args.coordinator_cores,
+                                  shared_cores=args.shared_cores))
         bound = max(terms, key=terms.get)
-        t = KAPPA * terms[bound]
+        t = terms[bound]
         mem = memory_mib(P, W, s, wire, rule) / 1024
-        member_floor = KAPPA * max(terms["members' links"],
-                                   terms["members' CPU"])
+        member_floor = max(terms["members' links"], terms["members' CPU"])
         print(f"| {s} | {t:.2f} | {bound} | {mem:.1f} |")
         if best is None and mem <= args.max_memory_gib and \
                 t <= member_floor * 1.25:
@@ -222,7 +306,8 @@ def plan(args):
         per = math.ceil(W / g)
         ubps = gbit(args.uplink_gbit)
         flat = flat_round(P, W, best[0] if best else 1, wire, mbps, cbps,
-                          ubps, per, args.coordinator_cores)
+                          ubps, per, args.coordinator_cores,
+                          shared_cores=args.shared_cores)
         reg = regional_round(P, g, per, wire, cbps, ubps, cbps)
         print(f"\n{g} regions of {per} members, uplinks {args.uplink_gbit} "
               f"Gbit/s: flat across the uplinks {flat:.2f} s, regional "
@@ -235,6 +320,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("validate")
+    c = sub.add_parser("calibrate")
+    c.add_argument("raw", nargs="+", help="sync_round.sh raw.tsv files")
+    c.add_argument("--params", type=float, default=0,
+                   help="only the rows of this many parameters")
+    c.add_argument("--cores", type=int, default=0,
+                   help="the cores the runs shared (default: this machine's)")
     q = sub.add_parser("plan")
     q.add_argument("--params", type=float, required=True)
     q.add_argument("--members", type=int, required=True)
@@ -247,10 +338,16 @@ def main():
     q.add_argument("--uplink_gbit", type=float, default=10)
     q.add_argument("--max_memory_gib", type=float, default=512)
     q.add_argument("--coordinator_cores", type=int, default=16)
+    q.add_argument("--shared_cores", type=int, default=0,
+                   help="the cores of one machine that runs every member "
+                   "and coordinator (0: each has its own)")
     args = p.parse_args()
     if args.cmd == "validate":
         worst = validate()
         sys.exit(0 if worst <= 0.15 else 1)
+    if args.cmd == "calibrate":
+        calibrate(args.raw, args.params, args.cores)
+        return
     plan(args)
 
 
