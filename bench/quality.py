@@ -23,6 +23,10 @@ average with MEAN over float32, and an arm's rule and wire are the
 upstream job's (the upstream coordinator is started per arm with them as
 its defaults). Bytes are then the workers' own, inside their region.
 
+Any sparse MEAN arm can also be named mean<K>s<bits>k<up>r<down>, e.g.
+mean4s2k32r48: MEAN every 4 steps on SPARSE2, 32 of 4096 kept up, 48
+down. The table lists the arms in the order --arms names them.
+
 Usage: bench/quality.py [--seeds 1,2,3] [--epochs 1] [--arms name,...]
        [--worker_flags "--model=wide"] [--regions 2]
 Environment: BUILD_DIR (build). Needs dataset-fashion-mnist.
@@ -95,6 +99,19 @@ ARMS = [
 ]
 
 
+def sparse_arm(name):
+    """An arm named mean<K>s<bits>k<up>r<down> (MEAN every K steps on
+    SPARSE2 or SPARSE4, `up` of 4096 kept in a member's upload, `down` in
+    the coordinator's step), or None."""
+    m = re.fullmatch(r"mean(\d+)s([24])k(\d+)r(\d+)", name)
+    if not m:
+        return None
+    k, bits, up, down = m.groups()
+    return (name, f"MEAN K={k} sparse{bits}, {up}/{down} of 4096",
+            [f"--k={k}", f"--wire_dtype=sparse{bits}", f"--sparse_keep={up}",
+             f"--sparse_result_keep={down}"])
+
+
 def field(name, line):
     m = re.search(r"\b%s=(\S+)" % re.escape(name), line)
     return m.group(1) if m else None
@@ -128,7 +145,14 @@ def main():
         print("[quality] skipped: dataset-fashion-mnist is not installed")
         sys.exit(77)
     seeds = [int(s) for s in args.seeds.split(",")]
-    arms = [a for a in ARMS if a[0] in args.arms.split(",")]
+    arms = []
+    for name in args.arms.split(","):
+        arm = next((a for a in ARMS if a[0] == name), None) or sparse_arm(name)
+        if arm is None:
+            sys.exit(f"[quality] unknown arm {name!r}: one of "
+                     f"{', '.join(a[0] for a in ARMS)}, or "
+                     "mean<K>s<2|4>k<up>r<down>")
+        arms.append(arm)
 
     tmp = tempfile.mkdtemp(prefix="localsgd-quality.")
     coords = []
