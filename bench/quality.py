@@ -146,7 +146,7 @@ def main():
         sys.exit(77)
     seeds = [int(s) for s in args.seeds.split(",")]
     arms = []
-    for name in args.arms.split(","):
+    for name in dict.fromkeys(args.arms.split(",")):
         arm = next((a for a in ARMS if a[0] == name), None) or sparse_arm(name)
         if arm is None:
             sys.exit(f"[quality] unknown arm {name!r}: one of "

@@ -42,7 +42,7 @@
 // Output: a human-readable summary on stderr and one line on stdout:
 //   RESULT world=.. params=.. wire=.. rounds=.. median_s=.. min_s=.. max_s=..
 //          bytes_sent=.. bytes_received=.. fetch_median_s=.. fetch_GBps=..
-//          coordinator_hwm_kib=.. [worker_cpu_s=.. coordinator_cpu_s=..]
+//          coordinator_hwm_kib=.. [worker_cpu_s=.. [coordinator_cpu_s=..]]
 //          [coordinator_threads=.. coordinator_fds=..]
 //          [status_calls=.. status_p50_ms=..
 //          status_p99_ms=.. status_max_ms=.. status_failed=.., and the same
@@ -127,7 +127,8 @@ ABSL_FLAG(bool, fetch, false,
 ABSL_FLAG(int32_t, fetch_repeats, 3, "FetchState calls the late joiner times.");
 ABSL_FLAG(int64_t, coordinator_pid, 0,
           "If > 0, report this process's VmHWM (peak RSS) at the end, and its "
-          "most threads and open descriptors while the workers ran.");
+          "most threads and open descriptors while the workers ran, and its "
+          "CPU seconds over the timed rounds.");
 ABSL_FLAG(std::string, job_id, "bench", "Job id.");
 ABSL_FLAG(int32_t, status_poll_ms, 0,
           "If > 0, a child calls GetJobStatus every this many ms while the "
@@ -239,8 +240,8 @@ double ProcessCpuSeconds() {
   return static_cast<double>(t.tv_sec) + t.tv_nsec / 1e9;
 }
 
-// Another process's CPU seconds so far (user + system, in clock ticks), or
-// -1.
+// Another process's CPU seconds so far (user + system, counted by the
+// kernel in clock ticks: 10 ms at 100 Hz), or -1.
 double ProcCpuSeconds(int64_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
   std::string stat((std::istreambuf_iterator<char>(in)),
@@ -249,7 +250,7 @@ double ProcCpuSeconds(int64_t pid) {
   const size_t close = stat.rfind(')');
   if (close == std::string::npos) return -1;
   const std::vector<std::string> fields =
-      absl::StrSplit(stat.substr(close + 2), ' ', absl::SkipEmpty());
+      absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
   int64_t utime = 0, stime = 0;
   if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
       !absl::SimpleAtoi(fields[12], &stime)) {
@@ -289,7 +290,7 @@ struct Shared {
   // Barrier mode, per rank (< 64): the worker process's CPU seconds (every
   // thread, user + system) over the timed rounds, each from its Sync's start
   // to the barrier after it. With --coordinator_pid, rank 0's reading of
-  // the coordinator's CPU seconds over the same span.
+  // the coordinator's CPU seconds over the same span (-1: not read).
   double worker_cpu_s[64];
   double coordinator_cpu_s;
 };
@@ -443,19 +444,20 @@ std::unique_ptr<Client> StartWorker(const Config& config, int rank,
   double cpu_s = 0, coordinator_cpu_start = -1;
   for (int r = 0; r <= config.rounds; ++r) {
     Fill(params, rank, r + 1);
-    Wait(&shared->workers);
-    const auto t0 = Clock::now();
-    const double cpu0 = ProcessCpuSeconds();
     if (rank == 0 && r == 1 && coordinator_pid > 0) {
       coordinator_cpu_start = ProcCpuSeconds(coordinator_pid);
     }
+    Wait(&shared->workers);
+    const auto t0 = Clock::now();
+    const double cpu0 = ProcessCpuSeconds();
     absl::StatusOr<SyncOutcome> outcome = client->Sync(absl::MakeSpan(params));
     Wait(&shared->workers);
     const auto t1 = Clock::now();
     if (r >= 1) cpu_s += ProcessCpuSeconds() - cpu0;
     if (rank == 0 && r == config.rounds && coordinator_cpu_start >= 0) {
+      // Left at -1 (not read) unless both readings succeeded.
       const double end = ProcCpuSeconds(coordinator_pid);
-      shared->coordinator_cpu_s = end >= 0 ? end - coordinator_cpu_start : -1;
+      if (end >= 0) shared->coordinator_cpu_s = end - coordinator_cpu_start;
     }
     if (!outcome.ok()) {
       Fail(shared, who, absl::StrCat("Sync: ", outcome.status().ToString()));
@@ -768,6 +770,7 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
     return 1;
   }
   Shared* shared = new (memory) Shared();
+  shared->coordinator_cpu_s = -1;
   double* times =
       reinterpret_cast<double*>(static_cast<char*>(memory) + sizeof(Shared));
   pthread_barrierattr_t attr;
@@ -955,19 +958,29 @@ int Main(const Config& config, absl::Duration timeout, int64_t coordinator_pid,
     for (int r = 0; r < counted_ranks; ++r)
       worker_cpu += shared->worker_cpu_s[r];
     worker_cpu /= static_cast<double>(counted_ranks) * config.rounds;
+    // Without --coordinator_pid, or where /proc could not be read, the
+    // coordinator's CPU is not known: left out of the sum and the RESULT.
+    const bool coordinator_read = shared->coordinator_cpu_s >= 0;
     const double coordinator_cpu =
-        coordinator_pid > 0 ? shared->coordinator_cpu_s / config.rounds : 0;
+        coordinator_read ? shared->coordinator_cpu_s / config.rounds : 0;
     const double busy =
         (worker_cpu * config.world + coordinator_cpu) /
         (static_cast<double>(std::thread::hardware_concurrency()) * median);
-    std::fprintf(stderr,
-                 "sync_bench: CPU per round: %.4f s a worker, %.4f s the "
-                 "coordinator%s; %.0f%% of %u cores busy in a median round\n",
-                 worker_cpu, coordinator_cpu,
-                 coordinator_pid > 0 ? "" : " (no --coordinator_pid: not read)",
-                 100 * busy, std::thread::hardware_concurrency());
-    cpu_fields = absl::StrFormat(" worker_cpu_s=%.6f coordinator_cpu_s=%.6f",
-                                 worker_cpu, coordinator_cpu);
+    std::fprintf(
+        stderr,
+        "sync_bench: CPU per round: %.4f s a worker, %s; %.0f%% of %u cores "
+        "busy in a median round%s\n",
+        worker_cpu,
+        coordinator_read
+            ? absl::StrFormat("%.4f s the coordinator", coordinator_cpu).c_str()
+            : "the coordinator's not read",
+        100 * busy, std::thread::hardware_concurrency(),
+        coordinator_read ? "" : " (the workers alone)");
+    cpu_fields = absl::StrFormat(" worker_cpu_s=%.6f", worker_cpu);
+    if (coordinator_read) {
+      absl::StrAppendFormat(&cpu_fields, " coordinator_cpu_s=%.6f",
+                            coordinator_cpu);
+    }
   }
   if (!fetch.empty()) {
     std::fprintf(stderr,
