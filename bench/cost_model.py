@@ -26,9 +26,10 @@ Round time of one job of pseudo-gradients, from its sizes and its links:
                            W_g x P x 4 / R_r))    the region's downloads
 
   CPU: each process's core-seconds a round, from CPU_NS (below): a
-  member's P x member, a shard's (W x P x per_member + P x step) / S, both
-  measured here per wire by sync_bench (they hold what the process spends
-  in gRPC and the kernel's TCP as well as its passes over the model).
+  member's P x CPU_NS.member, a shard's (W x P x per_member + P x step) /
+  S, both measured here per wire by sync_bench (they hold what the process
+  spends in gRPC and the kernel's TCP as well as its passes over the
+  model).
   Where a process has cores of its own they run while the links carry the
   chunks and add only where they are slower: the round is KAPPA x
   max(T_link, the member's CPU, a shard's CPU / its cores). Where one
@@ -42,9 +43,9 @@ Round time of one job of pseudo-gradients, from its sizes and its links:
   sync_bench's CPU counts on loopback at two or more member counts (the
   coordinator's share grows with W, its step's does not; with two, the fit
   is exact). The kernel counts the coordinator's CPU in 10 ms ticks: over
-  7 rounds, +-1.5 ms a round. Measured with 5-9
-  processes on 2 cores, they are an upper bound for processes with cores
-  of their own, and a member's CPU is counted as if on one core.
+  7 rounds, +-1.5 ms a round. Measured with 5-9 processes on 2 cores, the
+  costs are an upper bound for processes with cores of their own, and a
+  member's CPU is counted as if on one core.
 
 Memory of one coordinator shard (docs/deployment.md "Sizing a
 coordinator's memory"): B x P / S + 32 MiB + W x 1.1 MiB, B the bytes per
@@ -53,8 +54,9 @@ parameter its rule and wire keep (mean float32: 16).
   bench/cost_model.py validate     every point measured here against the
                                    model, with the error
   bench/cost_model.py calibrate [--params 1e7] RAW.tsv...
-                                   CPU_NS from sync_round.sh's raw.tsv
-                                   (WORLDS="4 8"), for another machine
+                                   CPU_NS and BUSY from sync_round.sh's
+                                   raw.tsv (two or more WORLDS), for
+                                   another machine
   bench/cost_model.py plan --params 70e9 --members 10000 --wire int4 \\
       [--rule outer_nesterov] [--member_gbit 100] [--coordinator_gbit 100] \\
       [--regions 0] [--uplink_gbit 10] [--max_memory_gib 512] \\
