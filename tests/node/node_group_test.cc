@@ -315,7 +315,7 @@ TEST(NodeGroupTest, Overlap_NodesMergeInLockstep_ProgressOfTheNodeKept) {
   std::vector<absl::Status> status(world);
   std::vector<std::vector<float>> after_step1(world), after_step2(world),
       final_values(world);
-  std::vector<bool> in_flight_after_step2(world, false),
+  std::vector<char> in_flight_after_step2(world, false),
       in_flight_after_close(world, true);
   std::vector<int64_t> merges_after_step2(world, -1), merges(world, -1),
       syncs(world, -1);
@@ -420,7 +420,7 @@ TEST(LocalSgdOverlapTest, TwoMembers_MergeKeepsOwnProgress) {
   };
   std::vector<absl::Status> status(members);
   std::vector<std::vector<float>> after_step2(members), final_values(members);
-  std::vector<bool> in_flight_after_step1(members, false);
+  std::vector<char> in_flight_after_step1(members, false);
   std::vector<int64_t> merges_after_step2(members, -1), syncs(members, -1);
   std::vector<std::thread> threads;
   for (int g = 0; g < members; ++g) {
@@ -500,7 +500,7 @@ TEST(NodeGroupTest, Create_LeaderWeightNotGroupSize_EveryRankInvalidArgument) {
 TEST(NodeGroupTest, Sync_CoordinatorGone_EveryRankSkipsAndKeepsParameters) {
   SKIP_WITHOUT_GLOO();
   auto server = StartServer();
-  std::vector<bool> skipped(2, false);
+  std::vector<char> skipped(2, false);
   std::vector<absl::Status> status(2);
   std::vector<std::vector<float>> before(2), after(2);
   std::atomic<int> created{0};
