@@ -226,12 +226,14 @@ def validate():
     return worst
 
 
-def calibrate(paths, params=0, cores=0):
-    """CPU_NS from sync_round.sh raw.tsv files (only the rows of `params`
-    parameters, if given): per wire, the members' mean CPU per parameter,
-    and the coordinator's CPU fitted as W x P x per_member + P x step
-    (least squares over the rows' W and P); and BUSY, the mean share of
-    the machine's `cores` that the runs kept busy."""
+def fit_cpu(paths, params=0, cores=0):
+    """CPU_NS and BUSY from sync_round.sh raw.tsv files (only the rows of
+    `params` parameters, if given), each to two decimals as the model holds
+    them: per wire, the members' mean CPU per parameter, and the
+    coordinator's CPU fitted as W x P x per_member + P x step (least squares
+    over the rows' W and P); BUSY, the mean share of the machine's `cores`
+    that the runs kept busy. Also the rows, per wire: (W, P, a worker's CPU
+    s, the coordinator's CPU s)."""
     cores = cores or os.cpu_count()
     rows, busy = {}, []
     for path in paths:
@@ -258,7 +260,7 @@ def calibrate(paths, params=0, cores=0):
     if not rows:
         sys.exit("calibrate: no RESULT with worker_cpu_s and "
                  "coordinator_cpu_s (sync_round.sh raw.tsv)")
-    print("CPU_NS = {")
+    table = {}
     for wire, rs in sorted(rows.items()):
         member = sum(cpu / p for _, p, cpu, _ in rs) / len(rs) * 1e9
         # Normal equations of c = a x (W P) + b x P.
@@ -272,15 +274,26 @@ def calibrate(paths, params=0, cores=0):
             sys.exit(f"calibrate: {wire} needs rows at two member counts")
         a = (sxc * syy - syc * sxy) / det * 1e9
         b = (sxx * syc - sxy * sxc) / det * 1e9
-        print(f'    "{wire}": dict(member={member:.2f}, per_member={a:.2f}, '
-              f'step={b:.2f}),')
-        for w, p, _, c in rs:
-            fit = (w * p * a + p * b) * 1e-9
-            print(f"    # W={w} P={p:.3g}: coordinator {c:.4f} s, fit "
+        table[wire] = dict(member=round(member, 2), per_member=round(a, 2),
+                           step=round(b, 2))
+    return table, round(sum(busy) / len(busy), 2), rows
+
+
+def calibrate(paths, params=0, cores=0):
+    """Prints fit_cpu's CPU_NS and BUSY as Python to paste into this file,
+    with each row's coordinator CPU against the fit."""
+    table, busy, rows = fit_cpu(paths, params, cores)
+    print("CPU_NS = {")
+    for wire, c in table.items():
+        print(f'    "{wire}": dict(member={c["member"]:.2f}, '
+              f'per_member={c["per_member"]:.2f}, step={c["step"]:.2f}),')
+        for w, p, _, cpu in rows[wire]:
+            fit = (w * p * c["per_member"] + p * c["step"]) * 1e-9
+            print(f"    # W={w} P={p:.3g}: coordinator {cpu:.4f} s, fit "
                   f"{fit:.4f} s")
     print("}")
-    print(f"BUSY = {sum(busy) / len(busy):.2f}  # {len(busy)} runs on {cores} "
-          "cores")
+    n = sum(len(rs) for rs in rows.values())
+    print(f"BUSY = {busy:.2f}  # {n} runs on {cores or os.cpu_count()} cores")
 
 
 def plan(args):
