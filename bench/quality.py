@@ -25,7 +25,9 @@ its defaults). Bytes are then the workers' own, inside their region.
 
 Any sparse MEAN arm can also be named mean<K>s<bits>k<up>r<down>, e.g.
 mean4s2k32r48: MEAN every 4 steps on SPARSE2, 32 of 4096 kept up, 48
-down. The table lists the arms in the order --arms names them.
+down; with a final e (mean12s2k96r192e), the workers train on from the
+global state plus their own residual (--error_reset, error reset). The
+table lists the arms in the order --arms names them.
 
 Usage: bench/quality.py [--seeds 1,2,3] [--epochs 1] [--arms name,...]
        [--worker_flags "--model=wide"] [--regions 2]
@@ -100,16 +102,19 @@ ARMS = [
 
 
 def sparse_arm(name):
-    """An arm named mean<K>s<bits>k<up>r<down> (MEAN every K steps on
+    """An arm named mean<K>s<bits>k<up>r<down>[e] (MEAN every K steps on
     SPARSE2 or SPARSE4, `up` of 4096 kept in a member's upload, `down` in
-    the coordinator's step), or None."""
-    m = re.fullmatch(r"mean(\d+)s([24])k(\d+)r(\d+)", name)
+    the coordinator's step; e: with error reset), or None."""
+    m = re.fullmatch(r"mean(\d+)s([24])k(\d+)r(\d+)(e?)", name)
     if not m:
         return None
-    k, bits, up, down = m.groups()
-    return (name, f"MEAN K={k} sparse{bits}, {up}/{down} of 4096",
+    k, bits, up, down, reset = m.groups()
+    return (name,
+            f"MEAN K={k} sparse{bits}, {up}/{down} of 4096"
+            + (", error reset" if reset else ""),
             [f"--k={k}", f"--wire_dtype=sparse{bits}", f"--sparse_keep={up}",
-             f"--sparse_result_keep={down}"])
+             f"--sparse_result_keep={down}"]
+            + (["--error_reset"] if reset else []))
 
 
 def field(name, line):
@@ -151,7 +156,7 @@ def main():
         if arm is None:
             sys.exit(f"[quality] unknown arm {name!r}: one of "
                      f"{', '.join(a[0] for a in ARMS)}, or "
-                     "mean<K>s<2|4>k<up>r<down>")
+                     "mean<K>s<2|4>k<up>r<down>[e]")
         arms.append(arm)
 
     tmp = tempfile.mkdtemp(prefix="localsgd-quality.")

@@ -110,6 +110,21 @@ struct ClientOptions {
   // only. Null: none.
   std::function<void(uint64_t offset, absl::Span<const float> values)>
       on_early_result;
+  // Error reset, for a pseudo-gradient job on a lossy wire dtype: the
+  // parameters a Sync hands back are the round's result (the global state)
+  // plus this member's residual (what the encoding of its deltas has not
+  // sent yet), so that its local training goes on from its own unsent
+  // work instead of dropping it from the parameters until the encoding
+  // sends it. Each round then encodes parameters - anchor, in which the
+  // residual already is, with no error feedback added. The global state
+  // stays bit for bit every member's and the coordinator's; the parameters
+  // differ from it by each member's residual until a Sync with
+  // SyncWork::last (LocalSGD's final sync), which hands back the global
+  // state alone. A Sync whose delta was not counted hands back the global
+  // state and drops the residual, as without error reset. false: the
+  // parameters are the global state after every Sync. No effect on
+  // float32, parameter jobs or a member that only seeds.
+  bool error_reset = false;
   // Deadline of each unary RPC attempt.
   absl::Duration rpc_timeout = absl::Seconds(30);
   // Deadline of one Sync attempt, including the wait for the round to close.

@@ -634,7 +634,7 @@ absl::Status LocalSGD::Close() {
       return Annotate(s, "LocalSGD::Close(): the background sync failed: ");
     }
   }
-  if (absl::Status s = DoSync(); !s.ok()) {
+  if (absl::Status s = DoSync(/*last=*/true); !s.ok()) {
     return Annotate(s, "LocalSGD::Close(): final sync failed: ");
   }
   LOCALSGD_LOG(INFO) << "LocalSGD closed: " << steps_ << " steps, "
@@ -656,7 +656,7 @@ struct LocalSGD::SyncAttempt {
   bool skipped = false;
 };
 
-absl::Status LocalSGD::DoSync() {
+absl::Status LocalSGD::DoSync(bool last) {
   const auto start = std::chrono::steady_clock::now();
   c10d::ProcessGroup* group = params_->group.get();
   SyncAttempt sync;
@@ -673,7 +673,7 @@ absl::Status LocalSGD::DoSync() {
     }
   }
   // 2. The leader exchanges it with the coordinator.
-  if (is_leader()) SyncWithCoordinator(sync);
+  if (is_leader()) SyncWithCoordinator(sync, last);
   // 3. The leader's outcome and the global mean to the whole node.
   if (group != nullptr) {
     if (absl::Status s = ShareSyncResult(sync); !s.ok()) {
@@ -688,13 +688,13 @@ absl::Status LocalSGD::DoSync() {
 // host, Client::Sync, the global mean back. An error goes into sync.status;
 // an unreachable coordinator with keep_training_when_unavailable is a skip
 // instead (logged; sync.status cleared).
-void LocalSGD::SyncWithCoordinator(SyncAttempt& sync) {
+void LocalSGD::SyncWithCoordinator(SyncAttempt& sync, bool last) {
   absl::Status& status = sync.status;
   if (status.ok()) status = ToHost();
   if (status.ok()) {
     sync.outcome = client_->Sync(
         absl::MakeSpan(params_->host.data_ptr<float>(), num_elements_),
-        SyncWork{steps_ - contributed_at_});
+        SyncWork{steps_ - contributed_at_, std::nullopt, last});
     status = sync.outcome.status();
     if (status.ok()) contributed_at_ = steps_;
   }

@@ -192,8 +192,10 @@ class LocalSGD {
   absl::Status SyncNow();
 
   // Ends LocalSGD as accelerate's __exit__ does: a final sync if enabled
-  // (whether or not the last Step() synced). Does not Leave the job: the
-  // caller owns the client. Idempotent: only the first call syncs; later
+  // (whether or not the last Step() synced), which with
+  // ClientOptions::error_reset leaves the global state alone in the
+  // parameters (SyncWork::last). Does not Leave the job: the caller owns
+  // the client. Idempotent: only the first call syncs; later
   // calls return OK.
   absl::Status Close();
 
@@ -260,8 +262,9 @@ class LocalSGD {
   // SyncNow() without its checks; Close() uses it too. In steps: the node
   // mean, SyncWithCoordinator (the leader), ShareSyncResult (a node group),
   // FinishSync.
-  absl::Status DoSync();
-  void SyncWithCoordinator(SyncAttempt& sync);
+  // `last`: Close's final sync (SyncWork::last).
+  absl::Status DoSync(bool last = false);
+  void SyncWithCoordinator(SyncAttempt& sync, bool last);
   absl::Status ShareSyncResult(SyncAttempt& sync);
   absl::Status FinishSync(SyncAttempt& sync,
                           std::chrono::steady_clock::time_point start);

@@ -102,9 +102,14 @@ void MemberState::EncodeDelta(uint32_t c, absl::Span<const float> params,
     // (a chunk encoded again in the attempt encodes the same bytes).
     residual =
         absl::MakeSpan(residual_next_).subspan(local_.Offset(c), params.size());
-    const auto from =
-        absl::MakeConstSpan(residual_).subspan(local_.Offset(c), params.size());
-    std::copy(from.begin(), from.end(), residual.begin());
+    if (error_reset_) {
+      // The committed residual is in the parameters, hence in the delta.
+      std::fill(residual.begin(), residual.end(), 0.0f);
+    } else {
+      const auto from = absl::MakeConstSpan(residual_).subspan(local_.Offset(c),
+                                                               params.size());
+      std::copy(from.begin(), from.end(), residual.begin());
+    }
     if (residual_encoded_.size() != local_.num_chunks()) {
       residual_encoded_.assign(local_.num_chunks(), false);
     }
@@ -136,8 +141,21 @@ void MemberState::CommitSync(const RoundOutcome& outcome) {
   if (plan_.round != 0) last_contributors_ = outcome.contributors;
   if (!pseudo_gradients_) return;
   anchor_.swap(next_);
-  SetAnchorId(outcome.state_id, SendsDelta() && outcome.contributed);
-  if (plan_.result_to_params) CopyAnchorTo(params_);
+  const bool counted = SendsDelta() && outcome.contributed;
+  SetAnchorId(outcome.state_id, counted);
+  if (error_reset_ && plan_.last && !residual_.empty()) {
+    std::fill(residual_.begin(), residual_.end(), 0.0f);
+  }
+  if (!plan_.result_to_params) return;
+  CopyAnchorTo(params_);
+  if (error_reset_ && counted && !plan_.last && !residual_.empty()) {
+    // The member trains on from the global state plus its unsent work.
+    for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
+      const absl::Span<float> to = Slice(params_, j);
+      const float* r = residual_.data() + local_.Offset(j);
+      for (size_t k = 0; k < to.size(); ++k) to[k] += r[k];
+    }
+  }
 }
 
 void MemberState::RollBack() {

@@ -16,7 +16,10 @@
 //    failed Sync leaves the parameters and the anchor as they were;
 //  - for a lossy wire dtype, the error feedback: what the encoding of this
 //    member's deltas has lost so far (residual), and the same after the
-//    Sync in progress, committed only if the contribution counted.
+//    Sync in progress, committed only if the contribution counted. With
+//    error reset (ClientOptions::error_reset) the residual goes back into
+//    the parameters after each Sync (parameters = anchor + residual), so
+//    the next delta holds it and is encoded with no feedback added.
 // A parameter job sends the parameters themselves; its result goes
 // straight into them, each chunk's contribution kept just before it is
 // overwritten, so that RollBack can put it back.
@@ -54,6 +57,8 @@ struct SyncPlan {
   // The contribution's weight in place of the member's (SyncHeader.weight;
   // none: the member's).
   std::optional<double> weight;
+  // With error reset: the parameters get the result alone (SyncWork::last).
+  bool last = false;
 };
 
 class MemberState {
@@ -69,6 +74,11 @@ class MemberState {
   // a re-seed's commit resets the error feedback: SetAnchorId); buffers are
   // sized to the shard. Requires info.settings.chunk_elements >= 1.
   void OnJoined(const JoinInfo& info, uint64_t total);
+
+  // ClientOptions::error_reset: the parameters after a Sync are the anchor
+  // plus the residual, and a delta carries the residual in it. Set before
+  // the first Sync.
+  void set_error_reset(bool on) { error_reset_ = on; }
 
   bool pseudo_gradients() const { return pseudo_gradients_; }
   WireCode wire() const { return wire_; }
@@ -161,6 +171,7 @@ class MemberState {
   void EncodeDelta(uint32_t c, absl::Span<const float> params, char* out);
 
   bool pseudo_gradients_ = false;
+  bool error_reset_ = false;
   WireCode wire_ = DType::kFloat32;
   WireCode result_ = DType::kFloat32;
   ShardSpec shard_;

@@ -120,7 +120,9 @@ Replica::Replica(const ClientOptions& options,
                  uint64_t incarnation)
     : options_(options),
       endpoints_(std::move(endpoints)),
-      incarnation_(incarnation) {}
+      incarnation_(incarnation) {
+  member_.set_error_reset(options_.error_reset);
+}
 
 Replica::~Replica() { StopHeartbeats(); }
 
@@ -296,6 +298,7 @@ absl::StatusOr<SyncOutcome> Replica::Sync(const Layout& layout,
   plan.round = member_.state_round() + 1;
   plan.local_steps = work.local_steps;
   plan.weight = work.weight;
+  plan.last = work.last;
   absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, plan, params);
   // The coordinator forgot the member or the job, or is behind it
   // (rejoin_policy.h): joining again mends it. Again if the member is
@@ -347,6 +350,7 @@ absl::StatusOr<SyncOutcome> Replica::Rejoin(const Layout& layout,
       plan.round = decision.round;
       plan.local_steps = work.local_steps;
       plan.weight = work.weight;
+      plan.last = work.last;
       outcome = SyncRound(layout, plan, params);
       break;
     }
@@ -417,6 +421,7 @@ absl::StatusOr<SyncOutcome> Replica::ReseedThenContribute(
   next.round = member_.state_round() + 1;
   next.local_steps = work.local_steps;
   next.weight = work.weight;
+  next.last = work.last;
   return SyncRound(layout, next, params);
 }
 

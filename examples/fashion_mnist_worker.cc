@@ -110,6 +110,10 @@ ABSL_FLAG(uint32_t, sparse_keep, 0,
 ABSL_FLAG(uint32_t, sparse_result_keep, 0,
           "With --wire_dtype=sparse2 or sparse4: the values the coordinator's "
           "step keeps of every 4096 (0: the coordinator's default)");
+ABSL_FLAG(bool, error_reset, false,
+          "With a lossy --wire_dtype: train on from the global state plus "
+          "this worker's residual, its unsent work (ClientOptions::"
+          "error_reset); the final sync leaves the global state alone");
 ABSL_FLAG(std::string, contribution, "pseudo_gradients",
           "What this worker sends: pseudo_gradients (its change since the "
           "last global state) or parameters");
@@ -662,6 +666,7 @@ absl::Status Run(const Config& c) {
     options.settings.wire_dtype = c.wire_dtype;
     options.settings.sparse_keep = c.sparse_keep;
     options.settings.sparse_result_keep = c.sparse_result_keep;
+    options.error_reset = absl::GetFlag(FLAGS_error_reset);
     options.settings.contribution = c.contribution;
     options.settings.mode = c.averaging;
     options.settings.outer_lr = static_cast<float>(c.outer_lr);

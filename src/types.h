@@ -330,6 +330,11 @@ struct SyncWork {
   // The contribution's weight in place of its member's weight times its
   // step weight (SyncHeader.weight); none: not said.
   std::optional<double> weight;
+  // The member's last Sync of its training (LocalSGD's final sync): with
+  // ClientOptions::error_reset, the parameters it hands back are the
+  // global state alone and the member's residual is dropped, so that every
+  // member ends on the same parameters. No effect otherwise.
+  bool last = false;
 };
 
 // Local steps by their fate (localsgd.v1.StepCounts): those whose effect

@@ -131,6 +131,18 @@ def _env(name, default=None):
     return value if value != "" else default
 
 
+def _error_reset(value):
+    """LocalSGD's error_reset: the argument, else LOCALSGD_ERROR_RESET."""
+    if value is not None:
+        if not isinstance(value, bool):
+            raise ValueError(f"error_reset={value!r}: must be True or False")
+        return value
+    env = _env("LOCALSGD_ERROR_RESET", "0")
+    if env not in ("0", "1"):
+        raise ValueError(f"LOCALSGD_ERROR_RESET={env!r}: must be 0 or 1")
+    return env == "1"
+
+
 def _env_number(name, kind, default):
     value = _env(name)
     if value is None:
@@ -261,6 +273,11 @@ class LocalSGD:
         1 to 4096 (the job's); LOCALSGD_SPARSE_KEEP (0: the coordinator's
         default, 64). sparse_result_keep, LOCALSGD_SPARSE_RESULT_KEEP: the
         same for the coordinator's step (default 256).
+    error_reset: with a lossy wire dtype, train on after each sync from the
+        global state plus this member's residual (what its encoding has not
+        sent yet) instead of the global state alone; the final sync
+        (close()) leaves the global state alone. LOCALSGD_ERROR_RESET ("1"
+        or "0"; default "0"). See docs/design.md, "Error reset".
     averaging: "mean", "nesterov" or "outer_sgd" (the job's);
         LOCALSGD_AVERAGING ("mean"); with outer_lr and outer_momentum,
         LOCALSGD_OUTER_LR and LOCALSGD_OUTER_MOMENTUM (0: the coordinator's
@@ -323,7 +340,7 @@ class LocalSGD:
                  sync_timeout=1800.0, max_retry_time=60.0, client=None,
                  overlap=False, deadline_mode=None, mean_encoding=None,
                  max_staleness=None, step_budget=None, sparse_keep=None,
-                 sparse_result_keep=None):
+                 sparse_result_keep=None, error_reset=None):
         if accelerator is None and model is not None and \
                 not isinstance(model, torch.nn.Module) and \
                 isinstance(coordinator, torch.nn.Module):
@@ -437,7 +454,8 @@ class LocalSGD:
                         mean_encoding=mean_encoding,
                         max_staleness=max_staleness,
                         step_budget=step_budget, sparse_keep=sparse_keep,
-                        sparse_result_keep=sparse_result_keep)
+                        sparse_result_keep=sparse_result_keep,
+                        error_reset=error_reset)
                 self._client = client
                 self._client.join(layout)
                 self._flatten_into(self._host)
@@ -461,7 +479,7 @@ class LocalSGD:
                      member_name, tls_ca, tls_cert, tls_key, tls_server_name,
                      token, token_file, deadline_mode, mean_encoding,
                      max_staleness, step_budget, sparse_keep,
-                     sparse_result_keep, **rest):
+                     sparse_result_keep, error_reset, **rest):
         """The leader's Client, from the arguments and, for those not
         given, the environment (see the class's documentation)."""
         if not coordinator and not replicas:
@@ -516,6 +534,7 @@ class LocalSGD:
             sparse_result_keep=sparse_result_keep
             if sparse_result_keep is not None else
             _env_number("LOCALSGD_SPARSE_RESULT_KEEP", int, 0),
+            error_reset=_error_reset(error_reset),
             **rest)
 
     @property
@@ -578,6 +597,11 @@ class LocalSGD:
     def sync_now(self):
         """Averages the parameters with the job now (blocks until the round
         closes); on an error the parameters are left as they were."""
+        self._sync(last=False)
+
+    def _sync(self, last):
+        """sync_now(); `last`: close()'s final sync (with error_reset, the
+        parameters get the global state alone)."""
         if not self.enabled or self._closed:
             raise _error("FAILED_PRECONDITION",
                          "sync_now() when disabled or closed")
@@ -590,7 +614,7 @@ class LocalSGD:
         try:
             if self._group is None:
                 self._flatten_into(self._host)
-                outcome = self._client_sync()
+                outcome = self._client_sync(last)
                 if outcome is not None:
                     self._write_back(self._host)
                 return
@@ -601,7 +625,7 @@ class LocalSGD:
                 if self._node is not self._host:
                     self._host.copy_(self._node)
                 try:
-                    outcome = self._client_sync()
+                    outcome = self._client_sync(last)
                     kind = _OK if outcome is not None else _SKIPPED
                 except Exception as e:  # noqa: B902 - shared, re-raised
                     kind, error = _FAILED, e
@@ -620,7 +644,7 @@ class LocalSGD:
             return
         try:
             if self.enabled:
-                self.sync_now()
+                self._sync(last=True)
         finally:
             self._closed = True
             self._leave()
@@ -734,12 +758,13 @@ class LocalSGD:
         self.bytes_sent_total += outcome["bytes_sent"]
         self.bytes_received_total += outcome["bytes_received"]
 
-    def _client_sync(self):
+    def _client_sync(self, last=False):
         """The leader's sync into self._host; the outcome, or None when
-        skipped (coordinator unreachable)."""
+        skipped (coordinator unreachable). `last`: the final sync."""
         try:
             outcome = self._client.sync(
-                self._host_np, local_steps=self._steps_since_contribution())
+                self._host_np, local_steps=self._steps_since_contribution(),
+                last=last)
             self._contributed_at = self.num_steps
         except Error as e:
             if self.keep_training_when_unavailable and \

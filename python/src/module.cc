@@ -221,9 +221,11 @@ class PyClient {
     OkOrRaise(status);
   }
 
-  py::dict Sync(const py::buffer& buffer, const py::object& local_steps) {
+  py::dict Sync(const py::buffer& buffer, const py::object& local_steps,
+                bool last) {
     py::buffer_info info = Params(buffer, NumElements(), "sync");
-    const SyncWork work = WorkOf(local_steps, "sync");
+    SyncWork work = WorkOf(local_steps, "sync");
+    work.last = last;
     absl::StatusOr<SyncOutcome> outcome;
     {
       py::gil_scoped_release release;
@@ -439,7 +441,7 @@ ClientOptions MakeOptions(
     double max_retry_time, const std::string& deadline_mode,
     const std::string& mean_encoding, const std::string& max_staleness,
     const std::string& step_budget, uint32_t sparse_keep,
-    uint32_t sparse_result_keep) {
+    uint32_t sparse_result_keep, bool error_reset) {
   ClientOptions o;
   o.target = target;
   o.job_id = job;
@@ -458,6 +460,7 @@ ClientOptions MakeOptions(
                                                {"sparse4", DType::kSparse4}});
   o.settings.sparse_keep = sparse_keep;
   o.settings.sparse_result_keep = sparse_result_keep;
+  o.error_reset = error_reset;
   o.settings.mode =
       averaging.empty()
           ? AveragingMode::kUnspecified
@@ -614,14 +617,14 @@ localsgd.Error (.code: the gRPC status code name, .message).
                        const std::string& mean_encoding,
                        const std::string& max_staleness,
                        const std::string& step_budget, uint32_t sparse_keep,
-                       uint32_t sparse_result_keep) {
+                       uint32_t sparse_result_keep, bool error_reset) {
              return std::make_unique<PyClient>(localsgd::python::MakeOptions(
                  target, job, member_name, weight, replicas, local_sgd_steps,
                  wire_dtype, averaging, outer_lr, outer_momentum, contribution,
                  chunk_elements, rendezvous, tls_ca, tls_cert, tls_key,
                  tls_server_name, token, token_file, rpc_timeout, sync_timeout,
                  max_retry_time, deadline_mode, mean_encoding, max_staleness,
-                 step_budget, sparse_keep, sparse_result_keep));
+                 step_budget, sparse_keep, sparse_result_keep, error_reset));
            }),
            py::kw_only(), py::arg("target"), py::arg("job"),
            py::arg("member_name") = "", py::arg("weight") = 1.0,
@@ -638,7 +641,7 @@ localsgd.Error (.code: the gRPC status code name, .message).
            py::arg("max_retry_time") = 60.0, py::arg("deadline_mode") = "",
            py::arg("mean_encoding") = "", py::arg("max_staleness") = "",
            py::arg("step_budget") = "", py::arg("sparse_keep") = 0,
-           py::arg("sparse_result_keep") = 0)
+           py::arg("sparse_result_keep") = 0, py::arg("error_reset") = false)
       .def("join", &PyClient::Join, py::arg("tensors"),
            "Joins the job with the layout [(name, shape, dtype), ...] "
            "(dtype: float32, bfloat16, float16, float64) and starts "
@@ -647,14 +650,15 @@ localsgd.Error (.code: the gRPC status code name, .message).
            "Seeds the job with params, or overwrites params with the job's "
            "state if it has one.")
       .def("sync", &PyClient::Sync, py::arg("params"),
-           py::arg("local_steps") = py::none(),
+           py::arg("local_steps") = py::none(), py::arg("last") = false,
            "Contributes params to the next round and overwrites them with "
            "its result; returns the outcome as a dict (round, contributed, "
            "late, contributors, contributor_weight, bytes_sent, "
            "bytes_received, rejoined, staleness). local_steps: the local "
            "steps params hold since the state they were trained from (an "
            "int in [0, 2^20]; counted by fate for the job's goodput), or "
-           "None.")
+           "None. last: the member's final sync (with error_reset, params "
+           "get the global state alone and the residual is dropped).")
       .def("start_sync", &PyClient::StartSync, py::arg("params"),
            py::arg("local_steps") = py::none(),
            "Copies params and syncs them with the job's next round on a "

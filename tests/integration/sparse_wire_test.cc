@@ -11,7 +11,12 @@
 //   - every rule: the members and a late joiner hold the same bits;
 //   - restarted from its checkpoint, the coordinator goes on with the same
 //     state, momentum and residual: the rounds after the restart equal
-//     those of a coordinator that never stopped.
+//     those of a coordinator that never stopped;
+//   - with error reset (ClientOptions::error_reset) a member's parameters
+//     after a round are, bit for bit, the state plus its own residual, the
+//     state what the codec alone gives when each delta (the residual in it)
+//     is encoded with no feedback added, and a last Sync (SyncWork::last)
+//     leaves every member on the state alone.
 #include <unistd.h>
 
 #include <cmath>
@@ -77,9 +82,11 @@ ServerOptions Options(const Case& c, const std::string& checkpoint_dir = "") {
 }
 
 std::unique_ptr<Client> Member(const CoordinatorServer& server,
-                               const std::string& name) {
+                               const std::string& name,
+                               bool error_reset = false) {
   ClientOptions options = testkit::BaseClientOptions(server, "sparse", name);
   options.settings.contribution = Contribution::kPseudoGradients;
+  options.error_reset = error_reset;
   auto client = Client::Create(options);
   EXPECT_TRUE(client.ok()) << client.status();
   if (!client.ok()) return nullptr;
@@ -97,10 +104,14 @@ std::vector<float> Theta0() {
 }
 
 // The job as the codec alone computes it (MEAN, two members of weight 1).
+// With error reset, each member's delta is encoded with no feedback added
+// (its residual is in the parameters it holds).
 class IndependentMean {
  public:
-  IndependentMean(DType wire, const std::vector<float>& theta)
-      : code_(SparseCodeOf(WireCode(wire, kKeep))),
+  IndependentMean(DType wire, const std::vector<float>& theta,
+                  bool error_reset = false)
+      : error_reset_(error_reset),
+        code_(SparseCodeOf(WireCode(wire, kKeep))),
         result_code_(SparseCodeOf(WireCode(wire, kResultKeep))),
         state_(theta),
         coordinator_residual_(kN, 0.0f),
@@ -114,6 +125,9 @@ class IndependentMean {
       std::vector<float> mean(n, 0.0f);
       std::string bytes(SparseWireBytes(n, code_), '\0');
       for (int i = 0; i < 2; ++i) {
+        if (error_reset_) {
+          std::fill_n(member_residual_[i].begin() + first, n, 0.0f);
+        }
         EncodeSparseDeltaWithFeedback(
             absl::MakeConstSpan(params[i]).subspan(first, n),
             absl::MakeConstSpan(state_).subspan(first, n),
@@ -136,8 +150,12 @@ class IndependentMean {
   }
 
   const std::vector<float>& state() const { return state_; }
+  const std::vector<float>& residual(int i) const {
+    return member_residual_[i];
+  }
 
  private:
+  bool error_reset_;
   SparseCode code_;
   SparseCode result_code_;
   std::vector<float> state_;
@@ -162,10 +180,11 @@ void SyncRound(std::vector<std::unique_ptr<Client>>& clients,
 }
 
 std::vector<std::unique_ptr<Client>> StartMembers(
-    const CoordinatorServer& server, std::vector<std::vector<float>>& params) {
+    const CoordinatorServer& server, std::vector<std::vector<float>>& params,
+    bool error_reset = false) {
   std::vector<std::unique_ptr<Client>> clients;
-  clients.push_back(Member(server, "m0"));
-  clients.push_back(Member(server, "m1"));
+  clients.push_back(Member(server, "m0", error_reset));
+  clients.push_back(Member(server, "m1", error_reset));
   std::thread t([&] {
     EXPECT_TRUE(clients[1]->Initialize(absl::MakeSpan(params[1])).ok());
   });
@@ -214,6 +233,56 @@ TEST_P(SparseWireTest, EveryRound_MembersIdentical_MeanEqualsTheCodecAlone) {
               CaseName(c).c_str(), 2 * SparseWireBytes(kChunkElements, code),
               static_cast<unsigned long long>(kN),
               static_cast<unsigned long long>(4 * kN));
+}
+
+TEST_P(SparseWireTest, ErrorReset_ParamsAreTheStatePlusTheOwnResidual) {
+  const Case& c = GetParam();
+  auto server = testkit::StartServer(Options(c));
+  ASSERT_NE(server, nullptr);
+  const std::vector<float> theta0 = Theta0();
+  std::vector<std::vector<float>> params(2, theta0);
+  auto clients = StartMembers(*server, params, /*error_reset=*/true);
+  IndependentMean expected(c.wire, theta0, /*error_reset=*/true);
+  std::vector<std::vector<float>> held(2, theta0);
+  for (int r = 1; r <= 8; ++r) {
+    SyncRound(clients, params, r);
+    if (HasFatalFailure()) return;
+    // What each member holds: the state plus its own residual.
+    auto late = Member(*server, absl::StrCat("late", r));
+    std::vector<float> state(kN);
+    ASSERT_TRUE(late->Initialize(absl::MakeSpan(state)).ok());
+    size_t differ = 0;
+    for (uint64_t j = 0; j < kN; ++j) differ += params[0][j] != state[j];
+    EXPECT_GT(differ, kN / 2) << "round " << r << ": no residual kept";
+    ASSERT_TRUE(late->Leave().ok());
+    if (c.mode != AveragingMode::kMean) continue;
+    for (int i = 0; i < 2; ++i) {
+      for (uint64_t j = 0; j < kN; ++j) held[i][j] += Change(i, r, j);
+    }
+    expected.Round(held);
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(state, expected.state()) << "round " << r;
+    for (int i = 0; i < 2; ++i) {
+      for (uint64_t j = 0; j < kN; ++j) {
+        held[i][j] = expected.state()[j] + expected.residual(i)[j];
+      }
+      ASSERT_EQ(params[i], held[i]) << "member " << i << ", round " << r;
+    }
+  }
+  // The last Sync: both members end on the state alone, the same bits.
+  absl::StatusOr<SyncOutcome> a, b;
+  SyncWork last;
+  last.last = true;
+  std::thread t([&] { b = clients[1]->Sync(absl::MakeSpan(params[1]), last); });
+  a = clients[0]->Sync(absl::MakeSpan(params[0]), last);
+  t.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(params[0], params[1]);
+  auto late = Member(*server, "late-end");
+  std::vector<float> state(kN);
+  ASSERT_TRUE(late->Initialize(absl::MakeSpan(state)).ok());
+  EXPECT_EQ(params[0], state);
 }
 
 // A coordinator restarted from its checkpoint between two rounds goes on

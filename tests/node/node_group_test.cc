@@ -479,6 +479,69 @@ TEST(LocalSgdOverlapTest, TwoMembers_MergeKeepsOwnProgress) {
   }
 }
 
+// Error reset (ClientOptions::error_reset) under LocalSGD, with and
+// without overlap: two members on SPARSE2 (a few values of the 96 kept per
+// round). After a sync each holds the job's state plus its own residual,
+// so the two differ; Close's final sync (SyncWork::last) leaves both on
+// the state alone, bit for bit.
+TEST(LocalSgdErrorResetTest,
+     TwoMembers_TrainOnTheResidual_CloseEndsOnTheState) {
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlap" : "blocking");
+    const int members = 2;
+    auto server = StartServer();
+    std::vector<absl::Status> status(members);
+    std::vector<std::vector<float>> after_sync(members), final_values(members);
+    std::vector<std::thread> threads;
+    for (int g = 0; g < members; ++g) {
+      threads.emplace_back([&, g] {
+        Model model;
+        SetValues(model, 1000);
+        ClientOptions client_options;
+        client_options.target = absl::StrCat("127.0.0.1:", server->port());
+        client_options.job_id = overlap ? "reset-overlap" : "reset";
+        client_options.member_name = absl::StrCat("m", g);
+        client_options.settings.local_sgd_steps = 1;
+        client_options.settings.rendezvous_members = members;
+        client_options.settings.contribution = Contribution::kPseudoGradients;
+        client_options.settings.wire_dtype = DType::kSparse2;
+        client_options.error_reset = true;
+        client_options.max_retry_time = absl::Seconds(2);
+        auto client = Client::Create(client_options);
+        if (!client.ok()) {
+          status[g] = client.status();
+          return;
+        }
+        LocalSGDOptions options;
+        options.local_sgd_steps = 1;
+        options.overlap = overlap;
+        options.keep_training_when_unavailable = false;
+        auto local_sgd = LocalSGD::Create(model, client->get(), options);
+        if (!local_sgd.ok()) {
+          status[g] = local_sgd.status();
+          return;
+        }
+        SetValues(model, g);
+        status[g] = (*local_sgd)->Step();  // a sync, or one started
+        if (status[g].ok() && overlap) {
+          status[g] = (*local_sgd)->Step();  // the merge of round 1
+        }
+        if (!status[g].ok()) return;
+        after_sync[g] = Flat(model);
+        status[g] = (*local_sgd)->Close();
+        final_values[g] = Flat(model);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int g = 0; g < members; ++g) {
+      ASSERT_TRUE(status[g].ok()) << "member " << g << ": " << status[g];
+    }
+    EXPECT_NE(after_sync[0], after_sync[1]);
+    EXPECT_EQ(final_values[0], final_values[1]);
+    EXPECT_NE(final_values[0], after_sync[0]);
+  }
+}
+
 TEST(NodeGroupTest, Create_LeaderWeightNotGroupSize_EveryRankInvalidArgument) {
   SKIP_WITHOUT_GLOO();
   auto server = StartServer();

@@ -108,6 +108,37 @@ def test_syncs_every_k_steps_and_on_exit(coordinator):
     assert e.value.code == "FAILED_PRECONDITION"
 
 
+def test_error_reset_trains_on_the_residual_and_ends_on_the_state(
+        coordinator):
+    c = coordinator()
+    models = [Small(1), Small(2)]
+    lsgds = threads(*[lambda m=m, i=i: LocalSGD(
+        m, coordinator=c.target, job="er", local_sgd_steps=4,
+        member_name=f"m{i}", wire_dtype="sparse2", sparse_keep=64,
+        error_reset=True) for i, m in enumerate(models)])
+    after_sync = [None, None]
+
+    def run(i):
+        with lsgds[i] as ls:
+            train_steps(models[i], ls, 4, seed=10 * i)
+            after_sync[i] = params(models[i])
+            train_steps(models[i], ls, 2, seed=10 * i + 5)
+    threads(lambda: run(0), lambda: run(1))
+    # After the sync at step 4 each member holds the state plus its own
+    # residual (the small model keeps a few of its 34 values per round).
+    assert not torch.equal(after_sync[0], after_sync[1])
+    # The final sync leaves both on the job's state, bit for bit.
+    assert torch.equal(params(models[0]), params(models[1]))
+    cl = localsgd.Client(target=c.target, job="er", member_name="check")
+    cl.join([(n, list(p.shape), str(p.dtype).split(".")[1])
+             for n, p in models[0].named_parameters()])
+    state = np.zeros(sum(p.numel() for p in models[0].parameters()),
+                     dtype=np.float32)
+    cl.fetch_state(state)
+    cl.close()
+    assert torch.equal(torch.from_numpy(state).double(), params(models[0]))
+
+
 def test_enabled_false_is_a_pass_through():
     model = Small(3)
     before = params(model)
@@ -524,6 +555,9 @@ def test_bad_arguments():
         LocalSGD(Small(1), job="j")
     with pytest.raises(ValueError, match="no parameters"):
         LocalSGD(torch.nn.ReLU(), coordinator="127.0.0.1:1", job="j")
+    with pytest.raises(ValueError, match="error_reset"):
+        LocalSGD(Small(1), coordinator="127.0.0.1:1", job="j",
+                 error_reset="yes")
 
     class Ints(torch.nn.Module):
         def __init__(self):
