@@ -12,10 +12,9 @@ the same float32 state for every arm, is not counted).
 
 Arms: synchronous (average every step, fp32), MEAN K=16 fp32, OUTER_NESTEROV
 K=16 fp32, OUTER_NESTEROV K=64 in fp32, int8 and int4 (the rule on the float32
-mean and on the encoded mean: mean encoding wire), the sparse codes (the
-top 64 or 128 of every 4096 values, 2 or 4 bits each, the coordinator's step
-4 times as many) under OUTER_NESTEROV and MEAN at K=8, 12, 16 and 64, and no
-averaging.
+mean and on the encoded mean: mean encoding wire), the sparse codes (the top 64 or 128 of every 4096
+values, 2 or 4 bits each, the coordinator's step 4 times as many) under
+OUTER_NESTEROV and MEAN at K=8, 12, 16 and 64, and no averaging.
 
 With --regions R (R >= 2), the workers split evenly among R regional
 coordinators (--upstream) under one upstream coordinator: the regions
@@ -157,6 +156,10 @@ def main():
             sys.exit(f"[quality] unknown arm {name!r}: one of "
                      f"{', '.join(a[0] for a in ARMS)}, or "
                      "mean<K>s<2|4>k<up>r<down>[e]")
+        if args.regions and "--error_reset" in arm[2]:
+            sys.exit(f"[quality] {name}: error reset is the members' own "
+                     "option on a lossy wire; with --regions the members' "
+                     "wire is float32")
         arms.append(arm)
 
     tmp = tempfile.mkdtemp(prefix="localsgd-quality.")

@@ -7,9 +7,11 @@
 //
 // where theta_snapshot is what Start was given (the contribution to round
 // r) and theta_r the round's result, bit for bit what every member and the
-// coordinator hold. In a job of pseudo-gradients the next contribution is
-// then theta_next - theta_r: the local progress since the snapshot, plus
-// whatever the caller trains next. With an outer optimizer (OUTER_NESTEROV,
+// coordinator hold (with ClientOptions::error_reset, plus this member's
+// residual). In a job of pseudo-gradients the next contribution is then
+// theta_next - (the round's state): the local progress since the snapshot,
+// plus whatever the caller trains next (and the residual, with error
+// reset). With an outer optimizer (OUTER_NESTEROV,
 // OUTER_SGD) theta_r is the coordinator's outer step from the snapshot's
 // round; the rule is the same. Every merge lands one round late by
 // construction: the model trains on for the duration of the sync from the

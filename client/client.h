@@ -123,7 +123,9 @@ struct ClientOptions {
   // state alone. A Sync whose delta was not counted hands back the global
   // state and drops the residual, as without error reset. false: the
   // parameters are the global state after every Sync. No effect on
-  // float32, parameter jobs or a member that only seeds.
+  // float32, parameter jobs or a member that only seeds. The residual lives
+  // in the parameters: a caller that keeps them in bfloat16 or float16
+  // (LocalSGD on such a model) rounds part of it away.
   bool error_reset = false;
   // Deadline of each unary RPC attempt.
   absl::Duration rpc_timeout = absl::Seconds(30);
@@ -202,9 +204,10 @@ class Client {
   // Contributes `params` to the next round and overwrites them in place with
   // the round's result (in a job of pseudo-gradients: the state they were
   // trained from plus the round's global delta, bit for bit what every
-  // member and the coordinator hold). Blocks until the round closes. Retries
-  // UNAVAILABLE and ABORTED (a repeated chunk counts once) for up to
-  // max_retry_time.
+  // member and the coordinator hold; with ClientOptions::error_reset, plus
+  // this member's residual unless `work.last`). Blocks until the round
+  // closes. Retries UNAVAILABLE and ABORTED (a repeated chunk counts once)
+  // for up to max_retry_time.
   //
   // Faults that re-joining mends are handled here, invisibly to the caller
   // except for `rejoined` in the outcome: if the coordinator no longer knows

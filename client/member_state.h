@@ -118,7 +118,8 @@ class MemberState {
   void BeginSync(const SyncPlan& plan, absl::Span<float> params);
   // Starts an attempt of the Sync (the first or a retry): puts back the
   // contribution a failed attempt's result overwrote, and restarts the
-  // error feedback of this attempt from the committed residual.
+  // error feedback of this attempt from the committed residual (from zero
+  // with error reset: the residual is in the parameters).
   void BeginAttempt();
   const SyncPlan& plan() const { return plan_; }
   // Whether the chunks sent are a delta against the anchor (a

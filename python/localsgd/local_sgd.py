@@ -277,7 +277,9 @@ class LocalSGD:
         global state plus this member's residual (what its encoding has not
         sent yet) instead of the global state alone; the final sync
         (close()) leaves the global state alone. LOCALSGD_ERROR_RESET ("1"
-        or "0"; default "0"). See docs/design.md, "Error reset".
+        or "0"; default "0"). The residual then lives in the parameters:
+        bfloat16 or float16 parameters round part of it away. With client=,
+        the client's own error_reset applies. See docs/design.md.
     averaging: "mean", "nesterov" or "outer_sgd" (the job's);
         LOCALSGD_AVERAGING ("mean"); with outer_lr and outer_momentum,
         LOCALSGD_OUTER_LR and LOCALSGD_OUTER_MOMENTUM (0: the coordinator's
@@ -434,6 +436,9 @@ class LocalSGD:
         # the RPCs) is first shared with the group, so that no rank waits
         # for it forever.
         error = None
+        if client is not None and error_reset is not None:
+            raise ValueError("error_reset= with client=: error reset is the "
+                             "client's own option (Client(error_reset=...))")
         if leader:
             try:
                 if client is None:

@@ -38,6 +38,9 @@ struct Job {
   uint64_t min_epoch = 0;
   // SyncStreamOptions::on_early.
   std::function<void(uint32_t, absl::Span<const float>)> on_early = nullptr;
+  // ClientOptions::error_reset, and the Sync's SyncWork::last.
+  bool error_reset = false;
+  bool last = false;
 };
 
 // A member of a job of kElements values in kChunks chunks, its anchor
@@ -53,6 +56,7 @@ class Harness {
     info.num_chunks = kChunks;
     info.state_round = 4;
     member_.OnJoined(info, kElements);
+    member_.set_error_reset(job.error_reset);
     for (uint32_t i = 0; i < kElements; ++i) anchor_.push_back(1.0f + i);
     if (job.contribution == Contribution::kPseudoGradients) FetchAnchor();
     params_ = anchor_;
@@ -60,6 +64,7 @@ class Harness {
     before_ = params_;
     SyncPlan plan;
     plan.round = round;
+    plan.last = job.last;
     member_.BeginSync(plan, absl::MakeSpan(params_));
     member_.BeginAttempt();
     SyncStreamOptions options;
@@ -555,6 +560,55 @@ TEST(SyncClientStreamTest, Int8Delta_ErrorFeedbackCommittedOnlyOnSuccess) {
     for (uint32_t i = 0; i < g.Size(j); ++i) {
       EXPECT_EQ(h.params()[g.Offset(j) + i], want[i]);
     }
+  }
+}
+
+// Error reset: the parameters after a counted Sync are the result decoded
+// onto the anchor plus what the encoding of params - anchor lost (its
+// residual, no earlier feedback added); after a last Sync, the result
+// alone.
+TEST(SyncClientStreamTest,
+     ErrorReset_ParamsAreResultPlusResidual_LastResultAlone) {
+  for (const bool last : {false, true}) {
+    SCOPED_TRACE(last ? "last" : "not last");
+    Job job{Contribution::kPseudoGradients, DType::kInt8Block, true, 0};
+    job.error_reset = true;
+    job.last = last;
+    Harness h(job);
+    h.WriteAll();
+    h.DeltaResult();
+    h.AllChunks();
+    ASSERT_TRUE(h.End().ok());
+    const ChunkGeometry g(kElements, kChunkElements);
+    size_t with_residual = 0;
+    for (uint32_t j = 0; j < kChunks; ++j) {
+      const size_t off = g.Offset(j), n = g.Size(j);
+      std::vector<float> values;
+      for (uint32_t i = 0; i < n; ++i) {
+        values.push_back(Harness::ResultValue(off + i));
+      }
+      std::string data;
+      EncodeValues(values, DType::kInt8Block, &data);
+      std::vector<float> result(n);
+      ASSERT_TRUE(DecodeOnto(data, DType::kInt8Block,
+                             absl::MakeConstSpan(h.anchor()).subspan(off, n),
+                             absl::MakeSpan(result))
+                      .ok());
+      // What the member's upload lost, from a zero residual.
+      std::vector<float> delta(n), residual(n, 0.0f), decoded(n);
+      for (uint32_t i = 0; i < n; ++i) {
+        delta[i] = h.before()[off + i] - h.anchor()[off + i];
+      }
+      std::string upload(WireBytes(DType::kInt8Block, n), '\0');
+      EncodeWithFeedback(delta, absl::MakeSpan(residual), DType::kInt8Block,
+                         upload.data(), absl::MakeSpan(decoded));
+      for (uint32_t i = 0; i < n; ++i) {
+        const float want = last ? result[i] : result[i] + residual[i];
+        EXPECT_EQ(h.params()[off + i], want) << "element " << off + i;
+        with_residual += residual[i] != 0.0f;
+      }
+    }
+    EXPECT_GT(with_residual, 0u);
   }
 }
 

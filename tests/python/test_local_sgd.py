@@ -558,6 +558,10 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="error_reset"):
         LocalSGD(Small(1), coordinator="127.0.0.1:1", job="j",
                  error_reset="yes")
+    with pytest.raises(ValueError, match="error_reset= with client="):
+        LocalSGD(Small(1), client=localsgd.Client(target="127.0.0.1:1",
+                                                   job="j"),
+                 error_reset=True)
 
     class Ints(torch.nn.Module):
         def __init__(self):
