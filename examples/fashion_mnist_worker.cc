@@ -111,9 +111,10 @@ ABSL_FLAG(uint32_t, sparse_result_keep, 0,
           "With --wire_dtype=sparse2 or sparse4: the values the coordinator's "
           "step keeps of every 4096 (0: the coordinator's default)");
 ABSL_FLAG(bool, error_reset, false,
-          "With a lossy --wire_dtype: train on from the global state plus "
-          "this worker's residual, its unsent work (ClientOptions::"
-          "error_reset); the final sync leaves the global state alone");
+          "With a lossy --wire_dtype: after each counted sync, train on "
+          "from the global state plus this worker's residual, its unsent "
+          "work (ClientOptions::error_reset); the final sync leaves the "
+          "global state alone");
 ABSL_FLAG(std::string, contribution, "pseudo_gradients",
           "What this worker sends: pseudo_gradients (its change since the "
           "last global state) or parameters");

@@ -273,13 +273,14 @@ class LocalSGD:
         1 to 4096 (the job's); LOCALSGD_SPARSE_KEEP (0: the coordinator's
         default, 64). sparse_result_keep, LOCALSGD_SPARSE_RESULT_KEEP: the
         same for the coordinator's step (default 256).
-    error_reset: with a lossy wire dtype, train on after each sync from the
-        global state plus this member's residual (what its encoding has not
-        sent yet) instead of the global state alone; the final sync
-        (close()) leaves the global state alone. LOCALSGD_ERROR_RESET ("1"
-        or "0"; default "0"). The residual then lives in the parameters:
-        bfloat16 or float16 parameters round part of it away. With client=,
-        the client's own error_reset applies. See docs/design.md.
+    error_reset: with a lossy wire dtype, train on after each counted sync
+        from the global state plus this member's residual (what its
+        encoding has not sent yet) instead of the global state alone; the
+        final sync (close()) leaves the global state alone.
+        LOCALSGD_ERROR_RESET ("1" or "0"; default "0"). The residual then
+        lives in the parameters: bfloat16 or float16 parameters round part
+        of it away. With client=, the client's own error_reset applies
+        (error_reset= then raises ValueError). See docs/design.md.
     averaging: "mean", "nesterov" or "outer_sgd" (the job's);
         LOCALSGD_AVERAGING ("mean"); with outer_lr and outer_momentum,
         LOCALSGD_OUTER_LR and LOCALSGD_OUTER_MOMENTUM (0: the coordinator's
