@@ -151,9 +151,8 @@ void MemberState::CommitSync(const RoundOutcome& outcome) {
   if (error_reset_ && counted && !plan_.last && !residual_.empty()) {
     // The member trains on from the global state plus its unsent work.
     for (uint32_t j = 0; j < local_.num_chunks(); ++j) {
-      const absl::Span<float> to = Slice(params_, j);
-      const float* r = residual_.data() + local_.Offset(j);
-      for (size_t k = 0; k < to.size(); ++k) to[k] += r[k];
+      AddInPlace(Slice(params_, j), absl::MakeConstSpan(residual_).subspan(
+                                        local_.Offset(j), local_.Size(j)));
     }
   }
 }

@@ -113,6 +113,16 @@ absl::Status EndCall(grpc::ClientContext& context, BlockingStream& stream,
   return FromGrpcStatus(stream.Finish());
 }
 
+// The plan of a contribution to `round` with what `work` says of it.
+SyncPlan ContributionPlan(RoundId round, const SyncWork& work) {
+  SyncPlan plan;
+  plan.round = round;
+  plan.local_steps = work.local_steps;
+  plan.weight = work.weight;
+  plan.last = work.last;
+  return plan;
+}
+
 }  // namespace
 
 Replica::Replica(const ClientOptions& options,
@@ -294,12 +304,8 @@ absl::Status Replica::FetchAttempt(Connection& connection, const Layout& layout,
 absl::StatusOr<SyncOutcome> Replica::Sync(const Layout& layout,
                                           absl::Span<float> params,
                                           SyncWork work) {
-  SyncPlan plan;
-  plan.round = member_.state_round() + 1;
-  plan.local_steps = work.local_steps;
-  plan.weight = work.weight;
-  plan.last = work.last;
-  absl::StatusOr<SyncOutcome> outcome = SyncRound(layout, plan, params);
+  absl::StatusOr<SyncOutcome> outcome = SyncRound(
+      layout, ContributionPlan(member_.state_round() + 1, work), params);
   // The coordinator forgot the member or the job, or is behind it
   // (rejoin_policy.h): joining again mends it. Again if the member is
   // forgotten again (NOT_FOUND): the coordinator that took it back failed
@@ -346,12 +352,8 @@ absl::StatusOr<SyncOutcome> Replica::Rejoin(const Layout& layout,
       if (decision.round == info_.state_round) {
         member_.RestoreRound(trained_from, last_contributors);
       }
-      SyncPlan plan;
-      plan.round = decision.round;
-      plan.local_steps = work.local_steps;
-      plan.weight = work.weight;
-      plan.last = work.last;
-      outcome = SyncRound(layout, plan, params);
+      outcome =
+          SyncRound(layout, ContributionPlan(decision.round, work), params);
       break;
     }
     case RejoinAction::kAdopt: {
@@ -417,12 +419,8 @@ absl::StatusOr<SyncOutcome> Replica::ReseedThenContribute(
   }
   // A parameter job's seed result overwrote them; the seed kept them.
   if (!pseudo_gradients) member_.RestoreContribution();
-  SyncPlan next;
-  next.round = member_.state_round() + 1;
-  next.local_steps = work.local_steps;
-  next.weight = work.weight;
-  next.last = work.last;
-  return SyncRound(layout, next, params);
+  return SyncRound(layout, ContributionPlan(member_.state_round() + 1, work),
+                   params);
 }
 
 absl::StatusOr<SyncOutcome> Replica::SyncRound(const Layout& layout,

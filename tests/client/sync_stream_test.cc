@@ -534,6 +534,25 @@ TEST(SyncClientStreamTest, Paced_WritesWaitForResults) {
   EXPECT_TRUE(h.End().ok());
 }
 
+// Result chunk j (Harness::Chunk's values in `wire`) decoded onto the
+// anchor as DecodeOnto computes it; empty if it does not decode.
+std::vector<float> ResultOnAnchor(const Harness& h, uint32_t j, DType wire) {
+  const ChunkGeometry g(kElements, kChunkElements);
+  std::vector<float> values;
+  for (uint32_t i = 0; i < g.Size(j); ++i) {
+    values.push_back(Harness::ResultValue(g.Offset(j) + i));
+  }
+  std::string data;
+  EncodeValues(values, wire, &data);
+  std::vector<float> out(g.Size(j));
+  const absl::Status s = DecodeOnto(
+      data, wire,
+      absl::MakeConstSpan(h.anchor()).subspan(g.Offset(j), g.Size(j)),
+      absl::MakeSpan(out));
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? out : std::vector<float>();
+}
+
 TEST(SyncClientStreamTest, Int8Delta_ErrorFeedbackCommittedOnlyOnSuccess) {
   const Job int8{Contribution::kPseudoGradients, DType::kInt8Block, true, 0};
   Harness h(int8);
@@ -544,19 +563,8 @@ TEST(SyncClientStreamTest, Int8Delta_ErrorFeedbackCommittedOnlyOnSuccess) {
   // The result decoded onto the anchor as DecodeOnto computes it.
   const ChunkGeometry g(kElements, kChunkElements);
   for (uint32_t j = 0; j < kChunks; ++j) {
-    std::vector<float> values;
-    for (uint32_t i = 0; i < g.Size(j); ++i) {
-      values.push_back(Harness::ResultValue(g.Offset(j) + i));
-    }
-    std::string data;
-    EncodeValues(values, DType::kInt8Block, &data);
-    std::vector<float> want(g.Size(j));
-    ASSERT_TRUE(
-        DecodeOnto(
-            data, DType::kInt8Block,
-            absl::MakeConstSpan(h.anchor()).subspan(g.Offset(j), g.Size(j)),
-            absl::MakeSpan(want))
-            .ok());
+    const std::vector<float> want = ResultOnAnchor(h, j, DType::kInt8Block);
+    ASSERT_EQ(want.size(), g.Size(j));
     for (uint32_t i = 0; i < g.Size(j); ++i) {
       EXPECT_EQ(h.params()[g.Offset(j) + i], want[i]);
     }
@@ -583,17 +591,8 @@ TEST(SyncClientStreamTest,
     size_t with_residual = 0;
     for (uint32_t j = 0; j < kChunks; ++j) {
       const size_t off = g.Offset(j), n = g.Size(j);
-      std::vector<float> values;
-      for (uint32_t i = 0; i < n; ++i) {
-        values.push_back(Harness::ResultValue(off + i));
-      }
-      std::string data;
-      EncodeValues(values, DType::kInt8Block, &data);
-      std::vector<float> result(n);
-      ASSERT_TRUE(DecodeOnto(data, DType::kInt8Block,
-                             absl::MakeConstSpan(h.anchor()).subspan(off, n),
-                             absl::MakeSpan(result))
-                      .ok());
+      const std::vector<float> result = ResultOnAnchor(h, j, DType::kInt8Block);
+      ASSERT_EQ(result.size(), n);
       // What the member's upload lost, from a zero residual.
       std::vector<float> delta(n), residual(n, 0.0f), decoded(n);
       for (uint32_t i = 0; i < n; ++i) {

@@ -163,20 +163,32 @@ class IndependentMean {
   std::vector<std::vector<float>> member_residual_;
 };
 
-// Both members sync round r; each adds its change first.
+// Both members sync round r (saying `work`); each adds its change first.
 void SyncRound(std::vector<std::unique_ptr<Client>>& clients,
-               std::vector<std::vector<float>>& params, int r) {
+               std::vector<std::vector<float>>& params, int r,
+               SyncWork work = {}) {
   for (int i = 0; i < 2; ++i) {
     for (uint64_t j = 0; j < kN; ++j) params[i][j] += Change(i, r, j);
   }
   absl::StatusOr<SyncOutcome> a, b;
-  std::thread t([&] { b = clients[1]->Sync(absl::MakeSpan(params[1])); });
-  a = clients[0]->Sync(absl::MakeSpan(params[0]));
+  std::thread t([&] { b = clients[1]->Sync(absl::MakeSpan(params[1]), work); });
+  a = clients[0]->Sync(absl::MakeSpan(params[0]), work);
   t.join();
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(a->contributors, 2u);
   EXPECT_TRUE(a->contributed && b->contributed);
+}
+
+// The job's state as a member joining now fetches it (then it leaves).
+std::vector<float> FetchedState(const CoordinatorServer& server,
+                                const std::string& name) {
+  auto member = Member(server, name);
+  std::vector<float> state(kN);
+  const absl::Status s = member->Initialize(absl::MakeSpan(state));
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(member->Leave().ok());
+  return s.ok() ? state : std::vector<float>();
 }
 
 std::vector<std::unique_ptr<Client>> StartMembers(
@@ -223,10 +235,7 @@ TEST_P(SparseWireTest, EveryRound_MembersIdentical_MeanEqualsTheCodecAlone) {
   for (uint64_t j = 0; j < kN; ++j) moved += params[0][j] != theta0[j];
   EXPECT_GT(moved, 0u);
   // A late joiner fetches the coordinator's float32 state: the same bits.
-  auto late = Member(*server, "late");
-  std::vector<float> fetched(kN);
-  ASSERT_TRUE(late->Initialize(absl::MakeSpan(fetched)).ok());
-  EXPECT_EQ(fetched, params[0]);
+  EXPECT_EQ(FetchedState(*server, "late"), params[0]);
   // The bytes a round moves: a sparse upload per member and chunk.
   const SparseCode code = SparseCodeOf(WireCode(c.wire, kKeep));
   std::printf("%s: %zu bytes per upload of %llu values (float32: %llu)\n",
@@ -248,13 +257,12 @@ TEST_P(SparseWireTest, ErrorReset_ParamsAreTheStatePlusTheOwnResidual) {
     SyncRound(clients, params, r);
     if (HasFatalFailure()) return;
     // What each member holds: the state plus its own residual.
-    auto late = Member(*server, absl::StrCat("late", r));
-    std::vector<float> state(kN);
-    ASSERT_TRUE(late->Initialize(absl::MakeSpan(state)).ok());
+    const std::vector<float> state =
+        FetchedState(*server, absl::StrCat("late", r));
+    ASSERT_EQ(state.size(), kN);
     size_t differ = 0;
     for (uint64_t j = 0; j < kN; ++j) differ += params[0][j] != state[j];
     EXPECT_GT(differ, kN / 2) << "round " << r << ": no residual kept";
-    ASSERT_TRUE(late->Leave().ok());
     if (c.mode != AveragingMode::kMean) continue;
     for (int i = 0; i < 2; ++i) {
       for (uint64_t j = 0; j < kN; ++j) held[i][j] += Change(i, r, j);
@@ -270,19 +278,12 @@ TEST_P(SparseWireTest, ErrorReset_ParamsAreTheStatePlusTheOwnResidual) {
     }
   }
   // The last Sync: both members end on the state alone, the same bits.
-  absl::StatusOr<SyncOutcome> a, b;
   SyncWork last;
   last.last = true;
-  std::thread t([&] { b = clients[1]->Sync(absl::MakeSpan(params[1]), last); });
-  a = clients[0]->Sync(absl::MakeSpan(params[0]), last);
-  t.join();
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
+  SyncRound(clients, params, 9, last);
+  if (HasFatalFailure()) return;
   EXPECT_EQ(params[0], params[1]);
-  auto late = Member(*server, "late-end");
-  std::vector<float> state(kN);
-  ASSERT_TRUE(late->Initialize(absl::MakeSpan(state)).ok());
-  EXPECT_EQ(params[0], state);
+  EXPECT_EQ(params[0], FetchedState(*server, "late-end"));
 }
 
 // A coordinator restarted from its checkpoint between two rounds goes on
