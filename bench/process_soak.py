@@ -20,7 +20,14 @@ round's result must be their weighted mean, chunk by chunk (allowing, per
 chunk, any subset of the step's other members whose chunks arrived before
 they died or were cut off: the coordinator counts a finished chunk). Every
 result a member printed (sync, adopt, fetch after a restart) must equal the
-result of a closure of its round. Mismatches must be 0.
+result of a closure of its round. Mismatches must be 0. Rounds of steps
+without a fault must count every member, unless the outlier guard (on by
+default) refused one, which the check verifies: the values are random, so
+now and then a member's delta is far above a chunk's recent median.
+
+A member that comes back late (it adopted the state after a coordinator
+restart) syncs again in its step when another member waits in the round it
+would sync next: workers do not wait for each other as the lockstep would.
 
 Every 100 steps it samples the coordinator's RSS and open file descriptors.
 
@@ -146,10 +153,11 @@ class Net:
 
 
 class Coordinator:
-    def __init__(self, binary, net, tmp):
+    def __init__(self, binary, net, tmp, flags=()):
         self.binary = binary
         self.net = net
         self.tmp = tmp
+        self.flags = list(flags)
         self.state = os.path.join(tmp, "state")
         os.makedirs(self.state, exist_ok=True)
         self.incarnation = 0
@@ -164,7 +172,7 @@ class Coordinator:
         self.proc = subprocess.Popen(
             self.net.coordinator_prefix() + [
                 self.binary, f"--listen={self.net.coordinator_address}",
-                f"--state_dir={self.state}", f"--lease_ttl={LEASE}"],
+                f"--state_dir={self.state}", f"--lease_ttl={LEASE}"] + self.flags,
             stdout=out, stderr=subprocess.STDOUT,
             env=dict(os.environ, TZ="UTC"))  # its log's times: UTC
         out.close()
@@ -225,21 +233,22 @@ class Member:
         self.proc.stdin.write((line + "\n").encode())
         self.proc.stdin.flush()
 
-    def reply(self, timeout):
-        deadline = time.time() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.time()
-            if left <= 0:
-                raise RuntimeError(f"{self.name}: no reply within {timeout} s")
-            ready, _, _ = select.select([self.proc.stdout], [], [], left)
-            if ready:
-                data = os.read(self.proc.stdout.fileno(), 65536)
-                if not data:
-                    raise RuntimeError(f"{self.name}: exited "
-                                       f"({self.proc.poll()})")
-                self.buf += data
+    def read(self):
+        """What the member wrote (its stdout is ready)."""
+        data = os.read(self.proc.stdout.fileno(), 65536)
+        if not data:
+            raise RuntimeError(f"{self.name}: exited ({self.proc.poll()})")
+        self.buf += data
+
+    def line(self):
+        """Its next reply line, or None while it has not written one."""
+        if b"\n" not in self.buf:
+            return None
         line, self.buf = self.buf.split(b"\n", 1)
         return line.decode()
+
+    def reply(self, timeout):
+        return next_reply([self], timeout)[1]
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
@@ -251,6 +260,25 @@ class Member:
             self.proc.wait(timeout=10)
         except Exception:
             self.kill()
+
+
+def next_reply(waiting, timeout):
+    """(member, line): the first of `waiting` to reply."""
+    deadline = time.time() + timeout
+    while True:
+        for m in waiting:
+            line = m.line()
+            if line is not None:
+                return m, line
+        left = deadline - time.time()
+        if left <= 0:
+            raise RuntimeError(f"{', '.join(m.name for m in waiting)}: no "
+                               f"reply within {timeout} s")
+        ready, _, _ = select.select([m.proc.stdout for m in waiting], [], [],
+                                    left)
+        for m in waiting:
+            if m.proc.stdout in ready:
+                m.read()
 
 
 def fields(line):
@@ -266,11 +294,16 @@ CLOSED = re.compile(r"^job " + JOB + r": round (\d+) closed \((\w+)\) in [^;]*;"
                     r" contributors \[([^\]]*)\](?:; dropped \[([^\]]*)\])?"
                     r"(?:; timed out \[([^\]]*)\])?")
 SEEDED = re.compile(r"^job " + JOB + r": seeded by (\S+)(?: at round (\d+))?$")
+# The outlier guard's refusal (src/outlier_guard.cc, src/job.cc).
+REFUSED = re.compile(r"^job " + JOB + r": member (\S+)'s contribution to round "
+                     r"(\d+) refused at chunk (\d+): chunk \d+ has an L2 norm of "
+                     r"(\S+), \S+ times the median (\S+) of \d+ recent "
+                     r"contributions of that chunk \(the outlier guard refuses "
+                     r"more than (\S+) times\)")
 
 
-def parse_closures(paths):
-    """Every closure the coordinators logged: (time, round, reason, names)."""
-    out = []
+def glog_lines(paths):
+    """(coordinator incarnation, time, text) of every glog line."""
     for inc, path in enumerate(paths, 1):
         for line in open(path, errors="replace"):
             m = GLOG.match(line.rstrip("\n"))
@@ -279,21 +312,41 @@ def parse_closures(paths):
             day, hh, mm, ss, us, text = m.groups()
             t = calendar.timegm(time.strptime(f"{day} {hh}:{mm}:{ss}",
                                               "%Y%m%d %H:%M:%S")) + int(us) / 1e6
-            c = CLOSED.match(text)
-            if c:
-                def names_of(group):
-                    return [n.strip() for n in (group or "").split(",")
-                            if n.strip()]
-                # Whose finished chunks may count beyond the contributors:
-                # the participants that left, lost their lease or timed out.
-                out.append((t, int(c.group(1)), c.group(2),
-                            names_of(c.group(3)),
-                            names_of(c.group(4)) + names_of(c.group(5)), inc))
-                continue
-            s = SEEDED.match(text)
-            if s:
-                out.append((t, int(s.group(2) or 0), "seed", [s.group(1)], [],
-                            inc))
+            yield inc, t, text
+
+
+def parse_refusals(paths):
+    """The outlier guard's refusals: {(incarnation, round): [(member, chunk,
+    norm, median, ratio)]}."""
+    out = {}
+    for inc, _, text in glog_lines(paths):
+        r = REFUSED.match(text)
+        if r:
+            out.setdefault((inc, int(r.group(2))), []).append(
+                (r.group(1), int(r.group(3)), float(r.group(4)),
+                 float(r.group(5)), float(r.group(6))))
+    return out
+
+
+def parse_closures(paths):
+    """Every closure the coordinators logged: (time, round, reason, names)."""
+    out = []
+    for inc, t, text in glog_lines(paths):
+        c = CLOSED.match(text)
+        if c:
+            def names_of(group):
+                return [n.strip() for n in (group or "").split(",")
+                        if n.strip()]
+            # Whose finished chunks may count beyond the contributors:
+            # the participants that left, lost their lease or timed out.
+            out.append((t, int(c.group(1)), c.group(2),
+                        names_of(c.group(3)),
+                        names_of(c.group(4)) + names_of(c.group(5)), inc))
+            continue
+        s = SEEDED.match(text)
+        if s:
+            out.append((t, int(s.group(2) or 0), "seed", [s.group(1)], [],
+                        inc))
     return out
 
 
@@ -319,6 +372,10 @@ def main():
     p.add_argument("--elements", type=int, default=1000)
     p.add_argument("--chunk", type=int, default=128)
     p.add_argument("--keep", action="store_true", help="keep the logs")
+    p.add_argument("--outlier_ratio", default=None,
+                   help="the coordinator's --outlier_ratio (default: its own, "
+                   "10); the members' values are random, so a low ratio "
+                   "makes the guard refuse some, each refusal checked")
     p.add_argument("--deadline", type=float, default=0,
                    help="seconds: stop (and fail) if the run takes longer; "
                         "0: none")
@@ -351,7 +408,10 @@ def main():
         net = Net(False, args.members)
     args.netns = net.netns
     tmp = tempfile.mkdtemp(prefix="lsgd-soak-")
-    coordinator = Coordinator(args.coordinator, net, tmp)
+    coordinator = Coordinator(
+        args.coordinator, net, tmp,
+        [] if args.outlier_ratio is None else
+        [f"--outlier_ratio={args.outlier_ratio}"])
     weights = [[1.0, 2.0, 0.5, 3.0][i % 4] for i in range(args.members)]
     members = [Member(args, net, tmp, i, weights[i]) for i in range(args.members)]
     weight = {m.name: m.weight for m in members}
@@ -362,7 +422,8 @@ def main():
     replies = []  # (step, name, kind, round, chunks, contributed)
     faults = set()  # steps with a kill, a restart or a cut (and the next)
     errors = []
-    kills = restarts = cuts = 0
+    kills = restarts = cuts = resyncs = 0
+    holds = {}  # the round of the state each member holds, as it last said
     table = []
     T = args.rounds
     restart_steps = set(rng.sample(range(5, T), min(args.coordinator_restarts, T - 5)))
@@ -390,6 +451,7 @@ def main():
         f = fields(r)
         replies.append((step, m.name, "init", int(f["round"]),
                         parse_chunks(f["chunks"]), None))
+        holds[m.name] = int(f["round"])
 
     ok = False
     try:
@@ -408,6 +470,7 @@ def main():
             candidates.append({})
             start = time.time()
             live = list(members)
+            behind = []  # members that came back late in this step
             for m in live:
                 v, b = values()
                 candidates[step].setdefault(m.name, []).append((v, b))
@@ -432,10 +495,10 @@ def main():
                 time.sleep(rng.uniform(0.3, 2.5))  # the fault lasts this long
                 net.cut(j, False)
                 cuts += 1
-            for m in live:
-                if m is victim:
-                    continue
-                r = m.reply(90)
+            waiting = [m for m in live if m is not victim]
+            while waiting:
+                m, r = next_reply(waiting, 90)
+                waiting.remove(m)
                 if not r.startswith("ok sync"):
                     errors.append((step, m.name, r))
                     continue
@@ -443,6 +506,24 @@ def main():
                 replies.append((step, m.name, "sync", int(f["round"]),
                                 parse_chunks(f["chunks"]),
                                 f["contributed"] == "1"))
+                holds[m.name] = int(f["round"])
+                if f["late"] == "1":
+                    behind.append(m)
+                # Lockstep must not stall the job: a member that came back
+                # late (it adopted the state after a coordinator restart, or
+                # its round had closed) syncs again in the same step, as a
+                # worker trains on and syncs again, when a member still
+                # waiting is in the round it would sync next (the members
+                # that got the last result before the restart wait in the
+                # round after the restored one for those that did not).
+                for late in list(behind):
+                    if any(holds[w.name] == holds[late.name] for w in waiting):
+                        behind.remove(late)
+                        v, b = values()
+                        candidates[step].setdefault(late.name, []).append((v, b))
+                        late.send(f"sync {v} {b}")
+                        waiting.append(late)
+                        resyncs += 1
             if victim is not None:
                 start_member(victim, step)
             if (victim is not None or step in restart_steps or
@@ -481,10 +562,17 @@ def main():
         return [s for s, (a, b) in enumerate(windows)
                 if a - 2e-6 <= t <= b + 2e-6]
 
-    def mean_options(names, gone, step, chunk):
-        """Every value the chunk may hold after a closure counting `names`
-        (and, per chunk, any of `gone`: participants that left or were
-        dropped, whose finished chunks count)."""
+    printed = {}  # (round, chunk): every value a member printed for it
+    for (_, _, _, rnd, chunks, _) in replies:
+        for c, value in enumerate(chunks):
+            printed.setdefault((rnd, c), set()).add(value)
+
+    def mean_options(names, gone, step, rnd, chunk):
+        """Every value the chunk may hold after a closure of round `rnd`
+        counting `names` (and, per chunk, any of `gone`: participants that
+        left or were dropped, whose finished chunks count). A chunk no one
+        gave (the outlier guard refused every member at it or before) keeps
+        the state of round rnd - 1, as members printed it."""
         cand = candidates[step]
         others = [n for n in gone if n in cand and n not in names]
         out = set()
@@ -501,6 +589,8 @@ def main():
                         xd = den + sum(fractions.Fraction(weight[n]) for n in extra)
                         if xd > 0:
                             out.add(float(xn / xd))
+                        else:
+                            out.update(printed.get((rnd - 1, chunk), ()))
         return out
 
     def matches(value, options):
@@ -510,9 +600,29 @@ def main():
         # of 32). Candidates differ by far more (multiples of 1/8 / weights).
         return any(abs(value - o) <= 2.0 ** -19 + 4e-7 * abs(o) for o in options)
 
+    refusals = parse_refusals(coordinator.logs)
+
+    def refusal_holds(name, rnd, chunk, norm, median, ratio, steps):
+        """Whether the outlier guard's refusal of `name`'s chunk in round
+        `rnd` is what the log says: the norm past `ratio` times the median,
+        and the norm that of the member's delta (what the harness gave it in
+        the step minus the state of round rnd - 1 that members printed),
+        to the log's 4 digits."""
+        if not norm > ratio * median * (1 - 1e-3):
+            return False
+        size = min(args.chunk, args.elements - chunk * args.chunk)
+        for step in steps:
+            for (v, b) in candidates[step].get(name, []):
+                for prev in printed.get((rnd - 1, chunk), ()):
+                    delta = abs(f32(v + b * chunk) - prev) * size ** 0.5
+                    if abs(delta - norm) <= 1e-3 * norm:
+                        return True
+        return False
+
     by_round = {}
     unplaced = 0
     incomplete = []  # fault-free steps whose round did not count everyone
+    refused = 0  # members the outlier guard refused, each checked
     everyone = sorted(m.name for m in members)
     for (t, rnd, reason, names, gone, inc) in closures:
         s = steps_of(t)
@@ -522,6 +632,17 @@ def main():
         by_round.setdefault(rnd, []).append((s, names, gone, reason, inc))
         if (reason != "seed" and not any(x in faults for x in s) and
                 (reason != "complete" or sorted(names) != everyone)):
+            # The members' values are random, so now and then one's delta is
+            # more than 10 times the recent median of a chunk's, and the
+            # outlier guard (on by default) rightly refuses it: a round that
+            # lost members only that way, each refusal checked, is whole.
+            missing = [n for n in everyone if n not in names]
+            said = {r[0]: r for r in refusals.get((inc, rnd), [])}
+            if (reason == "members_gone" and missing and
+                    all(n in said and refusal_holds(n, rnd, *said[n][1:], s)
+                        for n in missing)):
+                refused += len(missing)
+                continue
             incomplete.append((rnd, reason, names, s))
 
     cache = {}
@@ -540,7 +661,7 @@ def main():
                 key = (rnd, idx, c)
                 if key not in cache:
                     cache[key] = set().union(
-                        *[mean_options(names, gone, one, c) for one in s])
+                        *[mean_options(names, gone, one, rnd, c) for one in s])
                 if value != value or not matches(value, cache[key]):
                     good = False
                     break
@@ -549,7 +670,7 @@ def main():
                 observed.add((rnd, idx))
                 break
         if not found:
-            seen = [(s, names, sorted(mean_options(names, gone, s[0], 0))[:4])
+            seen = [(s, names, sorted(mean_options(names, gone, s[0], rnd, 0))[:4])
                     for (s, names, gone, _, _) in by_round.get(rnd, [])]
             mismatches.append((step, name, kind, rnd,
                                f"chunks {chunks[:3]}; closures of the round "
@@ -567,8 +688,10 @@ def main():
         f"({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))}); "
         f"closures whose result a member printed {len(observed)}; results "
         f"checked {len(replies)}; member kills {kills}; coordinator restarts "
-        f"{restarts}; link cuts {cuts}; errors {len(errors)}; closures outside "
-        f"any step {unplaced}; fault-free rounds that did not count every "
+        f"{restarts}; link cuts {cuts}; late members that synced again in "
+        f"their step {resyncs}; errors {len(errors)}; closures outside "
+        f"any step {unplaced}; members the outlier guard refused (checked) "
+        f"{refused}; fault-free rounds that did not count every "
         f"member {len(incomplete)}; mismatches {len(mismatches)}")
     for i in incomplete[:10]:
         log(f"INCOMPLETE: round {i[0]} closed {i[1]} counting {i[2]} in step {i[3]}")
