@@ -22,10 +22,11 @@ average with MEAN over float32, and an arm's rule and wire are the
 upstream job's (the upstream coordinator is started per arm with them as
 its defaults). Bytes are then the workers' own, inside their region.
 
-Any sparse MEAN arm can also be named mean<K>s<bits>k<up>r<down>, e.g.
+Any sparse arm can also be named <rule><K>s<bits>k<up>r<down>, e.g.
 mean4s2k32r48: MEAN every 4 steps on SPARSE2, 32 of 4096 kept up, 48
-down; with a final e (mean12s2k96r192e), the workers train on from the
-global state plus their own residual (--error_reset, error reset). The
+down (nest4s2k32r48: OUTER_NESTEROV); with a final e (mean12s2k96r192e),
+the workers train on from the global state plus their own residual
+(--error_reset, error reset). The
 table lists the arms in the order --arms names them.
 
 Usage: bench/quality.py [--seeds 1,2,3] [--epochs 1] [--arms name,...]
@@ -101,18 +102,21 @@ ARMS = [
 
 
 def sparse_arm(name):
-    """An arm named mean<K>s<bits>k<up>r<down>[e] (MEAN every K steps on
-    SPARSE2 or SPARSE4, `up` of 4096 kept in a member's upload, `down` in
-    the coordinator's step; e: with error reset), or None."""
-    m = re.fullmatch(r"mean(\d+)s([24])k(\d+)r(\d+)(e?)", name)
+    """An arm named <rule><K>s<bits>k<up>r<down>[e] (the rule, mean for MEAN
+    or nest for OUTER_NESTEROV, every K steps on SPARSE2 or SPARSE4, `up`
+    of 4096 kept in a member's upload, `down` in the coordinator's step; e:
+    with error reset), or None."""
+    m = re.fullmatch(r"(mean|nest)(\d+)s([24])k(\d+)r(\d+)(e?)", name)
     if not m:
         return None
-    k, bits, up, down, reset = m.groups()
+    rule, k, bits, up, down, reset = m.groups()
+    nesterov = rule == "nest"
     return (name,
-            f"MEAN K={k} sparse{bits}, {up}/{down} of 4096"
-            + (", error reset" if reset else ""),
+            f"{'OUTER_NESTEROV' if nesterov else 'MEAN'} K={k} sparse{bits}, "
+            f"{up}/{down} of 4096" + (", error reset" if reset else ""),
             [f"--k={k}", f"--wire_dtype=sparse{bits}", f"--sparse_keep={up}",
              f"--sparse_result_keep={down}"]
+            + (["--averaging=nesterov"] if nesterov else [])
             + (["--error_reset"] if reset else []))
 
 
@@ -155,7 +159,7 @@ def main():
         if arm is None:
             sys.exit(f"[quality] unknown arm {name!r}: one of "
                      f"{', '.join(a[0] for a in ARMS)}, or "
-                     "mean<K>s<2|4>k<up>r<down>[e]")
+                     "<mean|nest><K>s<2|4>k<up>r<down>[e]")
         if args.regions and "--error_reset" in arm[2]:
             sys.exit(f"[quality] {name}: error reset is the members' own "
                      "option on a lossy wire; with --regions the members' "
