@@ -416,8 +416,13 @@ def main():
     members = [Member(args, net, tmp, i, weights[i]) for i in range(args.members)]
     weight = {m.name: m.weight for m in members}
     num_chunks = (args.elements + args.chunk - 1) // args.chunk
-    # candidates[step][name]: the (v, b) values that member sent in the step.
+    # candidates[step][name]: the (v, b, lo, hi, since) values that member
+    # sent in the step, for the rounds lo..hi of coordinators from incarnation
+    # `since` on (any round of an earlier one): a member that syncs again in
+    # its step sent its first values for rounds up to the one it came back
+    # with, as far as the coordinator it came back from knows.
     candidates = []
+    ANY = (0, float("inf"), 0)
     windows = []  # (start, end) of each step
     replies = []  # (step, name, kind, round, chunks, contributed)
     faults = set()  # steps with a kill, a restart or a cut (and the next)
@@ -443,7 +448,7 @@ def main():
         if not r.startswith("ok join"):
             raise RuntimeError(f"{m.name}: {r}")
         v, b = values()
-        candidates[step].setdefault(m.name, []).append((v, b))
+        candidates[step].setdefault(m.name, []).append((v, b) + ANY)
         m.send(f"init {v} {b}")
         r = m.reply(90)
         if not r.startswith("ok init"):
@@ -473,7 +478,7 @@ def main():
             behind = []  # members that came back late in this step
             for m in live:
                 v, b = values()
-                candidates[step].setdefault(m.name, []).append((v, b))
+                candidates[step].setdefault(m.name, []).append((v, b) + ANY)
                 m.send(f"sync {v} {b}")
             victim = None
             if rng.random() < args.kill_rate:
@@ -519,8 +524,12 @@ def main():
                 for late in list(behind):
                     if any(holds[w.name] == holds[late.name] for w in waiting):
                         behind.remove(late)
+                        sent = candidates[step][late.name]
+                        at = holds[late.name]
+                        sent[:] = [(v, b, lo, min(hi, at), coordinator.incarnation)
+                                   for (v, b, lo, hi, _) in sent]
                         v, b = values()
-                        candidates[step].setdefault(late.name, []).append((v, b))
+                        sent.append((v, b, at + 1) + ANY[1:])
                         late.send(f"sync {v} {b}")
                         waiting.append(late)
                         resyncs += 1
@@ -562,18 +571,27 @@ def main():
         return [s for s, (a, b) in enumerate(windows)
                 if a - 2e-6 <= t <= b + 2e-6]
 
+    refusals = parse_refusals(coordinator.logs)
     printed = {}  # (round, chunk): every value a member printed for it
     for (_, _, _, rnd, chunks, _) in replies:
         for c, value in enumerate(chunks):
             printed.setdefault((rnd, c), set()).add(value)
 
-    def mean_options(names, gone, step, rnd, chunk):
-        """Every value the chunk may hold after a closure of round `rnd`
-        counting `names` (and, per chunk, any of `gone`: participants that
-        left or were dropped, whose finished chunks count). A chunk no one
-        gave (the outlier guard refused every member at it or before) keeps
-        the state of round rnd - 1, as members printed it."""
-        cand = candidates[step]
+    def sent_for(step, rnd, inc):
+        """{name: [(v, b)]}: what each member sent in `step` that round `rnd`
+        of coordinator `inc` may count."""
+        return {n: [(v, b) for (v, b, lo, hi, since) in sent
+                    if inc < since or lo <= rnd <= hi]
+                for n, sent in candidates[step].items()}
+
+    def mean_options(names, gone, step, rnd, inc, chunk):
+        """Every value the chunk may hold after a closure of round `rnd` by
+        coordinator `inc` counting `names` (and, per chunk, any of `gone`:
+        participants that left or were dropped, whose finished chunks
+        count). A chunk no one gave where the outlier guard refused members
+        (every one at it or before) keeps the state of round rnd - 1, as
+        members printed it."""
+        cand = sent_for(step, rnd, inc)
         others = [n for n in gone if n in cand and n not in names]
         out = set()
         for picks in itertools.product(*[cand.get(n, []) for n in names]):
@@ -589,7 +607,7 @@ def main():
                         xd = den + sum(fractions.Fraction(weight[n]) for n in extra)
                         if xd > 0:
                             out.add(float(xn / xd))
-                        else:
+                        elif (inc, rnd) in refusals:
                             out.update(printed.get((rnd - 1, chunk), ()))
         return out
 
@@ -600,19 +618,20 @@ def main():
         # of 32). Candidates differ by far more (multiples of 1/8 / weights).
         return any(abs(value - o) <= 2.0 ** -19 + 4e-7 * abs(o) for o in options)
 
-    refusals = parse_refusals(coordinator.logs)
-
-    def refusal_holds(name, rnd, chunk, norm, median, ratio, steps):
+    def refusal_holds(name, rnd, inc, chunk, norm, median, ratio, steps):
         """Whether the outlier guard's refusal of `name`'s chunk in round
-        `rnd` is what the log says: the norm past `ratio` times the median,
-        and the norm that of the member's delta (what the harness gave it in
-        the step minus the state of round rnd - 1 that members printed),
-        to the log's 4 digits."""
+        `rnd` is what the log says: the coordinator's ratio, the norm past
+        it times the median, and the norm that of the member's delta (what
+        the harness gave it in the step minus the state of round rnd - 1
+        that members printed), to the log's 4 digits."""
+        configured = f32(args.outlier_ratio if args.outlier_ratio else 10)
+        if abs(ratio - configured) > 1e-5 * configured:
+            return False
         if not norm > ratio * median * (1 - 1e-3):
             return False
         size = min(args.chunk, args.elements - chunk * args.chunk)
         for step in steps:
-            for (v, b) in candidates[step].get(name, []):
+            for (v, b) in sent_for(step, rnd, inc).get(name, []):
                 for prev in printed.get((rnd - 1, chunk), ()):
                     delta = abs(f32(v + b * chunk) - prev) * size ** 0.5
                     if abs(delta - norm) <= 1e-3 * norm:
@@ -639,7 +658,7 @@ def main():
             missing = [n for n in everyone if n not in names]
             said = {r[0]: r for r in refusals.get((inc, rnd), [])}
             if (reason == "members_gone" and missing and
-                    all(n in said and refusal_holds(n, rnd, *said[n][1:], s)
+                    all(n in said and refusal_holds(n, rnd, inc, *said[n][1:], s)
                         for n in missing)):
                 refused += len(missing)
                 continue
@@ -661,7 +680,7 @@ def main():
                 key = (rnd, idx, c)
                 if key not in cache:
                     cache[key] = set().union(
-                        *[mean_options(names, gone, one, rnd, c) for one in s])
+                        *[mean_options(names, gone, one, rnd, inc, c) for one in s])
                 if value != value or not matches(value, cache[key]):
                     good = False
                     break
@@ -670,8 +689,9 @@ def main():
                 observed.add((rnd, idx))
                 break
         if not found:
-            seen = [(s, names, sorted(mean_options(names, gone, s[0], rnd, 0))[:4])
-                    for (s, names, gone, _, _) in by_round.get(rnd, [])]
+            seen = [(s, names,
+                     sorted(mean_options(names, gone, s[0], rnd, inc, 0))[:4])
+                    for (s, names, gone, _, inc) in by_round.get(rnd, [])]
             mismatches.append((step, name, kind, rnd,
                                f"chunks {chunks[:3]}; closures of the round "
                                f"(step, counted, chunk 0 may be): {seen}"))

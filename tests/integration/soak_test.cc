@@ -103,7 +103,7 @@ class SoakTest : public ::testing::Test {
     // to 5 times, so that a wrong weight shows), and the guard would refuse
     // some of them now and then, rightly, dropping a member whose counted
     // chunks this check cannot know. The guard has its own tests; the
-    // process soak (bench/process_soak.py) checks its refusals under faults.
+    // process soak (bench/process_soak.py) checks its refusals.
     options.coordinator.default_settings.outlier_ratio = kOutlierGuardOff;
     options.tick_interval = absl::Milliseconds(10);
     server_ = testkit::StartServer(std::move(options));
