@@ -201,7 +201,9 @@ def main():
                      "--outer_lr": "--outer_lr",
                      "--outer_momentum": "--outer_momentum"}
     try:
-        ports = [] if args.regions else [launch("coordinator", [])]
+        # Each arm and seed is a job of its own, held until the run ends.
+        max_jobs = [f"--max_jobs={max(64, len(arms) * len(seeds) + 1)}"]
+        ports = [] if args.regions else [launch("coordinator", max_jobs)]
         results = {}
         for name, label, flags in arms:
             extra = list(flags)
