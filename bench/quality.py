@@ -26,8 +26,8 @@ Any sparse arm can also be named <rule><K>s<bits>k<up>r<down>, e.g.
 mean4s2k32r48: MEAN every 4 steps on SPARSE2, 32 of 4096 kept up, 48
 down (nest4s2k32r48: OUTER_NESTEROV); with a final e (mean12s2k96r192e),
 the workers train on from the global state plus their own residual
-(--error_reset, error reset). The
-table lists the arms in the order --arms names them.
+(--error_reset, error reset). The table lists the arms in the order
+--arms names them.
 
 Usage: bench/quality.py [--seeds 1,2,3] [--epochs 1] [--arms name,...]
        [--worker_flags "--model=wide"] [--regions 2]
